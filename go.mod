@@ -1,0 +1,3 @@
+module github.com/ckptfs/ckptfs
+
+go 1.24

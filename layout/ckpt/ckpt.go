@@ -1,0 +1,263 @@
+// Package ckpt is the checkpoint model every format reader produces: global
+// tensors made of chunks, each chunk backed by a byte source inside a shard
+// file. Everything downstream (the view plan, byte assembly, inspect, the FUSE
+// layer) works on this model and never on a format directly.
+package ckpt
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// Format names a checkpoint flavour.
+type Format string
+
+const (
+	FormatTorchDCP  Format = "torch-dcp"
+	FormatHFSharded Format = "hf-sharded-safetensors"
+	FormatMegatron  Format = "megatron-torch_dist"
+)
+
+// ErrInvalid is the sentinel for checkpoints whose metadata contradicts itself
+// or the files on disk (holes, overlaps, out-of-bounds chunks, short files).
+var ErrInvalid = errors.New("ckpt: invalid checkpoint")
+
+// Checkpoint is one opened checkpoint directory.
+type Checkpoint struct {
+	Dir    string
+	Format Format
+	// Tensors in checkpoint order (the order of the format's own index).
+	Tensors []*Tensor
+	// Objects are non-tensor items (pickled Python values); never in a view.
+	Objects []Object
+	// Skipped lists tensors that exist but cannot be served, with the reason
+	// (for example a dtype safetensors cannot represent).
+	Skipped []Skipped
+	// Files owns the open shard files; Close releases them.
+	Files *FileSet
+	// Sidecars are extra files (config.json, tokenizer files, ...) that belong
+	// in the HF view, by view name → absolute path.
+	Sidecars map[string]string
+	// FileIndex, when the checkpoint carries one (NeMo's
+	// fqn_to_file_index_mapping.json), maps tensor name → 1-based file index.
+	FileIndex map[string]int
+}
+
+// Close releases every open shard file.
+func (c *Checkpoint) Close() error {
+	if c == nil || c.Files == nil {
+		return nil
+	}
+	return c.Files.Close()
+}
+
+// Tensor is a global tensor assembled from chunks.
+type Tensor struct {
+	// Name is the flattened key as stored (the DCP FQN, or safetensors key).
+	Name string
+	// Path is the original nesting of Name (DCP planner_data), one element per
+	// level; nil when the format has no nesting information.
+	Path  []string
+	DType safetensors.DType
+	Shape []int64
+	// Chunks tile Shape exactly: no holes, no overlaps (checked by Validate).
+	Chunks []Chunk
+}
+
+// Chunk is one box of a global tensor stored contiguously in C order.
+type Chunk struct {
+	Offsets []int64
+	Sizes   []int64
+	Source  Source
+}
+
+// Source reads a chunk's raw row-major little-endian bytes. Offsets are
+// relative to the first byte of the chunk. Implementations resolve their
+// location lazily on first use and remember it.
+type Source interface {
+	io.ReaderAt
+	// String names where the bytes live, for error messages.
+	String() string
+}
+
+// Object is a non-tensor item (DCP BYTE_IO).
+type Object struct {
+	Name   string
+	Path   []string
+	Size   int64
+	Source string
+}
+
+// Skipped is a tensor left out of every view, with the reason.
+type Skipped struct {
+	Name   string
+	Reason string
+}
+
+// NumElements returns the product of shape, or an error on overflow or a
+// negative dimension.
+func NumElements(shape []int64) (int64, error) {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("%w: negative dimension %d in shape %v", ErrInvalid, d, shape)
+		}
+		if d != 0 && n > (1<<62)/d {
+			return 0, fmt.Errorf("%w: shape %v overflows", ErrInvalid, shape)
+		}
+		n *= d
+	}
+	return n, nil
+}
+
+// ByteSize is the number of raw bytes of the tensor.
+func (t *Tensor) ByteSize() int64 {
+	n, _ := NumElements(t.Shape)
+	return n * int64(t.DType.Size())
+}
+
+// ShardedDims lists the dimensions along which the chunks split the tensor.
+func (t *Tensor) ShardedDims() []int {
+	var dims []int
+	for d := range t.Shape {
+		for _, c := range t.Chunks {
+			if c.Offsets[d] != 0 || c.Sizes[d] != t.Shape[d] {
+				dims = append(dims, d)
+				break
+			}
+		}
+	}
+	return dims
+}
+
+// Validate checks that the tensor's chunks tile its shape exactly: every chunk
+// is in bounds, no two overlap, and their volumes add up to the whole. Empty
+// chunks (a zero size) are allowed anywhere, as torch writes them.
+func (t *Tensor) Validate() error {
+	total, err := NumElements(t.Shape)
+	if err != nil {
+		return fmt.Errorf("tensor %q: %w", t.Name, err)
+	}
+	if t.DType.Size() <= 0 {
+		return fmt.Errorf("%w: tensor %q: unknown dtype %q", ErrInvalid, t.Name, t.DType)
+	}
+	if total > (1<<62)/int64(t.DType.Size()) {
+		return fmt.Errorf("%w: tensor %q: byte size of shape %v overflows", ErrInvalid, t.Name, t.Shape)
+	}
+	var sum int64
+	nonEmpty := make([]int, 0, len(t.Chunks))
+	for i, c := range t.Chunks {
+		if len(c.Offsets) != len(t.Shape) || len(c.Sizes) != len(t.Shape) {
+			return fmt.Errorf("%w: tensor %q: chunk %d has rank %d/%d, tensor has rank %d",
+				ErrInvalid, t.Name, i, len(c.Offsets), len(c.Sizes), len(t.Shape))
+		}
+		for d := range t.Shape {
+			if c.Offsets[d] < 0 || c.Sizes[d] < 0 || c.Offsets[d] > t.Shape[d] || c.Sizes[d] > t.Shape[d]-c.Offsets[d] {
+				return fmt.Errorf("%w: tensor %q: chunk %d (offsets %v sizes %v) is outside shape %v",
+					ErrInvalid, t.Name, i, c.Offsets, c.Sizes, t.Shape)
+			}
+		}
+		n, _ := NumElements(c.Sizes)
+		if n > 0 {
+			nonEmpty = append(nonEmpty, i)
+		}
+		sum += n
+	}
+	if a, b, ok := findOverlap(t.Chunks, nonEmpty); ok {
+		return fmt.Errorf("%w: tensor %q: chunks %d and %d overlap", ErrInvalid, t.Name, a, b)
+	}
+	if sum != total {
+		return fmt.Errorf("%w: tensor %q: chunks cover %d of %d elements (hole in chunk coverage)",
+			ErrInvalid, t.Name, sum, total)
+	}
+	return nil
+}
+
+// maxGridCells bounds the coverage grid findOverlap builds.
+const maxGridCells = 1 << 22
+
+// findOverlap reports two overlapping chunks among idx. It cuts the tensor
+// into the grid of cells formed by every chunk boundary and counts how often
+// each cell is covered, which is linear in the grid size for the regular
+// layouts torch writes; an irregular layout with a huge grid falls back to the
+// pairwise check.
+func findOverlap(chunks []Chunk, idx []int) (int, int, bool) {
+	if len(idx) < 2 {
+		return 0, 0, false
+	}
+	rank := len(chunks[idx[0]].Offsets)
+	cuts := make([][]int64, rank)
+	cells := int64(1)
+	for d := 0; d < rank; d++ {
+		set := map[int64]struct{}{}
+		for _, i := range idx {
+			set[chunks[i].Offsets[d]] = struct{}{}
+			set[chunks[i].Offsets[d]+chunks[i].Sizes[d]] = struct{}{}
+		}
+		for v := range set {
+			cuts[d] = append(cuts[d], v)
+		}
+		sort.Slice(cuts[d], func(a, b int) bool { return cuts[d][a] < cuts[d][b] })
+		cells *= int64(len(cuts[d]) - 1)
+		if cells > maxGridCells {
+			return findOverlapPairwise(chunks, idx)
+		}
+	}
+	owner := make([]int32, cells)
+	lo, hi := make([]int, rank), make([]int, rank)
+	cur := make([]int, rank)
+	for _, i := range idx {
+		c := chunks[i]
+		for d := 0; d < rank; d++ {
+			lo[d] = sort.Search(len(cuts[d]), func(k int) bool { return cuts[d][k] >= c.Offsets[d] })
+			hi[d] = sort.Search(len(cuts[d]), func(k int) bool { return cuts[d][k] >= c.Offsets[d]+c.Sizes[d] })
+		}
+		copy(cur, lo)
+		for {
+			cell := int64(0)
+			for d := 0; d < rank; d++ {
+				cell = cell*int64(len(cuts[d])-1) + int64(cur[d])
+			}
+			if prev := owner[cell]; prev != 0 {
+				return int(prev - 1), i, true
+			}
+			owner[cell] = int32(i + 1)
+			d := rank - 1
+			for ; d >= 0; d-- {
+				cur[d]++
+				if cur[d] < hi[d] {
+					break
+				}
+				cur[d] = lo[d]
+			}
+			if d < 0 {
+				break
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+func findOverlapPairwise(chunks []Chunk, idx []int) (int, int, bool) {
+	for a := 0; a < len(idx); a++ {
+		for b := a + 1; b < len(idx); b++ {
+			if boxesOverlap(chunks[idx[a]], chunks[idx[b]]) {
+				return idx[a], idx[b], true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+func boxesOverlap(a, b Chunk) bool {
+	for d := range a.Offsets {
+		if a.Offsets[d]+a.Sizes[d] <= b.Offsets[d] || b.Offsets[d]+b.Sizes[d] <= a.Offsets[d] {
+			return false
+		}
+	}
+	return true
+}
