@@ -1,0 +1,77 @@
+# ckptfs — build, test, benchmark. `make test` installs what it needs on a
+# fresh machine: Go modules, fuse3 (for fusermount3), and the Python venv with
+# the real clients (torch CPU, safetensors, transformers) used by e2e/.
+
+GO      ?= go
+VENV    := e2e/.venv
+PY      := $(VENV)/bin/python
+BIN     := bin/ckptfs
+SAMPLE  := testdata/sample/ckpt
+STAMP   := $(VENV)/.installed-$(shell cat e2e/requirements.txt 2>/dev/null | cksum | cut -d' ' -f1)
+
+.PHONY: all build test test-go test-e2e deps go-deps fuse venv demo bench fuzz fixtures fmt vet clean
+
+all: build
+
+build: go-deps
+	$(GO) build -o $(BIN) ./cmd/ckptfs
+
+go-deps:
+	$(GO) mod download
+
+# fusermount3 lets a crashed mount be cleaned up and non-root users mount.
+fuse:
+	@command -v fusermount3 >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3) >/dev/null; \
+	  else echo "fusermount3 missing: install the fuse3 package" >&2; exit 1; fi; }
+
+venv: $(STAMP)
+
+$(STAMP): e2e/requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements.txt
+	rm -f $(VENV)/.installed-* && touch $@
+
+deps: go-deps fuse venv
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
+
+test: deps vet build test-go test-e2e
+
+test-go:
+	$(GO) test -race -count=1 ./...
+	GOMAXPROCS=1 $(GO) test -count=1 ./vfs/... ./cache/...
+
+test-e2e: build venv
+	CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -p no:cacheprovider e2e
+
+# The README's first command: inspect and export the embedded sample, then
+# mount it, list it, load it with safetensors and unmount.
+demo: build venv
+	./$(BIN) inspect $(SAMPLE)
+	rm -rf /tmp/ckptfs-demo && mkdir -p /tmp/ckptfs-demo
+	./$(BIN) export $(SAMPLE) /tmp/ckptfs-demo/export
+	$(PY) e2e/demo.py $(abspath $(BIN)) $(SAMPLE) /tmp/ckptfs-demo
+
+bench: build venv
+	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
+
+# Runs every Fuzz* target for FUZZTIME each.
+FUZZTIME ?= 30s
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+fixtures: venv
+	$(PY) e2e/fixtures/gen.py testdata
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin .bench

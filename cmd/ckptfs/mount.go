@@ -1,0 +1,146 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/vfs"
+)
+
+const watchdogCmd = "__unmount-on-exit"
+
+func runMount(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("mount", "SRC MNT", `Mount SRC at MNT, read-only. Every checkpoint directory under SRC (DCP, HF-sharded
+safetensors, Megatron torch_dist) appears at the same relative path as an HF model
+directory; other files and folders show through. Runs in the foreground; Ctrl-C or
+SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).`, stderr)
+	var vf viewFlags
+	vf.register(fs)
+	cacheSize := byteSize(512 << 20)
+	blockSize := byteSize(4 << 20)
+	readAhead := byteSize(4 << 20)
+	fs.Var(&cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
+	fs.Var(&blockSize, "block-size", "cache block size: the unit shards are read in")
+	prefetch := fs.Int("prefetch", 4, "blocks read ahead on sequential access (0 disables)")
+	fs.Var(&readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
+	allowOther := fs.Bool("allow-other", false, "let other users access the mount")
+	debug := fs.Bool("debug", false, "log every FUSE request")
+	verbose := fs.Bool("v", false, "verbose logging")
+	pos, err := parse(fs, args, 2)
+	if err != nil {
+		return err
+	}
+	src, mnt := pos[0], pos[1]
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	c, err := cache.New(cache.Options{Size: int64(cacheSize), BlockSize: int64(blockSize), ReadAhead: *prefetch})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fsys, err := vfs.New(vfs.Options{Source: src, Plan: vf.options(), Cache: c, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer fsys.Close()
+	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(readAhead) >> 10, AllowOther: *allowOther, Debug: *debug})
+	if err != nil {
+		return err
+	}
+	stopWatchdog := startWatchdog(mnt, log)
+	defer stopWatchdog()
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		s := <-sigs
+		log.Info("unmounting", "signal", s.String())
+		if err := server.Unmount(); err != nil {
+			log.Warn("unmount failed; detaching", "err", err)
+			syscall.Unmount(mnt, syscall.MNT_DETACH)
+		}
+	}()
+	fmt.Fprintf(stderr, "ckptfs: serving %s at %s (read-only, cache %s)\n", src, mnt, human(int64(cacheSize)))
+	server.Wait()
+	return nil
+}
+
+// startWatchdog starts a helper process that lazily unmounts mnt when this
+// process dies without unmounting (SIGKILL, OOM, crash), so the mount point
+// is never left wedged ("transport endpoint is not connected"). The helper
+// waits for EOF on a pipe that only this process holds open.
+func startWatchdog(mnt string, log *slog.Logger) func() {
+	exe, err := os.Executable()
+	if err != nil {
+		log.Warn("no unmount watchdog", "err", err)
+		return func() {}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		log.Warn("no unmount watchdog", "err", err)
+		return func() {}
+	}
+	cmd := exec.Command(exe, watchdogCmd, mnt)
+	cmd.ExtraFiles = []*os.File{r}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		log.Warn("no unmount watchdog", "err", err)
+		r.Close()
+		w.Close()
+		return func() {}
+	}
+	r.Close()
+	go cmd.Wait()
+	return func() { w.Close() }
+}
+
+// runWatchdog is the helper's side: block until the mounting process is gone,
+// then detach the mount if it is still there.
+func runWatchdog(args []string, stdout, stderr io.Writer) error {
+	if len(args) != 1 {
+		return errUsage
+	}
+	pipe := os.NewFile(3, "watchdog")
+	io.Copy(io.Discard, pipe)
+	return lazyUnmount(args[0])
+}
+
+func lazyUnmount(mnt string) error {
+	err := syscall.Unmount(mnt, syscall.MNT_DETACH)
+	if err == nil || errors.Is(err, syscall.EINVAL) {
+		return nil // done, or not mounted any more
+	}
+	if out, ferr := exec.Command("fusermount3", "-u", "-z", mnt).CombinedOutput(); ferr != nil {
+		return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
+	}
+	return nil
+}
+
+func runUmount(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("umount", "MNT", "Unmount a ckptfs mount (the serving process then exits).", stderr)
+	lazy := fs.Bool("lazy", false, "detach now even if files are open")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if *lazy {
+		return lazyUnmount(pos[0])
+	}
+	if err := syscall.Unmount(pos[0], 0); err != nil {
+		if out, ferr := exec.Command("fusermount3", "-u", pos[0]).CombinedOutput(); ferr != nil {
+			return fmt.Errorf("unmount %s: %v; fusermount3: %s", pos[0], err, out)
+		}
+	}
+	return nil
+}

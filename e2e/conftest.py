@@ -1,0 +1,85 @@
+"""Shared fixtures for the end-to-end tests: the built binary, and real
+`ckptfs mount` processes serving a directory while the test process (the
+client: safetensors, transformers, ls, cat) reads through the mount."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTDATA = ROOT / "testdata"
+BIN = os.environ.get("CKPTFS_BIN") or str(ROOT / "bin" / "ckptfs")
+
+
+def ckptfs(*args, check=True, **kw):
+    """Run the ckptfs binary and return the CompletedProcess."""
+    return subprocess.run([BIN, *map(str, args)], check=check, capture_output=True, text=True, **kw)
+
+
+def is_mounted(mnt):
+    mnt = os.path.realpath(mnt)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == mnt for line in f)
+
+
+class Mount:
+    """A `ckptfs mount SRC MNT` process, ready when its stats file appears."""
+
+    def __init__(self, src, mnt, *flags):
+        self.src, self.mnt = pathlib.Path(src), pathlib.Path(mnt)
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        self.log = open(str(self.mnt) + ".log", "w+")
+        self.proc = subprocess.Popen([BIN, "mount", *map(str, flags), str(src), str(mnt)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while not (self.mnt / ".ckptfs").exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ckptfs mount exited {self.proc.returncode}: {self.output()}")
+            if time.time() > deadline:
+                self.close()
+                raise TimeoutError(f"mount not ready: {self.output()}")
+            time.sleep(0.05)
+
+    def output(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if is_mounted(self.mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False)
+        self.log.close()
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """Factory: mount(src, *flags) -> Mount; every mount is torn down after the test."""
+    mounts = []
+
+    def make(src, *flags):
+        m = Mount(src, tmp_path / f"mnt{len(mounts)}", *flags)
+        mounts.append(m)
+        return m
+
+    yield make
+    for m in mounts:
+        m.close()
+    for m in mounts:
+        assert m.proc.returncode == 0, f"ckptfs mount exited {m.proc.returncode}: {m.output()}"
+        assert not is_mounted(m.mnt)
+
+
+def fixture_cases():
+    """The committed torch-written fixtures (testdata/<case>/ckpt)."""
+    return sorted(p.name for p in TESTDATA.iterdir() if (p / "ckpt").is_dir() and (p / "expected.safetensors").exists())

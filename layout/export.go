@@ -1,0 +1,152 @@
+package layout
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// ExportOptions tune Export.
+type ExportOptions struct {
+	// BlockSize is the unit of reading (default 8 MiB).
+	BlockSize int64
+	// Workers read blocks ahead in parallel (default 4). Memory in flight is
+	// about (Workers+1) × BlockSize.
+	Workers int
+	// Progress, if set, is called after each block with bytes written so far
+	// and the total.
+	Progress func(done, total int64)
+}
+
+// Export writes the view as an ordinary HF directory at out, which must not
+// exist. Files are streamed into a temporary directory beside out, synced,
+// and the directory is renamed into place at the end, so out either holds the
+// whole view or does not exist.
+func Export(v *View, out string, opts ExportOptions) (err error) {
+	if opts.BlockSize <= 0 {
+		opts.BlockSize = 8 << 20
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = 4
+	}
+	if _, err := os.Lstat(out); err == nil {
+		return fmt.Errorf("export: %s already exists", out)
+	}
+	parent, base := filepath.Split(filepath.Clean(out))
+	if parent == "" {
+		parent = "."
+	}
+	tmp, err := os.MkdirTemp(parent, "."+base+".ckptfs-tmp-")
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	total := v.TotalSize()
+	var done int64
+	for _, f := range v.Files {
+		path := filepath.Join(tmp, f.Name)
+		err := writeFile(path, f, opts, func(n int64) {
+			done += n
+			if opts.Progress != nil {
+				opts.Progress(done, total)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+	}
+	if err := syncDir(tmp); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	return syncDir(parent)
+}
+
+func writeFile(path string, f *File, opts ExportOptions, progress func(int64)) error {
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := copyParallel(out, f, f.Size, opts.BlockSize, opts.Workers, progress); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Chtimes(path, f.ModTime, f.ModTime)
+}
+
+// copyParallel copies size bytes of src to dst in blocks, reading up to
+// workers blocks concurrently and writing them in order.
+func copyParallel(dst io.Writer, src io.ReaderAt, size, block int64, workers int, progress func(int64)) error {
+	type result struct {
+		buf []byte
+		err error
+	}
+	pending := make(chan chan result, workers)
+	stop := make(chan struct{})
+	defer close(stop)
+	free := make(chan []byte, workers+2)
+	go func() {
+		defer close(pending)
+		for off := int64(0); off < size; off += block {
+			ch := make(chan result, 1)
+			select {
+			case pending <- ch:
+			case <-stop:
+				return
+			}
+			var buf []byte
+			select {
+			case buf = <-free:
+			default:
+				buf = make([]byte, block)
+			}
+			go func(off int64, buf []byte) {
+				n := min(block, size-off)
+				got, err := src.ReadAt(buf[:n], off)
+				if errors.Is(err, io.EOF) && int64(got) == n {
+					err = nil
+				}
+				ch <- result{buf[:n], err}
+			}(off, buf)
+		}
+	}()
+	for ch := range pending {
+		r := <-ch
+		if r.err != nil {
+			return r.err
+		}
+		if _, err := dst.Write(r.buf); err != nil {
+			return err
+		}
+		progress(int64(len(r.buf)))
+		select {
+		case free <- r.buf[:cap(r.buf)]:
+		default:
+		}
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

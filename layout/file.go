@@ -1,0 +1,172 @@
+package layout
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// FileKind says where a view file's bytes come from.
+type FileKind int
+
+const (
+	// KindSafetensors files are a generated header plus tensor bytes gathered
+	// from the shards.
+	KindSafetensors FileKind = iota
+	// KindGenerated files are small documents built at plan time (the index).
+	KindGenerated
+	// KindSidecar files are real files shown through (config.json, ...).
+	KindSidecar
+)
+
+// File is one file of a view. It is an io.ReaderAt over immutable bytes of a
+// size known at plan time.
+type File struct {
+	Name    string
+	Size    int64
+	ModTime time.Time
+	Kind    FileKind
+	// Path is the backing file of a sidecar.
+	Path string
+
+	header     []byte      // safetensors: the encoded header (with length prefix)
+	placements []Placement // safetensors: sorted by Offset
+	data       []byte      // generated files
+}
+
+// Placement is where one tensor's bytes sit in a view file.
+type Placement struct {
+	Name   string // name in the view
+	File   string
+	Offset int64 // absolute offset in the file
+	Size   int64
+	geom   *geometry
+}
+
+// Tensor returns the checkpoint tensor behind the placement.
+func (p Placement) Tensor() string { return p.geom.tensor.Name }
+
+// Placements lists the tensors of a safetensors view file in file order.
+func (f *File) Placements() []Placement { return f.placements }
+
+// HeaderSize is the length of the generated safetensors header, prefix included.
+func (f *File) HeaderSize() int64 { return int64(len(f.header)) }
+
+func newTensorFile(name string, ts []named, mtime time.Time) (*File, error) {
+	infos := make([]safetensors.TensorInfo, len(ts))
+	geoms := make([]*geometry, len(ts))
+	for i, t := range ts {
+		g, err := newGeometry(t.tensor)
+		if err != nil {
+			return nil, err
+		}
+		geoms[i] = g
+		infos[i] = safetensors.TensorInfo{Name: t.name, DType: t.tensor.DType, Shape: t.tensor.Shape}
+	}
+	infos = safetensors.Layout(infos)
+	header, err := safetensors.EncodeHeader(map[string]string{"format": "pt"}, infos)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	f := &File{Name: name, ModTime: mtime, Kind: KindSafetensors, header: header}
+	base := int64(len(header))
+	for i, info := range infos {
+		f.placements = append(f.placements, Placement{
+			Name: info.Name, File: name, Offset: base + info.Begin, Size: info.End - info.Begin, geom: geoms[i],
+		})
+	}
+	f.Size = base
+	if n := len(infos); n > 0 {
+		f.Size = base + infos[n-1].End
+	}
+	return f, nil
+}
+
+func newBytesFile(name string, data []byte, mtime time.Time) *File {
+	return &File{Name: name, Size: int64(len(data)), ModTime: mtime, Kind: KindGenerated, data: data}
+}
+
+func newDiskFile(name, path string) (*File, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	return &File{Name: name, Size: fi.Size(), ModTime: fi.ModTime(), Kind: KindSidecar, Path: path}, nil
+}
+
+// ReadAt reads view bytes. Like os.File, it returns io.EOF when the read
+// reaches past the end. Errors name the view file, the tensor and the source.
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("layout: %s: negative offset %d", f.Name, off)
+	}
+	if off >= f.Size {
+		return 0, io.EOF
+	}
+	want := p
+	if rem := f.Size - off; int64(len(want)) > rem {
+		want = want[:rem]
+	}
+	var err error
+	switch f.Kind {
+	case KindGenerated:
+		copy(want, f.data[off:])
+	case KindSidecar:
+		err = f.readSidecar(want, off)
+	case KindSafetensors:
+		err = f.readTensors(want, off)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("layout: %s [%d, %d): %w", f.Name, off, off+int64(len(want)), err)
+	}
+	if len(want) < len(p) {
+		return len(want), io.EOF
+	}
+	return len(want), nil
+}
+
+func (f *File) readSidecar(p []byte, off int64) error {
+	fd, err := os.Open(f.Path)
+	if err != nil {
+		return err
+	}
+	defer fd.Close()
+	fi, err := fd.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() != f.Size || !fi.ModTime().Equal(f.ModTime) {
+		return fmt.Errorf("sidecar %s changed since mount", f.Path)
+	}
+	_, err = fd.ReadAt(p, off)
+	return err
+}
+
+func (f *File) readTensors(p []byte, off int64) error {
+	end := off + int64(len(p))
+	if off < int64(len(f.header)) {
+		n := copy(p, f.header[off:])
+		p, off = p[n:], off+int64(n)
+	}
+	i := sort.Search(len(f.placements), func(i int) bool {
+		pl := f.placements[i]
+		return pl.Offset+pl.Size > off
+	})
+	for ; i < len(f.placements) && off < end; i++ {
+		pl := f.placements[i]
+		if pl.Size == 0 {
+			continue
+		}
+		lo := off - pl.Offset
+		n := min(pl.Size-lo, end-off)
+		if err := pl.geom.readAt(p[:n], lo); err != nil {
+			return err
+		}
+		p, off = p[n:], off+n
+	}
+	return nil
+}

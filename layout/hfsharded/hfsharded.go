@@ -1,0 +1,186 @@
+// Package hfsharded reads the HF-flavoured sharded safetensors checkpoints
+// written by torch's HuggingFaceStorageWriter(save_distributed=True) and NeMo
+// AutoModel: shard-0000K-model-0000N-of-0000M.safetensors files whose
+// __metadata__ carries DCP_SHARDING_INFO, the global offset of each local
+// piece. Each piece becomes one chunk; the global shape is the elementwise
+// max of offset + shape, as torch's HuggingFaceStorageReader computes it.
+package hfsharded
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// ShardingInfoKey is the __metadata__ key holding the per-tensor offsets.
+const ShardingInfoKey = "DCP_SHARDING_INFO"
+
+var shardName = regexp.MustCompile(`^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$`)
+
+// Detect reports whether dir holds sharded safetensors with DCP sharding
+// info. It reads only the headers of files named like torch's distributed
+// writer names them, so it is cheap enough for directory lookups.
+func Detect(dir string) bool {
+	files, _ := shardFiles(dir)
+	if len(files) == 0 {
+		return false
+	}
+	f, err := os.Open(filepath.Join(dir, files[0]))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	h, err := safetensors.ReadHeader(f, fi.Size())
+	if err != nil {
+		return false
+	}
+	_, ok := h.Metadata[ShardingInfoKey]
+	return ok
+}
+
+// shardFiles lists the *.safetensors files of dir that carry a shard number,
+// sorted by (model file index, shard index).
+func shardFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	type key struct{ model, shard int }
+	keys := map[string]key{}
+	var names []string
+	for _, e := range entries {
+		m := shardName.FindStringSubmatch(e.Name())
+		if m == nil || !e.Type().IsRegular() {
+			continue
+		}
+		shard, _ := strconv.Atoi(m[1])
+		model, _ := strconv.Atoi(m[2])
+		keys[e.Name()] = key{model, shard}
+		names = append(names, e.Name())
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := keys[names[i]], keys[names[j]]
+		if a.model != b.model {
+			return a.model < b.model
+		}
+		return a.shard < b.shard
+	})
+	return names, nil
+}
+
+// Open reads every shard header of dir and builds the checkpoint. No tensor
+// data is read.
+func Open(dir string) (*ckpt.Checkpoint, error) {
+	names, err := shardFiles(dir)
+	if err != nil {
+		return nil, fmt.Errorf("hfsharded: %w", err)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("hfsharded: %s: no shard-*-model-*.safetensors files", dir)
+	}
+	c := &ckpt.Checkpoint{Dir: dir, Format: ckpt.FormatHFSharded, Files: ckpt.NewFileSet(dir), FileIndex: map[string]int{}}
+	byName := map[string]*ckpt.Tensor{}
+	for _, name := range names {
+		if err := addShard(c, byName, name); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if err := loadNeMoFileIndex(c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	for _, t := range c.Tensors {
+		if err := t.Validate(); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("hfsharded: %s: %w", dir, err)
+		}
+	}
+	return c, nil
+}
+
+func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, name string) error {
+	file, err := c.Files.Get(name)
+	if err != nil {
+		return fmt.Errorf("hfsharded: %w", err)
+	}
+	h, err := safetensors.ReadHeader(file, file.Size())
+	if err != nil {
+		return fmt.Errorf("hfsharded: %s: %w", file.Path, err)
+	}
+	offsets := map[string]struct {
+		SavedOffsets []int64 `json:"saved_offsets"`
+	}{}
+	if raw, ok := h.Metadata[ShardingInfoKey]; ok {
+		if err := json.Unmarshal([]byte(raw), &offsets); err != nil {
+			return fmt.Errorf("hfsharded: %s: %s is not valid JSON: %w", file.Path, ShardingInfoKey, err)
+		}
+	}
+	modelIndex, _ := strconv.Atoi(shardName.FindStringSubmatch(name)[2])
+	for _, info := range h.Tensors {
+		off := offsets[info.Name].SavedOffsets
+		if off == nil {
+			off = make([]int64, len(info.Shape))
+		}
+		if len(off) != len(info.Shape) {
+			return fmt.Errorf("hfsharded: %s: tensor %q: saved_offsets %v do not match shape %v",
+				file.Path, info.Name, off, info.Shape)
+		}
+		t := byName[info.Name]
+		if t == nil {
+			t = &ckpt.Tensor{Name: info.Name, DType: info.DType, Shape: make([]int64, len(info.Shape))}
+			byName[info.Name] = t
+			c.Tensors = append(c.Tensors, t)
+			c.FileIndex[info.Name] = modelIndex
+		}
+		if t.DType != info.DType || len(t.Shape) != len(info.Shape) {
+			return fmt.Errorf("hfsharded: %s: tensor %q: %s%v disagrees with other shards (%s, rank %d)",
+				file.Path, info.Name, info.DType, info.Shape, t.DType, len(t.Shape))
+		}
+		for d := range t.Shape {
+			if off[d] < 0 || info.Shape[d] > (1<<62)-off[d] {
+				return fmt.Errorf("%w: hfsharded: %s: tensor %q: bad saved_offsets %v", ckpt.ErrInvalid, file.Path, info.Name, off)
+			}
+			t.Shape[d] = max(t.Shape[d], off[d]+info.Shape[d])
+		}
+		t.Chunks = append(t.Chunks, ckpt.Chunk{
+			Offsets: off,
+			Sizes:   info.Shape,
+			Source:  &ckpt.Section{File: file, Offset: h.DataStart + info.Begin, Length: info.End - info.Begin},
+		})
+	}
+	return nil
+}
+
+// loadNeMoFileIndex applies .hf_metadata/fqn_to_file_index_mapping.json, the
+// file split NeMo AutoModel records, over the split the file names imply.
+func loadNeMoFileIndex(c *ckpt.Checkpoint) error {
+	path := filepath.Join(c.Dir, ".hf_metadata", "fqn_to_file_index_mapping.json")
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("hfsharded: %w", err)
+	}
+	var m map[string]int
+	if err := json.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("hfsharded: %s: %w", path, err)
+	}
+	for k, v := range m {
+		c.FileIndex[k] = v
+	}
+	return nil
+}

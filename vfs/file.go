@@ -1,0 +1,271 @@
+package vfs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/layout"
+)
+
+const (
+	// statsName is the read-only stats file at the mount root.
+	statsName = ".ckptfs"
+	// errorName appears in a checkpoint directory that could not be opened.
+	errorName = "CKPTFS_ERROR.txt"
+)
+
+// ViewFile is a file of an HF view, served through the block cache.
+type ViewFile struct {
+	fs.Inode
+	fsys *FS
+	file *layout.File
+	id   uint64 // cache id
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*ViewFile)(nil))
+	_ = (fs.NodeOpener)((*ViewFile)(nil))
+	_ = (fs.NodeLseeker)((*ViewFile)(nil))
+)
+
+func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	setAttr(&out.Attr, f.file.ModTime, f.file.Size, syscall.S_IFREG|0o444)
+	out.SetTimeout(f.fsys.opts.ViewTimeout)
+	return 0
+}
+
+func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	h := &viewHandle{fsys: f.fsys, file: f.file, h: f.fsys.opts.Cache.Open(f.id, f.file, f.file.Size)}
+	// The bytes never change for the life of the mount: let the kernel keep
+	// its page cache across opens.
+	return h, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// Lseek: view files have no holes.
+func (f *ViewFile) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	return seekNoHoles(off, whence, f.file.Size)
+}
+
+func seekNoHoles(off uint64, whence uint32, size int64) (uint64, syscall.Errno) {
+	const seekData, seekHole = 3, 4
+	if off >= uint64(size) {
+		return 0, syscall.ENXIO
+	}
+	switch whence {
+	case seekData:
+		return off, 0
+	case seekHole:
+		return uint64(size), 0
+	}
+	return 0, syscall.EINVAL
+}
+
+// viewHandle is one open of a view file.
+type viewHandle struct {
+	fsys *FS
+	file *layout.File
+	h    *cache.Handle
+}
+
+var (
+	_ = (fs.FileReader)((*viewHandle)(nil))
+	_ = (fs.FileReleaser)((*viewHandle)(nil))
+)
+
+func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := h.h.ReadAt(dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		h.fsys.readErrors.Add(1)
+		return nil, toErrno(h.fsys.log, "read "+h.file.Name, err)
+	}
+	h.fsys.bytesServed.Add(int64(n))
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (h *viewHandle) Release(ctx context.Context) syscall.Errno {
+	h.h.Close()
+	return 0
+}
+
+// PassFile is a source file shown through read-only.
+type PassFile struct {
+	fs.Inode
+	fsys *FS
+	real string
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*PassFile)(nil))
+	_ = (fs.NodeOpener)((*PassFile)(nil))
+)
+
+func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fi, err := os.Stat(f.real)
+	if err != nil {
+		return toErrno(f.fsys.log, "stat "+f.real, err)
+	}
+	setAttr(&out.Attr, fi.ModTime(), fi.Size(), syscall.S_IFREG|0o444)
+	out.SetTimeout(time.Second)
+	return 0
+}
+
+func (f *PassFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	fd, err := os.Open(f.real)
+	if err != nil {
+		return nil, 0, toErrno(f.fsys.log, "open "+f.real, err)
+	}
+	return &passHandle{fsys: f.fsys, fd: fd}, 0, 0
+}
+
+type passHandle struct {
+	fsys *FS
+	fd   *os.File
+}
+
+var (
+	_ = (fs.FileReader)((*passHandle)(nil))
+	_ = (fs.FileReleaser)((*passHandle)(nil))
+)
+
+func (h *passHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := h.fd.ReadAt(dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, toErrno(h.fsys.log, "read "+h.fd.Name(), err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (h *passHandle) Release(ctx context.Context) syscall.Errno {
+	h.fd.Close()
+	return 0
+}
+
+// memFile is a small read-only file held in memory.
+type memFile struct {
+	fs.Inode
+	data []byte
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*memFile)(nil))
+	_ = (fs.NodeOpener)((*memFile)(nil))
+	_ = (fs.NodeReader)((*memFile)(nil))
+)
+
+func (f *memFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	setAttr(&out.Attr, time.Now(), int64(len(f.data)), syscall.S_IFREG|0o444)
+	return 0
+}
+
+func (f *memFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (f *memFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return fuse.ReadResultData(sliceAt(f.data, dest, off)), 0
+}
+
+func sliceAt(data, dest []byte, off int64) []byte {
+	if off >= int64(len(data)) {
+		return nil
+	}
+	return dest[:copy(dest, data[off:])]
+}
+
+// statsFile is .ckptfs: a JSON snapshot of the mount's counters, taken at
+// open. It is direct-io so its size can change between opens.
+type statsFile struct {
+	fs.Inode
+	fsys *FS
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*statsFile)(nil))
+	_ = (fs.NodeOpener)((*statsFile)(nil))
+	_ = (fs.NodeReader)((*statsFile)(nil))
+)
+
+// Stats is the content of the .ckptfs file.
+type Stats struct {
+	Source      string      `json:"source"`
+	BytesServed int64       `json:"bytes_served"`
+	ReadErrors  int64       `json:"read_errors"`
+	Cache       cache.Stats `json:"cache"`
+	Views       []ViewStats `json:"views"`
+}
+
+// ViewStats describes one opened checkpoint view.
+type ViewStats struct {
+	Dir     string `json:"dir"`
+	Format  string `json:"format,omitempty"`
+	Files   int    `json:"files"`
+	Tensors int    `json:"tensors"`
+	Bytes   int64  `json:"bytes"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Stats returns a snapshot of the mount's counters.
+func (f *FS) Stats() Stats {
+	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats()}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for dir, e := range f.views {
+		vs := ViewStats{Dir: dir}
+		switch {
+		case e.err != nil:
+			vs.Error = e.err.Error()
+		case e.view != nil:
+			vs.Format = string(e.view.Checkpoint.Format)
+			vs.Files, vs.Tensors, vs.Bytes = len(e.view.Files), len(e.view.Tensors), e.view.TotalSize()
+		default:
+			continue // being opened
+		}
+		s.Views = append(s.Views, vs)
+	}
+	return s
+}
+
+func (f *statsFile) snapshot() []byte {
+	b, _ := json.MarshalIndent(f.fsys.Stats(), "", "  ")
+	return append(b, '\n')
+}
+
+func (f *statsFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	setAttr(&out.Attr, time.Now(), int64(len(f.snapshot())), syscall.S_IFREG|0o444)
+	out.SetTimeout(0)
+	return 0
+}
+
+func (f *statsFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return &memHandle{data: f.snapshot()}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (f *statsFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if h, ok := fh.(*memHandle); ok {
+		return fuse.ReadResultData(sliceAt(h.data, dest, off)), 0
+	}
+	return fuse.ReadResultData(sliceAt(f.snapshot(), dest, off)), 0
+}
+
+type memHandle struct{ data []byte }

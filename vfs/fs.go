@@ -1,0 +1,170 @@
+// Package vfs is the go-fuse node tree of a ckptfs mount: the source tree
+// shown read-only, checkpoint directories replaced by their HF views, view
+// files served through the block cache, and the .ckptfs stats file. It holds
+// no format or plan logic; that lives in layout.
+package vfs
+
+import (
+	"errors"
+	"hash/fnv"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+)
+
+// Options configure a ckptfs tree.
+type Options struct {
+	// Source is the directory shown at the mount root.
+	Source string
+	// Plan shapes every view.
+	Plan layout.PlanOptions
+	// Cache serves view file bytes; required.
+	Cache *cache.Cache
+	// Logger gets one line per real problem; nil = slog.Default().
+	Logger *slog.Logger
+	// ViewTimeout is how long the kernel may cache view entries and attrs
+	// (views are immutable). Other entries use a short timeout so new
+	// checkpoints show up promptly.
+	ViewTimeout time.Duration
+}
+
+// FS is the state shared by all nodes of one mount.
+type FS struct {
+	opts Options
+	log  *slog.Logger
+	root string // cleaned absolute source path
+
+	nextID atomic.Uint64
+
+	mu    sync.Mutex
+	views map[string]*viewEntry // GUARDED_BY(mu); by real (symlink-resolved) path
+
+	bytesServed atomic.Int64
+	readErrors  atomic.Int64
+}
+
+// viewEntry is the view of one checkpoint directory, built once on first use.
+type viewEntry struct {
+	once  sync.Once
+	view  *layout.View
+	ids   map[string]uint64 // view file name → cache id
+	err   error
+	built time.Time
+}
+
+// New returns the shared state of a mount of opts.Source.
+func New(opts Options) (*FS, error) {
+	if opts.Cache == nil {
+		return nil, errors.New("vfs: Options.Cache is required")
+	}
+	root, err := filepath.Abs(opts.Source)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(root)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		return nil, &fs.PathError{Op: "mount", Path: root, Err: syscall.ENOTDIR}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ViewTimeout == 0 {
+		opts.ViewTimeout = time.Hour
+	}
+	return &FS{opts: opts, log: opts.Logger, root: root, views: map[string]*viewEntry{}}, nil
+}
+
+// Root returns the root directory node.
+func (f *FS) Root() *Dir { return &Dir{fsys: f, real: f.root, rel: ""} }
+
+// isCheckpoint reports whether dir holds a checkpoint (cheap: a few stats
+// and at most one small header read).
+func (f *FS) isCheckpoint(dir string) bool {
+	_, ok := layout.Detect(dir)
+	return ok
+}
+
+// view returns the view of the checkpoint in dir, opening it on first use.
+// Symlinked paths share one view (and so one set of cached blocks).
+func (f *FS) view(dir string) *viewEntry {
+	key := dir
+	if resolved, err := filepath.EvalSymlinks(dir); err == nil {
+		key = resolved
+	}
+	f.mu.Lock()
+	e, ok := f.views[key]
+	if !ok {
+		e = &viewEntry{}
+		f.views[key] = e
+	}
+	f.mu.Unlock()
+	e.once.Do(func() {
+		c, err := layout.Open(key)
+		if err == nil {
+			e.view, err = layout.Plan(c, f.opts.Plan)
+			if err != nil {
+				c.Close()
+			}
+		}
+		if err != nil {
+			e.err = err
+			f.log.Error("checkpoint cannot be shown", "dir", dir, "err", err)
+			return
+		}
+		e.ids = map[string]uint64{}
+		for _, vf := range e.view.Files {
+			e.ids[vf.Name] = f.nextID.Add(1)
+		}
+		e.built = time.Now()
+	})
+	return e
+}
+
+// hiddenInView reports whether a source file of a checkpoint directory is a
+// format internal that the HF view replaces.
+func hiddenInView(format ckpt.Format, name string) bool {
+	switch {
+	case name == ".metadata", filepath.Ext(name) == ".distcp":
+		return true
+	case format == ckpt.FormatHFSharded && filepath.Ext(name) == ".safetensors":
+		return true
+	case name == layout.IndexName:
+		return true
+	}
+	return false
+}
+
+// inode derives a stable inode number from the path inside the mount, so
+// numbers survive the kernel forgetting and re-looking-up a node.
+func inode(rel string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(rel))
+	ino := h.Sum64()
+	if ino <= 1 {
+		ino += 2 // 1 is the root
+	}
+	return ino
+}
+
+// Close releases the shard files of every opened checkpoint.
+func (f *FS) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.views {
+		if e.view != nil {
+			e.view.Checkpoint.Close()
+		}
+	}
+}

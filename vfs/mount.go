@@ -1,0 +1,93 @@
+package vfs
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// MountOptions are the kernel-facing settings of a mount.
+type MountOptions struct {
+	// ReadAheadKB, when > 0, is written to the mount's
+	// /sys/class/bdi/<dev>/read_ahead_kb (root only): it lets the kernel send
+	// reads larger than 128 KiB and read ahead further.
+	ReadAheadKB int
+	// AllowOther lets users other than the mounter see the files.
+	AllowOther bool
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// Mount mounts the tree of fsys at mnt and returns the running server.
+// The caller calls server.Wait, and server.Unmount on shutdown.
+func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
+	timeout := fsys.opts.ViewTimeout
+	negative := time.Second
+	opts := &fs.Options{
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &negative,
+		MountOptions: fuse.MountOptions{
+			FsName:       "ckptfs:" + fsys.root,
+			Name:         "ckptfs",
+			MaxWrite:     1 << 20,
+			MaxReadAhead: 1 << 20,
+			DirectMount:  true,
+			AllowOther:   mo.AllowOther,
+			Debug:        mo.Debug,
+			// Views are immutable; the kernel may cache everything it reads.
+			ExplicitDataCacheControl: false,
+		},
+		UID: uint32(os.Getuid()),
+		GID: uint32(os.Getgid()),
+	}
+	server, err := fs.Mount(mnt, fsys.Root(), opts)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mnt, err)
+	}
+	if mo.ReadAheadKB > 0 {
+		if err := setReadAhead(mnt, mo.ReadAheadKB); err != nil {
+			fsys.log.Debug("read_ahead_kb not raised", "err", err)
+		}
+	}
+	return server, nil
+}
+
+// setReadAhead writes the backing device info's read_ahead_kb of the mount.
+func setReadAhead(mnt string, kb int) error {
+	path, err := bdiReadAhead(mnt)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(strconv.Itoa(kb)), 0o644)
+}
+
+// ReadAheadKB reads back the read_ahead_kb of a mount.
+func ReadAheadKB(mnt string) (int, error) {
+	path, err := bdiReadAhead(mnt)
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// bdiReadAhead is the sysfs knob of the mount's anonymous device.
+func bdiReadAhead(mnt string) (string, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(mnt, &st); err != nil {
+		return "", err
+	}
+	major := (st.Dev>>8)&0xfff | (st.Dev>>32)&^0xfff
+	minor := st.Dev&0xff | (st.Dev>>12)&^0xff
+	return fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", major, minor), nil
+}

@@ -1,0 +1,288 @@
+package vfs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/layout"
+)
+
+// fixture returns a torch-written checkpoint case from testdata.
+func fixture(t *testing.T, name string) string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", "testdata", name))
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(dir, "ckpt"))
+	require.NoError(t, err, "fixture %s missing: run make fixtures", name)
+	return dir
+}
+
+// copyTree copies a fixture so a test may damage it.
+func copyTree(t *testing.T, src string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "src")
+	require.NoError(t, os.CopyFS(dst, os.DirFS(src)))
+	return dst
+}
+
+func newFS(t *testing.T, src string, opts ...func(*Options)) *FS {
+	t.Helper()
+	c, err := cache.New(cache.Options{Size: 64 << 20, BlockSize: 1 << 20, ReadAhead: 2})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	o := Options{Source: src, Cache: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, f := range opts {
+		f(&o)
+	}
+	fsys, err := New(o)
+	require.NoError(t, err)
+	t.Cleanup(fsys.Close)
+	return fsys
+}
+
+// testMount mounts fsys in a temp dir, unmounted at cleanup. FUSE debug
+// output only under -v.
+func testMount(t *testing.T, fsys *FS) string {
+	t.Helper()
+	mnt := t.TempDir()
+	server, err := Mount(mnt, fsys, MountOptions{Debug: testing.Verbose() && os.Getenv("FUSE_DEBUG") != ""})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, server.Unmount()) })
+	return mnt
+}
+
+// exported writes the reference export of a checkpoint.
+func exported(t *testing.T, ckptDir string) string {
+	t.Helper()
+	c, err := layout.Open(ckptDir)
+	require.NoError(t, err)
+	defer c.Close()
+	v, err := layout.Plan(c, layout.PlanOptions{})
+	require.NoError(t, err)
+	out := filepath.Join(t.TempDir(), "export")
+	require.NoError(t, layout.Export(v, out, layout.ExportOptions{}))
+	return out
+}
+
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names
+}
+
+func TestNodesWithoutMount(t *testing.T) {
+	fsys := newFS(t, fixture(t, "sample"))
+	root := fsys.Root()
+	fs.NewNodeFS(root, &fs.Options{})
+	ctx := context.Background()
+	var out fuse.EntryOut
+	ckpt, errno := root.Lookup(ctx, "ckpt", &out)
+	require.Equal(t, syscall.Errno(0), errno)
+	require.True(t, ckpt.IsDir())
+	dir := ckpt.Operations().(*Dir)
+	_, errno = dir.Lookup(ctx, ".metadata", &out)
+	require.Equal(t, syscall.ENOENT, errno, "DCP internals are hidden in a view")
+	st, errno := dir.Lookup(ctx, "model.safetensors", &out)
+	require.Equal(t, syscall.Errno(0), errno)
+	require.NotZero(t, out.Attr.Size)
+	fh, _, errno := st.Operations().(*ViewFile).Open(ctx, syscall.O_RDONLY)
+	require.Equal(t, syscall.Errno(0), errno)
+	buf := make([]byte, 8)
+	res, errno := fh.(fs.FileReader).Read(ctx, buf, 0)
+	require.Equal(t, syscall.Errno(0), errno)
+	head, _ := res.Bytes(buf)
+	want, err := os.ReadFile(filepath.Join(exported(t, filepath.Join(fixture(t, "sample"), "ckpt")), "model.safetensors"))
+	require.NoError(t, err)
+	require.Equal(t, want[:8], head)
+	fh.(fs.FileReleaser).Release(ctx)
+	_, _, errno = st.Operations().(*ViewFile).Open(ctx, syscall.O_RDWR)
+	require.Equal(t, syscall.EROFS, errno)
+}
+
+func TestMountEqualsExport(t *testing.T) {
+	for _, name := range []string{"sample", "fsdp2_4ranks", "tp_shard1", "mesh2d", "dtypes", "nested_optim", "hf_sharded"} {
+		t.Run(name, func(t *testing.T) {
+			src := fixture(t, name)
+			ref := exported(t, filepath.Join(src, "ckpt"))
+			mnt := testMount(t, newFS(t, src))
+			view := filepath.Join(mnt, "ckpt")
+			require.Equal(t, listDir(t, ref), listDir(t, view))
+			rng := rand.New(rand.NewSource(1))
+			for _, f := range listDir(t, ref) {
+				want, err := os.ReadFile(filepath.Join(ref, f))
+				require.NoError(t, err)
+				// read(2) of the whole file
+				got, err := os.ReadFile(filepath.Join(view, f))
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(want, got), f)
+				// pread at random offsets
+				fd, err := os.Open(filepath.Join(view, f))
+				require.NoError(t, err)
+				for i := 0; i < 50 && len(want) > 0; i++ {
+					off := rng.Intn(len(want))
+					n := 1 + rng.Intn(min(len(want)-off, 300_000))
+					buf := make([]byte, n)
+					_, err := fd.ReadAt(buf, int64(off))
+					require.NoError(t, err)
+					require.True(t, bytes.Equal(want[off:off+n], buf), "%s pread [%d,+%d)", f, off, n)
+				}
+				// mmap, the way safetensors reads
+				if len(want) > 0 {
+					m, err := syscall.Mmap(int(fd.Fd()), 0, len(want), syscall.PROT_READ, syscall.MAP_SHARED)
+					require.NoError(t, err)
+					require.True(t, bytes.Equal(want, m), "%s mmap", f)
+					require.NoError(t, syscall.Munmap(m))
+				}
+				fi, err := fd.Stat()
+				require.NoError(t, err)
+				require.Equal(t, int64(len(want)), fi.Size())
+				require.Equal(t, (int64(len(want))+511)/512, fi.Sys().(*syscall.Stat_t).Blocks)
+				require.NoError(t, fd.Close())
+			}
+		})
+	}
+}
+
+func TestConcurrentRandomReaders(t *testing.T) {
+	src := fixture(t, "sample")
+	ref := exported(t, filepath.Join(src, "ckpt"))
+	want, err := os.ReadFile(filepath.Join(ref, "model.safetensors"))
+	require.NoError(t, err)
+	mnt := testMount(t, newFS(t, src))
+	path := filepath.Join(mnt, "ckpt", "model.safetensors")
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for r := 0; r < 64; r++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(seed))
+			fd, err := os.Open(path)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer fd.Close()
+			for i := 0; i < 20; i++ {
+				off := rng.Intn(len(want))
+				n := 1 + rng.Intn(min(len(want)-off, 1<<20))
+				buf := make([]byte, n)
+				if _, err := fd.ReadAt(buf, int64(off)); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(buf, want[off:off+n]) {
+					errs <- errors.New("wrong bytes")
+					return
+				}
+			}
+		}(int64(r))
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+func TestTruncatedSourceGivesEIO(t *testing.T) {
+	src := copyTree(t, fixture(t, "fsdp2_4ranks"))
+	mnt := testMount(t, newFS(t, src))
+	view := filepath.Join(mnt, "ckpt")
+	require.Contains(t, listDir(t, view), "model.safetensors")
+	shards, err := filepath.Glob(filepath.Join(src, "ckpt", "*.distcp"))
+	require.NoError(t, err)
+	for _, s := range shards {
+		require.NoError(t, os.Truncate(s, 100))
+	}
+	_, err = os.ReadFile(filepath.Join(view, "model.safetensors"))
+	require.ErrorIs(t, err, syscall.EIO)
+}
+
+func TestSourceReplacedGivesEIO(t *testing.T) {
+	src := copyTree(t, fixture(t, "fsdp2_4ranks"))
+	mnt := testMount(t, newFS(t, src))
+	view := filepath.Join(mnt, "ckpt")
+	require.Contains(t, listDir(t, view), "model.safetensors")
+	shards, err := filepath.Glob(filepath.Join(src, "ckpt", "*.distcp"))
+	require.NoError(t, err)
+	for _, s := range shards {
+		data, err := os.ReadFile(s)
+		require.NoError(t, err)
+		require.NoError(t, os.Remove(s))
+		require.NoError(t, os.WriteFile(s, data, 0o644)) // same bytes, new file
+	}
+	_, err = os.ReadFile(filepath.Join(view, "model.safetensors"))
+	require.ErrorIs(t, err, syscall.EIO)
+}
+
+func TestTrainingRootShowsThrough(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, os.CopyFS(filepath.Join(root, "step_1"), os.DirFS(filepath.Join(fixture(t, "sample"), "ckpt"))))
+	require.NoError(t, os.Symlink("step_1", filepath.Join(root, "latest")))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "notes.txt"), []byte("hi"), 0o644))
+	require.NoError(t, os.Mkdir(filepath.Join(root, "step_2"), 0o755)) // being written: no .metadata yet
+	fsys := newFS(t, root)
+	mnt := testMount(t, fsys)
+	require.Equal(t, []string{".ckptfs", "latest", "notes.txt", "step_1", "step_2"}, listDir(t, mnt))
+	require.Equal(t, listDir(t, filepath.Join(mnt, "step_1")), listDir(t, filepath.Join(mnt, "latest")))
+	require.Empty(t, listDir(t, filepath.Join(mnt, "step_2")))
+	// step_2 completes after it was listed: it becomes a view
+	require.NoError(t, os.CopyFS(filepath.Join(root, "step_2"), os.DirFS(filepath.Join(fixture(t, "sample"), "ckpt"))))
+	require.Contains(t, listDir(t, filepath.Join(mnt, "step_2")), "model.safetensors")
+	got, err := os.ReadFile(filepath.Join(mnt, "notes.txt"))
+	require.NoError(t, err)
+	require.Equal(t, "hi", string(got))
+	stats, err := os.ReadFile(filepath.Join(mnt, ".ckptfs"))
+	require.NoError(t, err)
+	require.Contains(t, string(stats), `"bytes_served"`)
+	require.Len(t, fsys.Stats().Views, 2, "latest and step_1 share one view")
+}
+
+func TestBrokenCheckpointShowsError(t *testing.T) {
+	src := copyTree(t, fixture(t, "sample"))
+	require.NoError(t, os.WriteFile(filepath.Join(src, "ckpt", ".metadata"), []byte("not a pickle"), 0o644))
+	mnt := testMount(t, newFS(t, src))
+	names := listDir(t, filepath.Join(mnt, "ckpt"))
+	require.Contains(t, names, errorName)
+	msg, err := os.ReadFile(filepath.Join(mnt, "ckpt", errorName))
+	require.NoError(t, err)
+	require.Contains(t, string(msg), ".metadata")
+}
+
+func TestSeekDataHole(t *testing.T) {
+	mnt := testMount(t, newFS(t, fixture(t, "sample")))
+	fd, err := os.Open(filepath.Join(mnt, "ckpt", "model.safetensors"))
+	require.NoError(t, err)
+	defer fd.Close()
+	fi, err := fd.Stat()
+	require.NoError(t, err)
+	const seekData, seekHole = 3, 4
+	off, err := fd.Seek(10, seekData)
+	require.NoError(t, err)
+	require.Equal(t, int64(10), off)
+	off, err = fd.Seek(10, seekHole)
+	require.NoError(t, err)
+	require.Equal(t, fi.Size(), off)
+}
