@@ -1,0 +1,526 @@
+// Package cache is the block cache between the FUSE layer and the virtual
+// files of a view.
+//
+// A virtual file is cut into whole aligned blocks of Options.BlockSize bytes
+// (the last one shorter). A block is filled with one ReadAt on the file's
+// Source, kept in a ristretto cache keyed by (file id, block index) with a cost
+// of its length in bytes, and serves the many small kernel reads that fall in
+// it. Concurrent misses on one block share one fill (singleflight). A handle
+// whose reads are sequential prefetches the next blocks on a small worker pool;
+// prefetch is dropped, never waited for, when the pool or the foreground is
+// busy.
+//
+// Invariants (each one is checked in cache_test.go):
+//   - Partial data is never visible: a fill that fails caches nothing and
+//     returns its error to every reader waiting on it; a later read retries.
+//   - The cache is never the source of truth: ristretto may drop or reject any
+//     Set, and a key collision is detected (a block carries its own id and
+//     index), so a read after a lost Set just fills again.
+//   - Memory is bounded: Size bytes in ristretto, plus Staging recently filled
+//     blocks (shared with ristretto, not copies), plus one block per fill in
+//     flight (at most Workers + concurrent foreground reads). Blocks are fresh
+//     []byte per fill and are never recycled, so an evicted block still being
+//     copied by a reader stays valid; the GC frees it.
+//   - A foreground read never waits for a prefetch it did not ask for, except
+//     to join a fill of the very block it needs.
+//
+// Lock order: Cache.mu (read-locked for the whole of a foreground read) before
+// Handle.mu before staging.mu; Cache.pmu is a leaf. No lock is held while
+// calling a Source except Cache.mu in read mode.
+package cache
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dgraph-io/ristretto/v2"
+	"golang.org/x/sync/singleflight"
+)
+
+// Defaults for zero fields of Options.
+const (
+	DefaultSize      = 512 << 20
+	DefaultBlockSize = 4 << 20
+	DefaultReadAhead = 4
+	DefaultWorkers   = 2
+)
+
+// ErrClosed is returned by reads on a closed Handle or a closed Cache.
+var ErrClosed = errors.New("cache: closed")
+
+// Options configure a Cache. Zero fields take defaults, except ReadAhead:
+// 0 disables read-ahead (use DefaultOptions for the default of 4).
+type Options struct {
+	Size      int64 // total bytes of cached blocks (default 512 MiB)
+	BlockSize int64 // bytes per block (default 4 MiB)
+	ReadAhead int   // blocks to prefetch ahead on sequential access (0 disables; DefaultOptions has 4)
+	Workers   int   // read-ahead worker pool size (default 2)
+
+	// QueueSize is the capacity of the read-ahead queue in blocks; a prefetch
+	// that does not fit is dropped (default 2 × Workers × ReadAhead).
+	QueueSize int
+	// BusyFills: when this many foreground fills are in flight, prefetch is
+	// dropped instead of competing with them (default 2 × Workers).
+	BusyFills int
+	// Staging is how many of the most recently filled blocks are kept
+	// regardless of ristretto's admission decision, so that the reads that
+	// immediately follow a fill (the rest of a sequential stream's block, the
+	// blocks just prefetched) do not refill a block ristretto rejected
+	// (default 2 × (ReadAhead + Workers), at least 4).
+	Staging int
+}
+
+// DefaultOptions returns the documented defaults, read-ahead included.
+func DefaultOptions() Options {
+	return Options{
+		Size:      DefaultSize,
+		BlockSize: DefaultBlockSize,
+		ReadAhead: DefaultReadAhead,
+		Workers:   DefaultWorkers,
+	}
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Size < 0 || o.BlockSize < 0 || o.ReadAhead < 0 || o.Workers < 0 ||
+		o.QueueSize < 0 || o.BusyFills < 0 || o.Staging < 0 {
+		return o, fmt.Errorf("cache: negative option in %+v", o)
+	}
+	if o.Size == 0 {
+		o.Size = DefaultSize
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = DefaultBlockSize
+	}
+	if o.Workers == 0 {
+		o.Workers = DefaultWorkers
+	}
+	if o.QueueSize == 0 {
+		o.QueueSize = max(1, 2*o.Workers*o.ReadAhead)
+	}
+	if o.BusyFills == 0 {
+		o.BusyFills = 2 * o.Workers
+	}
+	if o.Staging == 0 {
+		o.Staging = max(4, 2*(o.ReadAhead+o.Workers))
+	}
+	return o, nil
+}
+
+// Stats are cumulative counters since New. Block-level counters count blocks,
+// not reads: a read spanning two blocks is two lookups.
+type Stats struct {
+	BytesServed      int64 `json:"bytes_served"`       // bytes returned by Handle.ReadAt
+	Hits             int64 `json:"hits"`               // foreground block lookups found cached (ristretto or staging)
+	StagingHits      int64 `json:"staging_hits"`       // of Hits, found only in the staging ring
+	Misses           int64 `json:"misses"`             // foreground block lookups that filled or joined a fill
+	Fills            int64 `json:"fills"`              // Source reads of a block (foreground and prefetch)
+	FillErrors       int64 `json:"fill_errors"`        // fills that failed (nothing cached)
+	ReadAheadIssued  int64 `json:"read_ahead_issued"`  // prefetch jobs accepted onto the queue
+	ReadAheadHits    int64 `json:"read_ahead_hits"`    // prefetched blocks later used by a foreground read (once per fill)
+	ReadAheadDropped int64 `json:"read_ahead_dropped"` // prefetches dropped: queue full, foreground busy, handle closed
+	CachedBytes      int64 `json:"cached_bytes"`       // bytes held by ristretto now (cost added − cost evicted)
+	KeysAdded        int64 `json:"keys_added"`         // ristretto admissions
+	KeysEvicted      int64 `json:"keys_evicted"`       // ristretto evictions
+	SetsRejected     int64 `json:"sets_rejected"`      // ristretto Sets refused by the admission policy
+	SetsDropped      int64 `json:"sets_dropped"`       // ristretto Sets dropped because its buffer was full
+	OpenHandles      int64 `json:"open_handles"`       // handles opened and not yet closed
+}
+
+// Source is an immutable virtual file: ReadAt must return exactly the bytes;
+// it may return io.EOF together with a full read that ends at the file's end.
+type Source interface {
+	io.ReaderAt
+}
+
+// block is one filled, immutable block. It carries its own identity so that a
+// ristretto key collision is detected instead of serving another block.
+type block struct {
+	id   uint64
+	idx  int64
+	data []byte
+	// prefetched is set when read-ahead filled the block and cleared by the
+	// first foreground read that uses it (ReadAheadHits counts those).
+	prefetched atomic.Bool
+}
+
+// file is what a Handle knows about its virtual file.
+type file struct {
+	id      uint64
+	src     Source
+	size    int64
+	nblocks int64
+}
+
+type job struct {
+	h   *Handle
+	idx int64
+}
+
+// Cache is a block cache shared by all handles of all files of a mount.
+type Cache struct {
+	opts Options
+	rc   *ristretto.Cache[uint64, *block]
+	sf   singleflight.Group
+	stg  staging
+	// keyFn maps (id, block) to the ristretto key. Collisions are harmless
+	// (see block); tests replace it to force them.
+	keyFn func(id uint64, idx int64) uint64
+
+	// mu is read-locked by every foreground read and write-locked by Close,
+	// so that ristretto is never used after (or while) it is closed.
+	mu     sync.RWMutex
+	closed bool // GUARDED_BY(mu)
+
+	queue     chan job
+	stop      chan struct{}
+	workers   sync.WaitGroup
+	closeOnce sync.Once
+
+	// pending counts read-ahead jobs queued or running (for Wait).
+	pmu     sync.Mutex
+	pcond   *sync.Cond
+	pending int // GUARDED_BY(pmu)
+
+	fgFills atomic.Int64 // foreground-led fills in flight
+
+	bytesServed, hits, stagingHits, misses, fills, fillErrors atomic.Int64
+	raIssued, raHits, raDropped, openHandles                  atomic.Int64
+}
+
+// New returns a Cache and starts its read-ahead workers (none when ReadAhead
+// is 0). Close it to stop them.
+func New(opts Options) (*Cache, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	nblocks := max(1, o.Size/o.BlockSize)
+	rc, err := ristretto.NewCache(&ristretto.Config[uint64, *block]{
+		NumCounters:        max(100, 10*nblocks),
+		MaxCost:            o.Size,
+		BufferItems:        64,
+		Metrics:            true,
+		IgnoreInternalCost: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	c := &Cache{
+		opts:  o,
+		rc:    rc,
+		stg:   newStaging(o.Staging),
+		keyFn: blockKey,
+		stop:  make(chan struct{}),
+	}
+	c.pcond = sync.NewCond(&c.pmu)
+	if o.ReadAhead > 0 {
+		c.queue = make(chan job, o.QueueSize)
+		for range o.Workers {
+			c.workers.Add(1)
+			go c.worker()
+		}
+	}
+	return c, nil
+}
+
+// Options returns the options in effect, defaults filled in.
+func (c *Cache) Options() Options { return c.opts }
+
+// Close stops the read-ahead workers (waiting for fills they are running),
+// waits for foreground reads in progress, and releases the cache. Reads after
+// Close return ErrClosed. Close is idempotent. It waits for every Source call
+// in flight, so a Source must return, and must not read through this Cache.
+func (c *Cache) Close() {
+	c.closeOnce.Do(func() {
+		close(c.stop)
+		c.workers.Wait()
+		c.mu.Lock()
+		c.closed = true
+		// Drop what is still queued: no worker will take it, and with mu
+		// held no foreground read can add more.
+		for drained := false; !drained && c.queue != nil; {
+			select {
+			case <-c.queue:
+				c.raDropped.Add(1)
+				c.jobDone()
+			default:
+				drained = true
+			}
+		}
+		c.rc.Close()
+		c.stg.clear()
+		c.mu.Unlock()
+	})
+}
+
+// Wait blocks until queued read-ahead has run and ristretto has applied the
+// Sets buffered so far. It is for tests and benchmarks: a block filled before
+// Wait is then visible to Get if ristretto admitted it.
+func (c *Cache) Wait() {
+	c.pmu.Lock()
+	for c.pending > 0 {
+		c.pcond.Wait()
+	}
+	c.pmu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.closed {
+		c.rc.Wait()
+	}
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Cache) Stats() Stats {
+	s := Stats{
+		BytesServed:      c.bytesServed.Load(),
+		Hits:             c.hits.Load(),
+		StagingHits:      c.stagingHits.Load(),
+		Misses:           c.misses.Load(),
+		Fills:            c.fills.Load(),
+		FillErrors:       c.fillErrors.Load(),
+		ReadAheadIssued:  c.raIssued.Load(),
+		ReadAheadHits:    c.raHits.Load(),
+		ReadAheadDropped: c.raDropped.Load(),
+		OpenHandles:      c.openHandles.Load(),
+	}
+	if m := c.rc.Metrics; m != nil {
+		s.CachedBytes = int64(m.CostAdded()) - int64(m.CostEvicted())
+		s.KeysAdded = int64(m.KeysAdded())
+		s.KeysEvicted = int64(m.KeysEvicted())
+		s.SetsRejected = int64(m.SetsRejected())
+		s.SetsDropped = int64(m.SetsDropped())
+	}
+	return s
+}
+
+// blockKey mixes (id, idx) into a ristretto key (splitmix64 finalizer).
+func blockKey(id uint64, idx int64) uint64 {
+	return mix64(mix64(id+0x9e3779b97f4a7c15) ^ uint64(idx))
+}
+
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+func (f *file) blockLen(idx int64, bs int64) int64 {
+	return min(bs, f.size-idx*bs)
+}
+
+// lookup returns the block if ristretto or the staging ring holds it. The
+// block's identity and length are checked, so a key collision is a miss.
+func (c *Cache) lookup(f *file, idx int64) (b *block, staged, ok bool) {
+	want := f.blockLen(idx, c.opts.BlockSize)
+	if b, ok := c.rc.Get(c.keyFn(f.id, idx)); ok && b.id == f.id && b.idx == idx && int64(len(b.data)) == want {
+		return b, false, true
+	}
+	if b := c.stg.get(f.id, idx); b != nil && int64(len(b.data)) == want {
+		return b, true, true
+	}
+	return nil, false, false
+}
+
+// FillError is returned when a block cannot be filled from its Source.
+type FillError struct {
+	ID    uint64 // file id
+	Block int64  // block index
+	Off   int64  // byte offset of the block in the file
+	Len   int64  // block length
+	Err   error  // what the Source returned
+}
+
+func (e *FillError) Error() string {
+	return fmt.Sprintf("cache: fill block %d [%d, %d) of file %d: %v", e.Block, e.Off, e.Off+e.Len, e.ID, e.Err)
+}
+
+func (e *FillError) Unwrap() error { return e.Err }
+
+// fill reads block idx of f from its Source, once however many callers ask
+// at the same time, and offers it to ristretto and the staging ring. A failed
+// fill caches nothing; every caller sharing it gets the error.
+func (c *Cache) fill(f *file, idx int64, prefetch bool) (*block, error) {
+	var k [16]byte
+	binary.LittleEndian.PutUint64(k[:8], f.id)
+	binary.LittleEndian.PutUint64(k[8:], uint64(idx))
+	v, err, _ := c.sf.Do(string(k[:]), func() (any, error) {
+		// A fill that finished between the caller's lookup and Do is
+		// in the staging ring (synchronously), so this catches it.
+		if b, _, ok := c.lookup(f, idx); ok {
+			return b, nil
+		}
+		if !prefetch {
+			c.fgFills.Add(1)
+			defer c.fgFills.Add(-1)
+		}
+		c.fills.Add(1)
+		off := idx * c.opts.BlockSize
+		n := f.blockLen(idx, c.opts.BlockSize)
+		buf := make([]byte, n) // fresh per fill, never recycled: see package doc
+		got, err := f.src.ReadAt(buf, off)
+		switch {
+		case int64(got) == n:
+			err = nil
+		case err == nil || errors.Is(err, io.EOF):
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			c.fillErrors.Add(1)
+			return nil, &FillError{ID: f.id, Block: idx, Off: off, Len: n, Err: err}
+		}
+		b := &block{id: f.id, idx: idx, data: buf}
+		b.prefetched.Store(prefetch)
+		c.stg.put(b)
+		c.rc.Set(c.keyFn(f.id, idx), b, n) // may be dropped or rejected
+		return b, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*block), nil
+}
+
+// getBlock serves one block to a foreground read. Caller holds c.mu.RLock.
+func (c *Cache) getBlock(f *file, idx int64) (*block, error) {
+	b, staged, ok := c.lookup(f, idx)
+	if ok {
+		c.hits.Add(1)
+		if staged {
+			c.stagingHits.Add(1)
+		}
+	} else {
+		c.misses.Add(1)
+		var err error
+		if b, err = c.fill(f, idx, false); err != nil {
+			return nil, err
+		}
+	}
+	if b.prefetched.Load() && b.prefetched.CompareAndSwap(true, false) {
+		c.raHits.Add(1)
+	}
+	return b, nil
+}
+
+// enqueue offers prefetch of blocks [from, to] of h's file. It never blocks:
+// when the foreground is busy or the queue is full the rest is dropped.
+func (c *Cache) enqueue(h *Handle, from, to int64) {
+	for i := from; i <= to; i++ {
+		if c.fgFills.Load() >= int64(c.opts.BusyFills) {
+			c.raDropped.Add(to - i + 1)
+			return
+		}
+		if _, _, ok := c.lookup(&h.f, i); ok {
+			continue
+		}
+		c.jobAdd()
+		select {
+		case c.queue <- job{h: h, idx: i}:
+			c.raIssued.Add(1)
+		default:
+			c.jobDone()
+			c.raDropped.Add(to - i + 1)
+			return
+		}
+	}
+}
+
+func (c *Cache) worker() {
+	defer c.workers.Done()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case j := <-c.queue:
+			c.prefetch(j)
+			c.jobDone()
+		}
+	}
+}
+
+func (c *Cache) prefetch(j job) {
+	select {
+	case <-c.stop:
+		c.raDropped.Add(1)
+		return
+	default:
+	}
+	if j.h.closed.Load() || c.fgFills.Load() >= int64(c.opts.BusyFills) {
+		c.raDropped.Add(1)
+		return
+	}
+	if _, _, ok := c.lookup(&j.h.f, j.idx); ok {
+		return
+	}
+	_, _ = c.fill(&j.h.f, j.idx, true) // an error is counted in FillErrors; a foreground read will retry
+}
+
+func (c *Cache) jobAdd() {
+	c.pmu.Lock()
+	c.pending++
+	c.pmu.Unlock()
+}
+
+func (c *Cache) jobDone() {
+	c.pmu.Lock()
+	c.pending--
+	if c.pending == 0 {
+		c.pcond.Broadcast()
+	}
+	c.pmu.Unlock()
+}
+
+// staging is a FIFO ring of the most recently filled blocks. It holds
+// references, not copies: a block usually sits in ristretto too.
+type staging struct {
+	mu    sync.Mutex
+	slots []*block              // GUARDED_BY(mu)
+	next  int                   // GUARDED_BY(mu)
+	index map[stagingKey]*block // GUARDED_BY(mu)
+}
+
+type stagingKey struct {
+	id  uint64
+	idx int64
+}
+
+func newStaging(n int) staging {
+	return staging{slots: make([]*block, n), index: make(map[stagingKey]*block, n)}
+}
+
+func (s *staging) get(id uint64, idx int64) *block {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.index[stagingKey{id, idx}]
+}
+
+func (s *staging) put(b *block) {
+	k := stagingKey{b.id, b.idx}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.index[k]; ok {
+		s.index[k] = b // already in a slot; keep the newer fill
+		for i, old := range s.slots {
+			if old != nil && old.id == b.id && old.idx == b.idx {
+				s.slots[i] = b
+			}
+		}
+		return
+	}
+	if old := s.slots[s.next]; old != nil {
+		delete(s.index, stagingKey{old.id, old.idx})
+	}
+	s.slots[s.next] = b
+	s.index[k] = b
+	s.next = (s.next + 1) % len(s.slots)
+}
+
+func (s *staging) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.slots)
+	clear(s.index)
+}

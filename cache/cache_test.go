@@ -1,0 +1,647 @@
+package cache
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const testBS = 1024
+
+// memSource is a deterministic in-memory Source that counts ReadAt calls per
+// block (of testBS bytes) and can hold or fail chosen blocks.
+type memSource struct {
+	data  []byte
+	bs    int64
+	calls []atomic.Int64
+
+	mu    sync.Mutex
+	gate  map[int64]chan struct{} // GUARDED_BY(mu); ReadAt of a block in gate waits for close
+	fail  map[int64]error         // GUARDED_BY(mu)
+	enter chan int64              // block index on each ReadAt entry (non-blocking send)
+}
+
+func newMemSource(size int64, seed uint64) *memSource {
+	r := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	return &memSource{
+		data:  data,
+		bs:    testBS,
+		calls: make([]atomic.Int64, size/testBS+1),
+		gate:  map[int64]chan struct{}{},
+		fail:  map[int64]error{},
+		enter: make(chan int64, 1024),
+	}
+}
+
+func (s *memSource) ReadAt(p []byte, off int64) (int, error) {
+	idx := off / s.bs
+	s.calls[idx].Add(1)
+	select {
+	case s.enter <- idx:
+	default:
+	}
+	s.mu.Lock()
+	g, err := s.gate[idx], s.fail[idx]
+	s.mu.Unlock()
+	if g != nil {
+		<-g
+	}
+	if err != nil {
+		return 0, err
+	}
+	return bytes.NewReader(s.data).ReadAt(p, off)
+}
+
+// waitEnter waits until a ReadAt of block idx has started.
+func (s *memSource) waitEnter(idx int64) {
+	for b := <-s.enter; b != idx; b = <-s.enter {
+	}
+}
+
+// hold makes reads of the blocks wait until the returned release is called.
+func (s *memSource) hold(idx ...int64) (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	for _, i := range idx {
+		s.gate[i] = ch
+	}
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			for _, i := range idx {
+				delete(s.gate, i)
+			}
+			s.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+func (s *memSource) setFail(idx int64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		delete(s.fail, idx)
+	} else {
+		s.fail[idx] = err
+	}
+}
+
+// want is what os.File.ReadAt would return on the source bytes.
+func want(data []byte, p []byte, off int64) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if off >= int64(len(data)) {
+		return 0, io.EOF
+	}
+	n := copy(p, data[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func newTestCache(t testing.TB, o Options) *Cache {
+	t.Helper()
+	if o.BlockSize == 0 {
+		o.BlockSize = testBS
+	}
+	if o.Size == 0 {
+		o.Size = 64 * o.BlockSize // keeps ristretto's counters small
+	}
+	c, err := New(o)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
+}
+
+// checkRead reads [off, off+n) through h and compares with the source.
+func checkRead(t testing.TB, h *Handle, data []byte, off int64, n int) {
+	t.Helper()
+	got := make([]byte, n)
+	wantBuf := make([]byte, n)
+	gn, gerr := h.ReadAt(got, off)
+	wn, werr := want(data, wantBuf, off)
+	require.Equal(t, wn, gn, "n at off=%d len=%d", off, n)
+	require.Equal(t, werr, gerr, "err at off=%d len=%d", off, n)
+	require.True(t, bytes.Equal(wantBuf[:wn], got[:gn]), "bytes at off=%d len=%d", off, n)
+}
+
+func TestReadAtMatchesSource(t *testing.T) {
+	const size = 10*testBS + 123 // short tail block
+	src := newMemSource(size, 1)
+	for _, ra := range []int{0, 3} {
+		c := newTestCache(t, Options{Size: 4 * testBS, ReadAhead: ra, Staging: 2})
+		h := c.Open(1, src, size)
+		// Edges: tail block, exact end, past end, empty reads, whole file.
+		edges := []struct {
+			off int64
+			n   int
+		}{
+			{0, 0}, {0, 1}, {0, testBS}, {testBS - 1, 2}, {size - 123, 123}, {size - 1, 1},
+			{size - 1, 10}, {size - 123, 5 * testBS}, {size, 1}, {size, 0}, {size + 5, 10},
+			{0, size}, {0, size + 100}, {3*testBS + 5, 4 * testBS},
+		}
+		for _, e := range edges {
+			checkRead(t, h, src.data, e.off, e.n)
+		}
+		r := rand.New(rand.NewPCG(2, 2))
+		for range 500 {
+			off := r.Int64N(size + 2*testBS)
+			n := r.IntN(3*testBS + 1)
+			checkRead(t, h, src.data, off, n)
+		}
+		n, err := h.ReadAt(make([]byte, 4), -1)
+		assert.Zero(t, n)
+		assert.Error(t, err)
+		h.Close()
+	}
+}
+
+func TestConcurrentReaders(t *testing.T) {
+	const size = 40*testBS + 77
+	srcs := []*memSource{newMemSource(size, 10), newMemSource(size, 11)}
+	// The cache holds a tenth of the data, so blocks are evicted and refilled
+	// while others read them.
+	c := newTestCache(t, Options{Size: 8 * testBS, ReadAhead: 2, Workers: 2, Staging: 4})
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := srcs[g%2]
+			h := c.Open(uint64(g%2), s, size)
+			defer h.Close()
+			r := rand.New(rand.NewPCG(uint64(g), 3))
+			off := r.Int64N(size)
+			for range 100 {
+				if r.IntN(2) == 0 { // half sequential, half random
+					off = r.Int64N(size + testBS)
+				}
+				n := r.IntN(2*testBS + 1)
+				got := make([]byte, n)
+				exp := make([]byte, n)
+				gn, gerr := h.ReadAt(got, off)
+				wn, werr := want(s.data, exp, off)
+				if gn != wn || gerr != werr || !bytes.Equal(got[:gn], exp[:wn]) {
+					t.Errorf("reader %d: ReadAt(%d, %d) = %d, %v; want %d, %v (or bytes differ)", g, n, off, gn, gerr, wn, werr)
+					return
+				}
+				off += int64(gn)
+			}
+		}()
+	}
+	wg.Wait()
+	c.Wait()
+	st := c.Stats()
+	assert.LessOrEqual(t, st.CachedBytes, int64(8*testBS), "ristretto holds at most Size bytes")
+	assert.Zero(t, st.OpenHandles)
+	assert.Zero(t, st.FillErrors)
+}
+
+func TestConcurrentMissesShareOneFill(t *testing.T) {
+	const size = 4 * testBS
+	src := newMemSource(size, 4)
+	release := src.hold(1)
+	defer release()
+	c := newTestCache(t, Options{})
+	const n = 16
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := c.Open(9, src, size)
+			defer h.Close()
+			checkRead(t, h, src.data, testBS+10, 100)
+		}()
+	}
+	src.waitEnter(1)
+	// Let the other readers pile up behind the fill (if some come late,
+	// they find the block in the cache, which is just as good).
+	require.Eventually(t, func() bool { return c.Stats().Misses == n }, 5*time.Second, time.Millisecond)
+	release()
+	wg.Wait()
+	assert.EqualValues(t, 1, src.calls[1].Load(), "one fill for %d concurrent misses", n)
+	st := c.Stats()
+	assert.EqualValues(t, 1, st.Fills)
+	assert.EqualValues(t, n*100, st.BytesServed)
+}
+
+func TestFailedFillCachesNothing(t *testing.T) {
+	const size = 4*testBS + 5
+	src := newMemSource(size, 5)
+	boom := errors.New("boom")
+	src.setFail(4, boom)
+	release := src.hold(4)
+	c := newTestCache(t, Options{})
+
+	h := c.Open(2, src, size)
+	checkRead(t, h, src.data, 3*testBS, 10) // block 3 cached: 1 miss
+
+	// Every waiter of the failing fill gets the error, after the bytes of
+	// block 3 that precede it.
+	const n = 8
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			h := c.Open(2, src, size)
+			defer h.Close()
+			got, err := h.ReadAt(make([]byte, 10), 4*testBS-5) // spans blocks 3 and 4
+			if got != 5 {
+				err = fmt.Errorf("read %d bytes before the failing block, want 5 (%w)", got, err)
+			}
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return c.Stats().Misses == 1+n }, 5*time.Second, time.Millisecond)
+	time.Sleep(5 * time.Millisecond) // let the last ones get from Misses++ into the shared fill
+	release()
+	for range n {
+		err := <-errs
+		require.ErrorIs(t, err, boom)
+		var fe *FillError
+		require.ErrorAs(t, err, &fe)
+		assert.EqualValues(t, 2, fe.ID)
+		assert.EqualValues(t, 4, fe.Block)
+		assert.EqualValues(t, 4*testBS, fe.Off)
+		assert.EqualValues(t, 5, fe.Len)
+	}
+	c.Wait()
+	// Normally 1; a reader that reached the fill after it failed retried it
+	// (and failed too): what matters is that no failure was shared as data.
+	assert.Equal(t, src.calls[4].Load(), c.Stats().FillErrors)
+	assert.LessOrEqual(t, src.calls[4].Load(), int64(2))
+	_, _, ok := c.lookup(&h.f, 4)
+	assert.False(t, ok, "a failed fill caches nothing")
+
+	// A later read retries and succeeds.
+	src.setFail(4, nil)
+	before := src.calls[4].Load()
+	checkRead(t, h, src.data, 4*testBS-5, 10)
+	assert.Equal(t, before+1, src.calls[4].Load())
+}
+
+// shortSource returns fewer bytes than asked with a nil error.
+type shortSource struct{}
+
+func (shortSource) ReadAt(p []byte, off int64) (int, error) { return len(p) / 2, nil }
+
+func TestShortFillIsError(t *testing.T) {
+	c := newTestCache(t, Options{})
+	h := c.Open(1, shortSource{}, 3*testBS)
+	_, err := h.ReadAt(make([]byte, 10), 0)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	_, _, ok := c.lookup(&h.f, 0)
+	assert.False(t, ok)
+}
+
+func TestReadAheadPrefetchesSequential(t *testing.T) {
+	const size = 8 * testBS
+	src := newMemSource(size, 6)
+	c := newTestCache(t, Options{ReadAhead: 2, Workers: 1})
+	h := c.Open(1, src, size)
+	defer h.Close()
+
+	checkRead(t, h, src.data, 0, 100)
+	c.Wait()
+	assert.Zero(t, c.Stats().ReadAheadIssued, "a first read is not sequential")
+	checkRead(t, h, src.data, 100, 100) // sequential: prefetch blocks 1 and 2
+	c.Wait()
+	st := c.Stats()
+	assert.EqualValues(t, 2, st.ReadAheadIssued)
+	assert.EqualValues(t, 1, src.calls[1].Load())
+	assert.EqualValues(t, 1, src.calls[2].Load())
+	assert.Zero(t, src.calls[3].Load())
+
+	checkRead(t, h, src.data, 200, testBS) // into block 1: a hit; prefetch block 3
+	c.Wait()
+	st = c.Stats()
+	assert.EqualValues(t, 1, src.calls[1].Load(), "block 1 came from read-ahead")
+	assert.EqualValues(t, 1, st.ReadAheadHits)
+	assert.EqualValues(t, 3, st.ReadAheadIssued)
+	assert.EqualValues(t, 1, src.calls[3].Load())
+
+	checkRead(t, h, src.data, 300, 10) // block 1 again: not a second read-ahead hit
+	assert.EqualValues(t, 1, c.Stats().ReadAheadHits)
+	for b := 4; b < 8; b++ {
+		assert.Zero(t, src.calls[b].Load(), "block %d", b)
+	}
+}
+
+func TestSequentialDetection(t *testing.T) {
+	type read struct{ off, n int64 }
+	for _, tc := range []struct {
+		name  string
+		reads []read
+		want  []int64 // blocks filled by read-ahead
+	}{
+		{"first read", []read{{0, 10}}, nil},
+		{"contiguous", []read{{0, 10}, {10, 10}}, []int64{1, 2}},
+		{"same block backwards", []read{{500, 10}, {100, 10}}, []int64{1, 2}},
+		{"next block", []read{{500, 10}, {testBS + 700, 10}}, []int64{2, 3}},
+		{"jump", []read{{0, 10}, {5 * testBS, 10}}, nil},
+		{"spanning read", []read{{0, 10}, {10, 2 * testBS}}, []int64{3, 4}},
+		{"end of file", []read{{6 * testBS, 10}, {6*testBS + 10, 10}}, []int64{7}},
+		{"seek then stream", []read{{0, 10}, {10, 10}, {5 * testBS, 10}, {5*testBS + 10, 10}}, []int64{1, 2, 6, 7}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const size = 8 * testBS
+			src := newMemSource(size, 7)
+			c := newTestCache(t, Options{ReadAhead: 2, Workers: 1})
+			h := c.Open(1, src, size)
+			for _, r := range tc.reads {
+				checkRead(t, h, src.data, r.off, int(r.n))
+				c.Wait()
+			}
+			read := map[int64]bool{}
+			for _, r := range tc.reads {
+				for b := r.off / testBS; b <= (r.off+r.n-1)/testBS; b++ {
+					read[b] = true
+				}
+			}
+			var got []int64
+			for b := range int64(8) {
+				if src.calls[b].Load() > 0 && !read[b] {
+					got = append(got, b)
+				}
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestReadAheadDroppedWhenQueueFull(t *testing.T) {
+	const size = 8 * testBS
+	src := newMemSource(size, 8)
+	release := src.hold(1, 2, 3, 4)
+	defer release()
+	c := newTestCache(t, Options{ReadAhead: 4, Workers: 1, QueueSize: 1})
+	h := c.Open(1, src, size)
+	defer h.Close()
+
+	// Foreground reads of block 0 complete although the worker is stuck.
+	checkRead(t, h, src.data, 0, 100)
+	checkRead(t, h, src.data, 100, 100)
+	st := c.Stats()
+	assert.EqualValues(t, 4, st.ReadAheadIssued+st.ReadAheadDropped)
+	assert.GreaterOrEqual(t, st.ReadAheadDropped, int64(2), "worker busy, queue of 1")
+
+	// The worker is filling block 1; a foreground read of it joins that fill.
+	src.waitEnter(1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h2 := c.Open(1, src, size)
+		defer h2.Close()
+		checkRead(t, h2, src.data, testBS, 10)
+	}()
+	require.Eventually(t, func() bool { return c.Stats().Misses == 2 }, 5*time.Second, time.Millisecond)
+	release()
+	<-done
+	c.Wait()
+	assert.EqualValues(t, 1, src.calls[1].Load(), "the foreground read joined the prefetch fill")
+	assert.EqualValues(t, 1, c.Stats().ReadAheadHits)
+}
+
+func TestReadAheadDroppedWhenForegroundBusy(t *testing.T) {
+	const size = 8 * testBS
+	src := newMemSource(size, 9)
+	c := newTestCache(t, Options{ReadAhead: 2, Workers: 1, BusyFills: 2})
+	h := c.Open(1, src, size)
+	defer h.Close()
+	checkRead(t, h, src.data, 0, 10) // block 0 cached; first read, no prefetch
+
+	release := src.hold(5, 6)
+	defer release()
+	var wg sync.WaitGroup
+	for _, b := range []int64{5, 6} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := c.Open(1, src, size)
+			defer h.Close()
+			checkRead(t, h, src.data, b*testBS, 10)
+		}()
+	}
+	require.Eventually(t, func() bool { return c.fgFills.Load() == 2 }, 5*time.Second, time.Millisecond)
+	checkRead(t, h, src.data, 10, 10) // sequential, but the foreground is busy
+	st := c.Stats()
+	assert.EqualValues(t, 2, st.ReadAheadDropped)
+	assert.Zero(t, st.ReadAheadIssued)
+	release()
+	wg.Wait()
+}
+
+func TestRejectedSetRefills(t *testing.T) {
+	const size = 4 * testBS
+	src := newMemSource(size, 12)
+	// Size below one block: ristretto admits nothing.
+	c := newTestCache(t, Options{Size: testBS / 2, Staging: 1})
+	h := c.Open(1, src, size)
+	checkRead(t, h, src.data, 0, 10)
+	checkRead(t, h, src.data, 20, 10) // still in the staging ring
+	assert.EqualValues(t, 1, src.calls[0].Load())
+	checkRead(t, h, src.data, testBS, 10) // pushes block 0 out of staging
+	checkRead(t, h, src.data, 0, testBS)
+	c.Wait()
+	assert.EqualValues(t, 2, src.calls[0].Load(), "a read after a lost Set refills")
+	st := c.Stats()
+	assert.Zero(t, st.KeysAdded)
+	assert.Zero(t, st.CachedBytes)
+}
+
+func TestKeyCollisionsAreMisses(t *testing.T) {
+	const size = 6*testBS + 9
+	srcs := []*memSource{newMemSource(size, 13), newMemSource(size, 14)}
+	c := newTestCache(t, Options{Staging: 1})
+	c.keyFn = func(uint64, int64) uint64 { return 42 } // every block on one key
+	r := rand.New(rand.NewPCG(5, 5))
+	for range 300 {
+		i := r.IntN(2)
+		h := c.Open(uint64(i), srcs[i], size)
+		checkRead(t, h, srcs[i].data, r.Int64N(size), r.IntN(2*testBS))
+		h.Close()
+		if r.IntN(10) == 0 {
+			c.Wait()
+		}
+	}
+}
+
+func TestCloseStopsGoroutines(t *testing.T) {
+	base := runtime.NumGoroutine()
+	c, err := New(Options{BlockSize: testBS, Size: 64 * testBS, ReadAhead: 4, Workers: 4})
+	require.NoError(t, err)
+	const size = 16 * testBS
+	src := newMemSource(size, 15)
+	h := c.Open(1, src, size)
+	for off := int64(0); off < size; off += 300 {
+		checkRead(t, h, src.data, off, 300)
+	}
+	assert.Greater(t, runtime.NumGoroutine(), base)
+	c.Close()
+	c.Close() // idempotent
+	// Poll by hand: assert.Eventually runs its condition on a goroutine.
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > base; {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("goroutines: %d before New, %d after Close\n%s", base, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	_, err = h.ReadAt(make([]byte, 1), 0)
+	assert.ErrorIs(t, err, ErrClosed)
+	c.Wait() // returns after Close
+	assert.EqualValues(t, size, c.Stats().BytesServed)
+}
+
+func TestCloseWaitsForStuckPrefetch(t *testing.T) {
+	const size = 8 * testBS
+	src := newMemSource(size, 16)
+	release := src.hold(1)
+	c, err := New(Options{BlockSize: testBS, Size: 64 * testBS, ReadAhead: 2, Workers: 1, QueueSize: 4})
+	require.NoError(t, err)
+	h := c.Open(1, src, size)
+	checkRead(t, h, src.data, 0, 10)
+	checkRead(t, h, src.data, 10, 10)
+	src.waitEnter(1) // the worker is filling block 1
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a worker was filling")
+	case <-time.After(20 * time.Millisecond):
+	}
+	release()
+	<-closed
+}
+
+func TestHandleClose(t *testing.T) {
+	c := newTestCache(t, Options{})
+	src := newMemSource(testBS, 17)
+	h := c.Open(1, src, testBS)
+	assert.EqualValues(t, 1, c.Stats().OpenHandles)
+	h.Close()
+	h.Close()
+	assert.Zero(t, c.Stats().OpenHandles)
+	_, err := h.ReadAt(make([]byte, 1), 0)
+	assert.ErrorIs(t, err, ErrClosed)
+}
+
+func TestOptions(t *testing.T) {
+	c, err := New(Options{})
+	require.NoError(t, err)
+	defer c.Close()
+	o := c.Options()
+	assert.EqualValues(t, DefaultSize, o.Size)
+	assert.EqualValues(t, DefaultBlockSize, o.BlockSize)
+	assert.Zero(t, o.ReadAhead, "zero ReadAhead disables read-ahead")
+	assert.Equal(t, DefaultWorkers, o.Workers)
+	d := DefaultOptions()
+	assert.EqualValues(t, DefaultBlockSize, d.BlockSize)
+	assert.Equal(t, DefaultReadAhead, d.ReadAhead)
+	_, err = New(Options{Size: -1})
+	assert.Error(t, err)
+}
+
+func TestStatsJSON(t *testing.T) {
+	c := newTestCache(t, Options{})
+	src := newMemSource(3*testBS, 18)
+	h := c.Open(1, src, 3*testBS)
+	checkRead(t, h, src.data, 0, 2*testBS)
+	c.Wait()
+	b, err := json.Marshal(c.Stats())
+	require.NoError(t, err)
+	var m map[string]int64
+	require.NoError(t, json.Unmarshal(b, &m))
+	assert.EqualValues(t, 2*testBS, m["bytes_served"])
+	assert.EqualValues(t, 2, m["misses"])
+	assert.EqualValues(t, 2*testBS, m["cached_bytes"])
+}
+
+func benchData(size int) *memSource {
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	return &memSource{data: data, bs: DefaultBlockSize, calls: make([]atomic.Int64, size/DefaultBlockSize+1), enter: make(chan int64, 1)}
+}
+
+// BenchmarkSequentialRead streams a 64 MiB file in 128 KiB reads (the kernel's
+// request size): "cached" fits in the cache, "streaming" does not.
+func BenchmarkSequentialRead(b *testing.B) {
+	const size, req = 64 << 20, 128 << 10
+	src := benchData(size)
+	for _, bc := range []struct {
+		name string
+		size int64
+	}{{"cached", 128 << 20}, {"streaming", 16 << 20}} {
+		b.Run(bc.name, func(b *testing.B) {
+			o := DefaultOptions()
+			o.Size = bc.size
+			c := newTestCache(b, o)
+			buf := make([]byte, req)
+			b.SetBytes(size)
+			b.ResetTimer()
+			for i := range b.N {
+				id := uint64(0)
+				if bc.size < size {
+					id = uint64(i) // a new id each pass: never a hit
+				}
+				h := c.Open(id, src, size)
+				for off := int64(0); off < size; off += req {
+					if _, err := h.ReadAt(buf, off); err != nil && err != io.EOF {
+						b.Fatal(err)
+					}
+				}
+				h.Close()
+			}
+			b.StopTimer()
+			st := c.Stats()
+			b.ReportMetric(float64(st.Fills)/float64(b.N), "fills/op")
+		})
+	}
+}
+
+// BenchmarkRandomRead does 128 KiB reads at random offsets of a 64 MiB file
+// from parallel goroutines, with the file fully cached.
+func BenchmarkRandomRead(b *testing.B) {
+	const size, req = 64 << 20, 128 << 10
+	src := benchData(size)
+	o := DefaultOptions()
+	c := newTestCache(b, o)
+	b.SetBytes(req)
+	var seed atomic.Uint64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		s := seed.Add(1)
+		r := rand.New(rand.NewPCG(s, s))
+		h := c.Open(0, src, size)
+		defer h.Close()
+		buf := make([]byte, req)
+		for pb.Next() {
+			if _, err := h.ReadAt(buf, r.Int64N(size-req)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

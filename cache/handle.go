@@ -1,0 +1,129 @@
+package cache
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+)
+
+// errNegativeOffset matches os.File.ReadAt's complaint.
+var errNegativeOffset = errors.New("cache: negative offset")
+
+// Handle is one open of a virtual file. It tracks the access pattern of its
+// reads to drive read-ahead; the blocks themselves are shared by every handle
+// of every file in the Cache. A Handle is safe for concurrent use.
+type Handle struct {
+	c      *Cache
+	f      file
+	closed atomic.Bool
+
+	mu      sync.Mutex
+	lastEnd int64 // GUARDED_BY(mu); end of the previous read, -1 before the first
+	raNext  int64 // GUARDED_BY(mu); first block this stream has not yet offered to read-ahead
+}
+
+// Open returns a handle for one open of file id (a stable id for the virtual
+// file, unique per Cache) of size bytes served by src. Handles of the same id
+// share cached blocks, so they must have the same src content and size.
+func (c *Cache) Open(id uint64, src Source, size int64) *Handle {
+	size = max(size, 0)
+	bs := c.opts.BlockSize
+	nb := size / bs
+	if size%bs != 0 {
+		nb++
+	}
+	c.openHandles.Add(1)
+	return &Handle{c: c, f: file{id: id, src: src, size: size, nblocks: nb}, lastEnd: -1}
+}
+
+// Size returns the size of the file.
+func (h *Handle) Size() int64 { return h.f.size }
+
+// Close ends the handle: its queued read-ahead is dropped and later reads
+// return ErrClosed. Idempotent.
+func (h *Handle) Close() {
+	if h.closed.CompareAndSwap(false, true) {
+		h.c.openHandles.Add(-1)
+	}
+}
+
+// ReadAt reads len(p) bytes at off, assembled from the blocks that cover
+// them. Like os.File.ReadAt: a read that reaches the end of the file returns
+// the bytes there are and io.EOF; an empty p returns 0, nil.
+func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, errNegativeOffset
+	}
+	if h.closed.Load() {
+		return 0, ErrClosed
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if off >= h.f.size {
+		return 0, io.EOF
+	}
+	c := h.c
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return 0, ErrClosed
+	}
+
+	end := off + min(int64(len(p)), h.f.size-off)
+	h.readAhead(off, end)
+
+	bs := c.opts.BlockSize
+	n := 0
+	for cur := off; cur < end; {
+		idx := cur / bs
+		b, err := c.getBlock(&h.f, idx)
+		if err != nil {
+			c.bytesServed.Add(int64(n))
+			return n, err
+		}
+		k := copy(p[n:end-off], b.data[cur-idx*bs:])
+		n += k
+		cur += int64(k)
+	}
+	c.bytesServed.Add(int64(n))
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// readAhead updates the access pattern with the read [off, end) and, when it
+// is sequential, offers the next ReadAhead blocks after end to the workers.
+// A read is sequential when it starts where the previous one ended, or in the
+// block where the previous one ended, or in the block after it.
+func (h *Handle) readAhead(off, end int64) {
+	c := h.c
+	if c.opts.ReadAhead <= 0 {
+		return
+	}
+	bs := c.opts.BlockSize
+	h.mu.Lock()
+	seq := false
+	if h.lastEnd > 0 {
+		lastBlk, startBlk := (h.lastEnd-1)/bs, off/bs
+		seq = off == h.lastEnd || startBlk == lastBlk || startBlk == lastBlk+1
+	}
+	h.lastEnd = end
+	if !seq {
+		h.raNext = 0
+		h.mu.Unlock()
+		return
+	}
+	endBlk := (end - 1) / bs
+	from := max(h.raNext, endBlk+1)
+	to := min(endBlk+int64(c.opts.ReadAhead), h.f.nblocks-1)
+	if from > to {
+		h.mu.Unlock()
+		return
+	}
+	h.raNext = to + 1
+	h.mu.Unlock()
+	c.enqueue(h, from, to)
+}
