@@ -1,0 +1,6 @@
+//go:build !race
+
+package safetensors
+
+// raceEnabled skips tests too slow under the race detector.
+const raceEnabled = false
