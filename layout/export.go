@@ -47,6 +47,9 @@ func Export(v *View, out string, opts ExportOptions) (err error) {
 			os.RemoveAll(tmp)
 		}
 	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	total := v.TotalSize()
 	var done int64
 	for _, f := range v.Files {

@@ -143,10 +143,10 @@ func TestGatherRejectsBadTilings(t *testing.T) {
 	src := &memSource{data: make([]byte, 1024)}
 	chunk := func(off, size []int64) ckpt.Chunk { return ckpt.Chunk{Offsets: off, Sizes: size, Source: src} }
 	cases := map[string][]ckpt.Chunk{
-		"hole":        {chunk([]int64{0, 0}, []int64{2, 4}), chunk([]int64{3, 0}, []int64{1, 4})},
-		"overlap":     {chunk([]int64{0, 0}, []int64{3, 4}), chunk([]int64{2, 0}, []int64{2, 4})},
+		"hole":         {chunk([]int64{0, 0}, []int64{2, 4}), chunk([]int64{3, 0}, []int64{1, 4})},
+		"overlap":      {chunk([]int64{0, 0}, []int64{3, 4}), chunk([]int64{2, 0}, []int64{2, 4})},
 		"out of bound": {chunk([]int64{0, 0}, []int64{4, 4}), chunk([]int64{4, 0}, []int64{1, 4})},
-		"rank":        {chunk([]int64{0}, []int64{4})},
+		"rank":         {chunk([]int64{0}, []int64{4})},
 		"overlap+hole": {chunk([]int64{0, 0}, []int64{2, 4}), chunk([]int64{1, 0}, []int64{2, 4})},
 	}
 	for name, chunks := range cases {

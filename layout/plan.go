@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
-	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 // DefaultMaxShardSize is the HF default split (transformers v4, huggingface_hub).

@@ -1,0 +1,657 @@
+// Package dcpwrite turns HuggingFace safetensors files into a PyTorch
+// Distributed Checkpoint (DCP) that torch.distributed.checkpoint.load reads
+// at any world size: the write path of ckptfs.
+//
+// A Dir is a DCP directory being written into. Each Commit reshards one
+// complete safetensors file into new shard files, one per rank that holds a
+// piece of it (__{rank}_{n}.distcp, n unused so far by any rank), each a
+// concatenation of torch.save zip archives, one per chunk. It then rewrites
+// .metadata atomically to cover everything committed so far. .metadata is
+// the only commit point: shard files it does not name are garbage from a
+// failed or killed writer, and OpenDir removes them.
+//
+// Placement (Target): every tensor is sharded on dim 0 the way FSDP2 shards
+// parameters (torch.chunk sizes over WorldSize ranks, empty boxes for ranks
+// past the data), unless a Rule picks another dim or replication, or Like
+// supplies the boxes of an existing checkpoint.
+//
+// Bytes emitted (FORMATS.md §2.6, §3.3, §3.4): .metadata is a protocol-2
+// pickle with the torch >= 2.3 class paths and the 5-tuple TensorProperties
+// state; each chunk is a torch.save archive (archive/data.pkl,
+// archive/byteorder, archive/data/0, archive/version) whose data.pkl uses
+// _rebuild_tensor_v2 and a typed storage for the legacy dtypes and
+// _rebuild_tensor_v3 with UntypedStorage for float8 and uint16/32/64.
+//
+// One Dir per directory: two writers (or two processes) must not share one.
+package dcpwrite
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"sync"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/pickle"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+var (
+	// ErrExists is wrapped when a tensor name is already in the checkpoint.
+	ErrExists = errors.New("dcpwrite: tensor already committed")
+	// ErrDType is wrapped when a dtype has no torch equivalent that DCP can
+	// store (F4, F6_*).
+	ErrDType = errors.New("dcpwrite: dtype has no torch equivalent")
+	// ErrUnsupported is wrapped when the directory holds a checkpoint this
+	// writer cannot extend without losing information.
+	ErrUnsupported = errors.New("dcpwrite: cannot extend this checkpoint")
+)
+
+const (
+	metadataName = ".metadata"
+	metadataTmp  = ".metadata.tmp"
+	// outBufSize is the write buffer of a shard file.
+	outBufSize = 1 << 20
+	// maxMetadataBytes bounds the .metadata read by OpenDir.
+	maxMetadataBytes = torchdcp.DefaultMaxMetadataBytes
+)
+
+// copyBufSize bounds the bytes of source read at once (a variable so tests
+// can exercise run batching with small tensors).
+var copyBufSize = 4 << 20
+
+// shardName matches the shard files this writer (and torch) names.
+var shardName = regexp.MustCompile(`^__([0-9]+)_([0-9]+)\.distcp$`)
+
+// rankLocalMetadata matches torch's rank-local __{rank}.metadata.
+var rankLocalMetadata = regexp.MustCompile(`^__[0-9]+\.metadata$`)
+
+// outFile is what Dir writes to; tests substitute failing ones.
+type outFile interface {
+	io.Writer
+	io.WriterAt
+	Sync() error
+	Close() error
+}
+
+// Dir is a DCP checkpoint directory being written into. Its methods are
+// safe for concurrent use; commits are serialized.
+type Dir struct {
+	path   string
+	target Target
+
+	// Lock order: commitMu, then mu. commitMu serializes commits and is
+	// held for their whole length; mu is held only to read or swap the
+	// committed state, so Committed never waits for a commit's I/O.
+	commitMu sync.Mutex
+	mu       sync.Mutex
+	meta     *metadata // written holding commitMu and mu, read holding either; never mutated
+	nextFile int       // GUARDED_BY(commitMu): n of the next commit's shard files
+
+	// Test hooks.
+	create         func(path string, excl bool) (outFile, error)
+	beforeMetadata func() error
+	syncDir        func(path string) error
+	// removed lists the stale files OpenDir deleted (for tests).
+	removed []string
+}
+
+// OpenDir opens the DCP directory path for writing, creating it (not its
+// parents) if missing. An existing .metadata is the committed state: its
+// entries are carried over into every later .metadata. Leftovers of an
+// earlier writer that died mid-commit are removed: .metadata.tmp and every
+// __{rank}_{n}.distcp that .metadata does not reference. A directory holding
+// only torch's rank-local __{rank}.metadata files, or a .metadata with a
+// root class other than Metadata (Megatron's MCoreMetadata) or custom
+// planner_data, is refused (ErrUnsupported): rewriting it would drop data.
+func OpenDir(path string, target Target) (*Dir, error) {
+	d := &Dir{path: path, target: target, create: createFile, syncDir: syncDir}
+	if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("dcpwrite: %s is not a directory", path)
+	}
+	names, err := readDirNames(path)
+	if err != nil {
+		return nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	b, err := readLimited(filepath.Join(path, metadataName), maxMetadataBytes)
+	switch {
+	case err == nil:
+		m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
+		if err != nil {
+			return nil, fmt.Errorf("dcpwrite: %s: %w", path, err)
+		}
+		raw, err := pickle.DecodeBytes(b, pickle.Options{MaxInputBytes: maxMetadataBytes})
+		if err != nil {
+			return nil, fmt.Errorf("dcpwrite: %s: .metadata: %w", path, err)
+		}
+		if d.meta, err = fromDecoded(m, raw); err != nil {
+			return nil, fmt.Errorf("dcpwrite: %s: %w", path, err)
+		}
+	case errors.Is(err, fs.ErrNotExist):
+		for _, n := range names {
+			if rankLocalMetadata.MatchString(n) {
+				return nil, fmt.Errorf("%w: %s holds rank-local %s and no .metadata", ErrUnsupported, path, n)
+			}
+		}
+		d.meta = &metadata{}
+	default:
+		return nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	referenced := map[string]bool{}
+	for _, s := range d.meta.storage {
+		referenced[filepath.Clean(s.info.RelativePath)] = true
+	}
+	for _, n := range names {
+		if n == metadataTmp || (shardName.MatchString(n) && !referenced[n]) {
+			if err := os.Remove(filepath.Join(path, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("dcpwrite: removing stale %s: %w", n, err)
+			}
+			d.removed = append(d.removed, n)
+		}
+	}
+	// Commits number their files after every referenced one (present or not).
+	for rel := range referenced {
+		if m := shardName.FindStringSubmatch(rel); m != nil {
+			if k, err := strconv.Atoi(m[2]); err == nil && k >= d.nextFile {
+				d.nextFile = k + 1
+			}
+		}
+	}
+	if len(d.removed) > 0 {
+		if err := d.syncDir(path); err != nil {
+			return nil, fmt.Errorf("dcpwrite: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// Path is the directory.
+func (d *Dir) Path() string { return d.path }
+
+// Committed returns the FQNs (Target.FQN of the written names) of every
+// tensor in the committed .metadata, in its order, earlier content included.
+func (d *Dir) Committed() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, e := range d.meta.entries {
+		if e.tensor != nil {
+			out = append(out, e.fqn)
+		}
+	}
+	return out
+}
+
+// planned is one tensor of a commit.
+type planned struct {
+	info   safetensors.TensorInfo
+	fqn    string
+	torch  string
+	es     int64
+	chunks []RankChunk
+}
+
+// Commit reshards one complete safetensors file into new shard files and
+// rewrites .metadata to cover it and everything committed before. src holds
+// the file and h is its validated header. Tensors are placed by the Target.
+//
+// Shard files are __{rank}_{n}.distcp with the same n, never used before,
+// for every rank that gets a chunk; each is written, fsynced and closed
+// before .metadata is replaced (write .metadata.tmp, fsync, rename, fsync
+// the directory). Nothing is committed when Commit fails before the rename:
+// a name already in the checkpoint (ErrExists), a dtype torch cannot hold
+// (ErrDType), chunk boxes that do not tile a tensor, a short source, an I/O
+// error or a full disk; the shard files it wrote are removed. A failure to
+// fsync the directory after the rename is reported, but the commit stands.
+//
+// Memory is bounded by a copy buffer of 4 MiB and a 1 MiB write buffer, not
+// by tensor size.
+func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
+	if h == nil {
+		return errors.New("dcpwrite: nil header")
+	}
+	d.commitMu.Lock()
+	defer d.commitMu.Unlock()
+
+	plan, err := d.plan(h)
+	if err != nil {
+		return err
+	}
+	meta := d.meta.clone() // d.meta only changes under commitMu
+	if meta.planner == nil {
+		// Entries from before without a path get (fqn,) when encoded.
+		meta.planner = map[string][]any{}
+	}
+	for _, p := range plan {
+		boxes := make([]torchdcp.ChunkMetadata, len(p.chunks))
+		for i, c := range p.chunks {
+			boxes[i] = torchdcp.ChunkMetadata{Offsets: c.Offsets, Sizes: c.Sizes}
+		}
+		meta.entries = append(meta.entries, entry{fqn: p.fqn, tensor: &tensorMeta{
+			dtype: p.torch, layout: "torch.strided", size: clone(p.info.Shape), chunks: boxes,
+		}})
+		meta.planner[p.fqn] = d.target.plannerPath(p.info.Name)
+	}
+
+	// Work per rank, in header (data) order, so each rank's file reads the
+	// source front to back.
+	type work struct {
+		p *planned
+		c RankChunk
+	}
+	byRank := map[int][]work{}
+	for i := range plan {
+		for _, c := range plan[i].chunks {
+			byRank[c.Rank] = append(byRank[c.Rank], work{&plan[i], c})
+		}
+	}
+	ranks := make([]int, 0, len(byRank))
+	for r := range byRank {
+		ranks = append(ranks, r)
+	}
+	sort.Ints(ranks)
+
+	var created []string
+	cleanup := func(err error) error {
+		for _, p := range created {
+			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				// Left behind (OpenDir removes it later): never reuse its name.
+				d.nextFile++
+				break
+			}
+		}
+		return err
+	}
+	infos := map[string]torchdcp.StorageInfo{}
+	buf := make([]byte, copyBufSize)
+	for _, r := range ranks {
+		rel := fmt.Sprintf("__%d_%d.distcp", r, d.nextFile)
+		full := filepath.Join(d.path, rel)
+		f, err := d.create(full, true)
+		if err != nil {
+			return cleanup(fmt.Errorf("dcpwrite: %w", err))
+		}
+		created = append(created, full)
+		w := newShardWriter(f)
+		for _, wk := range byRank[r] {
+			start := w.Pos()
+			if err := writeChunk(w, src, h.DataStart+wk.p.info.Begin, wk.p, wk.c, buf); err != nil {
+				f.Close()
+				return cleanup(fmt.Errorf("dcpwrite: %s: tensor %q chunk %v: %w", rel, wk.p.info.Name, wk.c.Offsets, err))
+			}
+			infos[storageKey(wk.p.fqn, wk.c.Offsets)] = torchdcp.StorageInfo{
+				RelativePath: rel, Offset: start, Length: w.Pos() - start,
+			}
+		}
+		if err := w.Flush(); err != nil {
+			f.Close()
+			return cleanup(fmt.Errorf("dcpwrite: %s: %w", rel, err))
+		}
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return cleanup(fmt.Errorf("dcpwrite: %s: fsync: %w", rel, err))
+		}
+		if err := f.Close(); err != nil {
+			return cleanup(fmt.Errorf("dcpwrite: %s: %w", rel, err))
+		}
+	}
+	for _, p := range plan {
+		for _, c := range p.chunks {
+			meta.storage = append(meta.storage, storageEntry{
+				fqn: p.fqn, offset: c.Offsets, info: infos[storageKey(p.fqn, c.Offsets)],
+			})
+		}
+	}
+	if d.beforeMetadata != nil {
+		if err := d.beforeMetadata(); err != nil {
+			return cleanup(err)
+		}
+	}
+	if err := d.writeMetadata(meta.encode()); err != nil {
+		return cleanup(err)
+	}
+	// Committed: the rename happened.
+	d.mu.Lock()
+	d.meta = meta
+	d.mu.Unlock()
+	d.nextFile++
+	if err := d.syncDir(d.path); err != nil {
+		return fmt.Errorf("dcpwrite: committed, but fsync of %s failed: %w", d.path, err)
+	}
+	return nil
+}
+
+// plan checks the header against the committed state and places every
+// tensor. It writes nothing.
+func (d *Dir) plan(h *safetensors.Header) ([]planned, error) {
+	seen := make(map[string]bool, len(d.meta.entries)+len(h.Tensors))
+	for _, e := range d.meta.entries {
+		seen[e.fqn] = true
+	}
+	plan := make([]planned, 0, len(h.Tensors))
+	for _, ti := range h.Tensors {
+		fqn := d.target.FQN(ti.Name)
+		if seen[fqn] {
+			return nil, fmt.Errorf("%w: %q", ErrExists, fqn)
+		}
+		seen[fqn] = true
+		torch, es := ti.DType.Torch(), int64(ti.DType.Size())
+		if _, legacy := storageClass[torch]; torch == "" || es <= 0 || (!legacy && !newDtypes[torch]) {
+			return nil, fmt.Errorf("%w: tensor %q has dtype %s", ErrDType, ti.Name, ti.DType)
+		}
+		n, err := safetensors.ByteSize(ti.DType, ti.Shape)
+		if err != nil {
+			return nil, fmt.Errorf("dcpwrite: tensor %q: %w", ti.Name, err)
+		}
+		if n != ti.Size() {
+			return nil, fmt.Errorf("dcpwrite: tensor %q: header gives %d bytes for %d expected", ti.Name, ti.Size(), n)
+		}
+		chunks := dedupEmpty(d.target.Chunks(ti.Name, ti.Shape))
+		t := ckpt.Tensor{Name: fqn, DType: ti.DType, Shape: ti.Shape}
+		for _, c := range chunks {
+			if c.Rank < 0 {
+				return nil, fmt.Errorf("dcpwrite: tensor %q: negative rank %d", ti.Name, c.Rank)
+			}
+			t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: c.Offsets, Sizes: c.Sizes})
+		}
+		// torch's save-time checks: in bounds, no overlap, full coverage.
+		if err := t.Validate(); err != nil {
+			return nil, fmt.Errorf("dcpwrite: %w", err)
+		}
+		plan = append(plan, planned{info: ti, fqn: fqn, torch: torch, es: es, chunks: chunks})
+	}
+	return plan, nil
+}
+
+// dedupEmpty drops chunks whose offsets repeat an earlier chunk's: torch
+// keys chunks by (fqn, offsets), so equal empty boxes of several ranks are
+// one chunk. (Equal non-empty boxes overlap and fail Validate.)
+func dedupEmpty(cs []RankChunk) []RankChunk {
+	seen := map[string]bool{}
+	out := cs[:0:0]
+	for _, c := range cs {
+		k := storageKey("", c.Offsets)
+		n, _ := ckpt.NumElements(c.Sizes)
+		if seen[k] && n == 0 {
+			continue
+		}
+		seen[k] = true
+		out = append(out, c)
+	}
+	return out
+}
+
+// writeMetadata replaces .metadata atomically: write .metadata.tmp, fsync,
+// rename over .metadata.
+func (d *Dir) writeMetadata(b []byte) error {
+	tmp := filepath.Join(d.path, metadataTmp)
+	f, err := d.create(tmp, false)
+	if err != nil {
+		return fmt.Errorf("dcpwrite: %w", err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(d.path, metadataName))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("dcpwrite: writing .metadata: %w", err)
+	}
+	return nil
+}
+
+func createFile(path string, excl bool) (outFile, error) {
+	flag := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	if excl {
+		flag = os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	}
+	return os.OpenFile(path, flag, 0o644)
+}
+
+func syncDir(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func readDirNames(path string) ([]string, error) {
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(ents))
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+func readLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
+// shardWriter buffers writes to a shard file and tracks the position.
+type shardWriter struct {
+	f   outFile
+	bw  *bufio.Writer
+	pos int64
+}
+
+func newShardWriter(f outFile) *shardWriter {
+	return &shardWriter{f: f, bw: bufio.NewWriterSize(f, outBufSize)}
+}
+
+func (w *shardWriter) Write(p []byte) (int, error) {
+	n, err := w.bw.Write(p)
+	w.pos += int64(n)
+	return n, err
+}
+
+func (w *shardWriter) Pos() int64 { return w.pos }
+
+func (w *shardWriter) Flush() error { return w.bw.Flush() }
+
+func (w *shardWriter) Patch(p []byte, off int64) error {
+	if err := w.bw.Flush(); err != nil {
+		return err
+	}
+	_, err := w.f.WriteAt(p, off)
+	return err
+}
+
+// writeChunk writes one chunk of a tensor whose bytes start at base in src
+// as a torch.save archive.
+func writeChunk(w posWriter, src io.ReaderAt, base int64, p *planned, c RankChunk, buf []byte) error {
+	pkl, err := tensorPickle(p.torch, int(p.es), c.Sizes)
+	if err != nil {
+		return err
+	}
+	numel, err := ckpt.NumElements(c.Sizes)
+	if err != nil {
+		return err
+	}
+	a := newArchiveWriter(w)
+	if err := a.add("data.pkl", pkl); err != nil {
+		return err
+	}
+	if err := a.add("byteorder", []byte("little")); err != nil {
+		return err
+	}
+	if err := a.begin("data/0", numel*p.es, 0); err != nil {
+		return err
+	}
+	crc, err := copyBox(w, src, base, p.info.Shape, c.Offsets, c.Sizes, p.es, buf)
+	if err != nil {
+		return err
+	}
+	if crc != 0 {
+		if err := a.setCRC(crc); err != nil {
+			return err
+		}
+	}
+	if err := a.add("version", []byte("3\n")); err != nil {
+		return err
+	}
+	_, err = a.close()
+	return err
+}
+
+// copyBox writes the box (offsets, sizes) of a C-order tensor of the given
+// shape and element size, stored at base in src, to w in C order, and
+// returns the CRC-32 of what it wrote. The box is a sequence of equal runs
+// that are contiguous in the source (one run for a dim-0 box, one per row
+// for a dim-1 box of a matrix); runs are gathered with one ReadAt per
+// buffer-full of source span, never one per run.
+func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []int64, es int64, buf []byte) (uint32, error) {
+	var crc uint32
+	emit := func(b []byte) error {
+		crc = crc32.Update(crc, crc32.IEEETable, b)
+		_, err := w.Write(b)
+		return err
+	}
+	n, _ := ckpt.NumElements(sizes)
+	if n == 0 {
+		return 0, nil
+	}
+	rank := len(shape)
+	stride := make([]int64, rank)
+	st := es
+	for d := rank - 1; d >= 0; d-- {
+		stride[d] = st
+		st *= shape[d]
+	}
+	k := -1 // last dim the box does not cover fully
+	for d := rank - 1; d >= 0; d-- {
+		if sizes[d] != shape[d] {
+			k = d
+			break
+		}
+	}
+	if k < 0 {
+		return crc, copyRange(src, base, n*es, buf, emit)
+	}
+	runLen := sizes[k] * stride[k]
+	idx := append([]int64(nil), offsets[:k]...)
+	runStart := func() int64 {
+		off := base + offsets[k]*stride[k]
+		for d := 0; d < k; d++ {
+			off += idx[d] * stride[d]
+		}
+		return off
+	}
+	// next advances idx to the next run; false when done.
+	next := func() bool {
+		for d := k - 1; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < offsets[d]+sizes[d] {
+				return true
+			}
+			idx[d] = offsets[d]
+		}
+		return false
+	}
+	bufLen := int64(len(buf))
+	more := true
+	for more {
+		first := runStart()
+		if runLen > bufLen {
+			if err := copyRange(src, first, runLen, buf, emit); err != nil {
+				return 0, err
+			}
+			more = next()
+			continue
+		}
+		// Collect the runs whose span from first fits in buf.
+		starts := []int64{first}
+		for {
+			if more = next(); !more {
+				break
+			}
+			s := runStart()
+			if s+runLen-first > bufLen {
+				break
+			}
+			starts = append(starts, s)
+		}
+		span := starts[len(starts)-1] + runLen - first
+		if err := readFull(src, buf[:span], first); err != nil {
+			return 0, err
+		}
+		for _, s := range starts {
+			if err := emit(buf[s-first : s-first+runLen]); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return crc, nil
+}
+
+// copyRange emits length bytes of src at off, a buffer at a time.
+func copyRange(src io.ReaderAt, off, length int64, buf []byte, emit func([]byte) error) error {
+	for length > 0 {
+		m := min(length, int64(len(buf)))
+		if err := readFull(src, buf[:m], off); err != nil {
+			return err
+		}
+		if err := emit(buf[:m]); err != nil {
+			return err
+		}
+		off += m
+		length -= m
+	}
+	return nil
+}
+
+func readFull(src io.ReaderAt, p []byte, off int64) error {
+	n, err := src.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		return fmt.Errorf("%w: read %d of %d bytes at %d", errShortSource, n, len(p), off)
+	}
+	return err
+}

@@ -1,0 +1,262 @@
+package dcpwrite
+
+import (
+	"archive/zip"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/pickle"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// spec is one tensor of a test safetensors file.
+type spec struct {
+	name  string
+	dtype safetensors.DType
+	shape []int64
+}
+
+// stFile is a safetensors file built in memory.
+type stFile struct {
+	data   []byte
+	header *safetensors.Header
+	// raw maps tensor name → its bytes.
+	raw map[string][]byte
+}
+
+func (f *stFile) reader() io.ReaderAt { return bytes.NewReader(f.data) }
+
+// fill returns n deterministic bytes for a tensor: varied, and for BOOL only
+// 0 and 1.
+func fill(name string, dtype safetensors.DType, n int64, seed int) []byte {
+	b := make([]byte, n)
+	h := seed
+	for _, c := range name {
+		h = h*31 + int(c)
+	}
+	for i := range b {
+		v := byte((int64(h) + int64(i)*7 + int64(i)/5) & 0xff)
+		if dtype == safetensors.BOOL {
+			v &= 1
+		}
+		b[i] = v
+	}
+	return b
+}
+
+// makeST writes a safetensors file holding specs, through the safetensors
+// package's streaming Writer, and parses its header back.
+func makeST(t testing.TB, seed int, specs ...spec) *stFile {
+	t.Helper()
+	infos := make([]safetensors.TensorInfo, len(specs))
+	for i, s := range specs {
+		infos[i] = safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape}
+	}
+	infos = safetensors.Layout(infos)
+	var buf bytes.Buffer
+	w, err := safetensors.NewWriter(&buf, nil, infos)
+	require.NoError(t, err)
+	raw := map[string][]byte{}
+	for _, ti := range infos {
+		b := fill(ti.Name, ti.DType, ti.Size(), seed)
+		raw[ti.Name] = b
+		_, err := w.Write(b)
+		require.NoError(t, err)
+	}
+	require.NoError(t, w.Close())
+	h, err := safetensors.ReadHeader(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+	require.NoError(t, err)
+	return &stFile{data: buf.Bytes(), header: h, raw: raw}
+}
+
+// boxBytes extracts a box from a C-order tensor naively, element by element.
+func boxBytes(full []byte, shape, offsets, sizes []int64, es int64) []byte {
+	n, _ := ckpt.NumElements(sizes)
+	out := make([]byte, 0, n*es)
+	if n == 0 {
+		return out
+	}
+	idx := make([]int64, len(sizes))
+	for {
+		var flat int64
+		for d := range shape {
+			flat = flat*shape[d] + offsets[d] + idx[d]
+		}
+		out = append(out, full[flat*es:(flat+1)*es]...)
+		d := len(sizes) - 1
+		for ; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < sizes[d] {
+				break
+			}
+			idx[d] = 0
+		}
+		if d < 0 {
+			return out
+		}
+	}
+}
+
+// expectation is what a committed tensor must read back as.
+type expectation struct {
+	FQN   string       `json:"fqn"`
+	Path  []any        `json:"path"`
+	DType string       `json:"dtype"` // torch name
+	Shape []int64      `json:"shape"`
+	Hex   string       `json:"hex"`
+	Boxes [][2][]int64 `json:"boxes"`
+
+	st  safetensors.DType
+	raw []byte
+}
+
+func expect(target Target, f *stFile) []expectation {
+	var out []expectation
+	for _, ti := range f.header.Tensors {
+		e := expectation{
+			FQN: target.FQN(ti.Name), Path: target.plannerPath(ti.Name), DType: ti.DType.Torch(),
+			Shape: ti.Shape, Hex: hex.EncodeToString(f.raw[ti.Name]), st: ti.DType, raw: f.raw[ti.Name],
+		}
+		for _, c := range dedupEmpty(target.Chunks(ti.Name, ti.Shape)) {
+			e.Boxes = append(e.Boxes, [2][]int64{c.Offsets, c.Sizes})
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// verifyDir opens dir with the torchdcp reader and checks that every
+// expected tensor reads back byte-identical, chunk by chunk, and that every
+// record is a well-formed aligned archive. It also writes expect.json for
+// check_load.py.
+func verifyDir(t *testing.T, dir string, exps []expectation) {
+	t.Helper()
+	c, err := torchdcp.Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	for _, s := range c.Skipped {
+		for _, e := range exps {
+			require.NotEqual(t, e.FQN, s.Name, "skipped: %s", s.Reason)
+		}
+	}
+	byName := map[string]*ckpt.Tensor{}
+	for _, tt := range c.Tensors {
+		byName[tt.Name] = tt
+	}
+	for _, e := range exps {
+		tt := byName[e.FQN]
+		require.NotNil(t, tt, "tensor %q missing", e.FQN)
+		require.Equal(t, e.st, tt.DType, e.FQN)
+		require.Equal(t, e.Shape, tt.Shape, e.FQN)
+		require.NoError(t, tt.Validate())
+		require.Len(t, tt.Chunks, len(e.Boxes), e.FQN)
+		for i, ch := range tt.Chunks {
+			require.Equal(t, e.Boxes[i][0], ch.Offsets, "%s chunk %d", e.FQN, i)
+			require.Equal(t, e.Boxes[i][1], ch.Sizes, "%s chunk %d", e.FQN, i)
+			want := boxBytes(e.raw, e.Shape, ch.Offsets, ch.Sizes, int64(e.st.Size()))
+			got := make([]byte, len(want))
+			if len(want) > 0 {
+				_, err := ch.Source.ReadAt(got, 0)
+				require.NoError(t, err, "%s chunk %d", e.FQN, i)
+			}
+			require.Equal(t, want, got, "%s chunk %d bytes", e.FQN, i)
+		}
+		if e.Path != nil {
+			want := make([]string, len(e.Path))
+			for i, p := range e.Path {
+				want[i] = p.(string)
+			}
+			require.Equal(t, want, tt.Path, e.FQN)
+		}
+	}
+	fqns := map[string]bool{}
+	for _, e := range exps {
+		fqns[e.FQN] = true
+	}
+	checkRecords(t, dir, fqns)
+	writeExpect(t, dir, exps, nil)
+}
+
+// checkRecords parses every storage item of dir's .metadata as a zip with
+// archive/zip: entry names and order, stored, 64-byte aligned data, CRCs
+// (archive/zip checks them at EOF), and a data.pkl that decodes to a
+// _rebuild_tensor call on storage "0".
+func checkRecords(t *testing.T, dir string, fqns map[string]bool) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, ".metadata"))
+	require.NoError(t, err)
+	m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
+	require.NoError(t, err)
+	for _, s := range m.Storage {
+		if !fqns[s.Index.FQN] {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, s.Info.RelativePath))
+		require.NoError(t, err)
+		zr, err := zip.NewReader(io.NewSectionReader(f, s.Info.Offset, s.Info.Length), s.Info.Length)
+		require.NoError(t, err, "%s", s.Index)
+		var names []string
+		for _, zf := range zr.File {
+			names = append(names, zf.Name)
+			require.Equal(t, zip.Store, zf.Method)
+			off, err := zf.DataOffset()
+			require.NoError(t, err)
+			require.Zero(t, off%64, "%s %s data at %d", s.Index, zf.Name, off)
+			rc, err := zf.Open()
+			require.NoError(t, err)
+			data, err := io.ReadAll(rc)
+			require.NoError(t, err, "%s %s", s.Index, zf.Name)
+			rc.Close()
+			switch zf.Name {
+			case "archive/data.pkl":
+				v, err := pickle.DecodeBytes(data, pickle.Options{PersistentLoad: func(pid any) (any, error) {
+					tp := pid.(pickle.Tuple)
+					require.Equal(t, "storage", tp[0])
+					require.Equal(t, "0", tp[2])
+					return pid, nil
+				}})
+				require.NoError(t, err)
+				obj := v.(*pickle.Object)
+				require.Equal(t, "torch._utils", obj.Class.Module)
+			case "archive/version":
+				require.Equal(t, "3\n", string(data))
+			case "archive/byteorder":
+				require.Equal(t, "little", string(data))
+			}
+		}
+		f.Close()
+		require.Equal(t, []string{"archive/data.pkl", "archive/byteorder", "archive/data/0", "archive/version"}, names)
+	}
+}
+
+// shardFiles lists the __*.distcp files of dir.
+func shardFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		if shardName.MatchString(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// writeExpect writes DIR.expect.json for check_load.py: the tensors, and
+// paths that must exist in dcp_to_torch_save's output.
+func writeExpect(t *testing.T, dir string, exps []expectation, present [][]any) {
+	t.Helper()
+	b, err := json.MarshalIndent(map[string]any{"tensors": exps, "present": present}, "", " ")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Clean(dir)+".expect.json", b, 0o644))
+}

@@ -1,0 +1,95 @@
+package megatron
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
+)
+
+const fixtures = "../torchdcp/testdata"
+
+// megatronDir builds a Megatron-style checkpoint from the torchdcp plain
+// fixture: its shards, the MCoreMetadata re-pickle as .metadata, and
+// metadata.json.
+func megatronDir(t *testing.T, config string) string {
+	t.Helper()
+	dir := t.TempDir()
+	copyFile := func(src, dst string) {
+		b, err := os.ReadFile(src)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, dst), b, 0o644))
+	}
+	copyFile(filepath.Join(fixtures, "plain", "__0_0.distcp"), "__0_0.distcp")
+	copyFile(filepath.Join(fixtures, "plain_mcore.metadata"), ".metadata")
+	if config != "" {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, ConfigFile), []byte(config), 0o644))
+	}
+	return dir
+}
+
+func TestDetect(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		want         bool
+	}{
+		{"old config", `{"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}`, true},
+		{"new config", `{"sharded_backend": "torch_dist", "sharded_backend_version": 1}`, true},
+		{"zarr", `{"sharded_backend": "zarr", "sharded_backend_version": 1}`, false},
+		{"KempnerForge", `{"step": 3, "tokens_seen": 100}`, false},
+		{"not json", `sharded_backend torch_dist`, false},
+		{"no metadata.json", ``, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, Detect(megatronDir(t, tc.config)))
+		})
+	}
+}
+
+func TestOpen(t *testing.T) {
+	dir := megatronDir(t, `{"sharded_backend": "torch_dist", "sharded_backend_version": 1}`)
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Equal(t, ckpt.FormatMegatron, c.Format)
+
+	ref, err := torchdcp.Open(filepath.Join(fixtures, "plain"))
+	require.NoError(t, err)
+	defer ref.Close()
+	require.Equal(t, len(ref.Tensors), len(c.Tensors))
+	for i, tn := range c.Tensors {
+		assert.Equal(t, ref.Tensors[i].Name, tn.Name, "keys stay as stored")
+		assert.Equal(t, ref.Tensors[i].Shape, tn.Shape)
+		assert.Equal(t, read(t, ref.Tensors[i]), read(t, tn), tn.Name)
+	}
+	assert.Equal(t, ref.Objects, c.Objects)
+	assert.Equal(t, ref.Skipped, c.Skipped)
+
+	_, err = Open(megatronDir(t, `{"sharded_backend": "zarr"}`))
+	assert.ErrorContains(t, err, `sharded backend "zarr" is not supported`)
+	_, err = Open(megatronDir(t, ""))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func read(t *testing.T, tn *ckpt.Tensor) []byte {
+	t.Helper()
+	var out []byte
+	for _, c := range tn.Chunks {
+		n, err := ckpt.NumElements(c.Sizes)
+		require.NoError(t, err)
+		buf := make([]byte, n*int64(tn.DType.Size()))
+		got, err := c.Source.ReadAt(buf, 0)
+		if err == io.EOF && got == len(buf) {
+			err = nil
+		}
+		require.NoError(t, err)
+		out = append(out, buf...)
+	}
+	return out
+}

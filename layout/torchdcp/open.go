@@ -1,0 +1,199 @@
+// Package torchdcp reads PyTorch Distributed Checkpoints (FileSystemWriter
+// layout: a .metadata pickle plus *.distcp shard files) into the ckpt model.
+//
+// Open parses .metadata with the restricted pickle VM and checks everything
+// that is cheap to check (storage entries, file confinement and sizes, chunk
+// tiling) without reading shard contents. Each chunk's bytes live inside a
+// torch.save zip record; where exactly is found on the chunk's first read and
+// remembered.
+package torchdcp
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+)
+
+// MetadataFile is the name of the global metadata file.
+const MetadataFile = ".metadata"
+
+// Options tune OpenWith. The zero value is what Open uses.
+type Options struct {
+	// Format is stamped on the checkpoint (default ckpt.FormatTorchDCP).
+	Format ckpt.Format
+	// TempDir receives decompressed zstd records larger than 1 MiB, as
+	// unlinked files ("" means os.TempDir()).
+	TempDir string
+	// MaxMetadataBytes bounds the .metadata file (default 1 GiB).
+	MaxMetadataBytes int64
+}
+
+// Detect reports whether dir looks like a DCP checkpoint: it has a .metadata
+// file.
+func Detect(dir string) bool {
+	fi, err := os.Stat(filepath.Join(dir, MetadataFile))
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// Open opens the DCP checkpoint in dir.
+func Open(dir string) (*ckpt.Checkpoint, error) { return OpenWith(dir, Options{}) }
+
+// OpenWith opens the DCP checkpoint in dir with options.
+//
+// Rank-local checkpoints (dcp.save(use_collectives=False): one
+// __<rank>.metadata per rank and no .metadata) are not supported: each file
+// describes only its rank's part.
+func OpenWith(dir string, opts Options) (*ckpt.Checkpoint, error) {
+	if opts.Format == "" {
+		opts.Format = ckpt.FormatTorchDCP
+	}
+	if opts.MaxMetadataBytes <= 0 {
+		opts.MaxMetadataBytes = DefaultMaxMetadataBytes
+	}
+	path := filepath.Join(dir, MetadataFile)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("torchdcp: %w", err)
+	}
+	defer f.Close()
+	m, err := decodeMetadata(f, opts.MaxMetadataBytes)
+	if err != nil {
+		return nil, fmt.Errorf("torchdcp: %s: %w", path, err)
+	}
+	return build(dir, m, opts)
+}
+
+// build turns decoded metadata into a checkpoint, checking it against the
+// files in dir.
+func build(dir string, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
+	where := filepath.Join(dir, MetadataFile)
+	c := &ckpt.Checkpoint{Dir: dir, Format: opts.Format, Files: ckpt.NewFileSet(dir)}
+	b := builder{m: m, c: c, opts: opts}
+	for _, it := range m.Items {
+		var err error
+		if it.Tensor == nil {
+			err = b.object(it.FQN)
+		} else {
+			err = b.tensor(it.FQN, it.Tensor)
+		}
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("torchdcp: %s: %w", where, err)
+		}
+	}
+	return c, nil
+}
+
+type builder struct {
+	m    *Metadata
+	c    *ckpt.Checkpoint
+	opts Options
+}
+
+// transform classifies transform_descriptors: none, or zstd.
+func transform(desc []string) (zstd bool, err error) {
+	switch len(desc) {
+	case 0:
+		return false, nil
+	case 1:
+		// name[@domain]/version; ZStandard accepts major version 1.
+		name, version, _ := strings.Cut(desc[0], "/")
+		major, _, _ := strings.Cut(version, ".")
+		if name == "stream.zstd" && major == "1" {
+			return true, nil
+		}
+	}
+	return false, invalidf("unsupported transform_descriptors %q", desc)
+}
+
+// file resolves and bounds-checks one storage entry.
+func (b *builder) file(what string, info StorageInfo) (*ckpt.File, error) {
+	f, err := b.c.Files.Get(info.RelativePath)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	loc := fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length)
+	if info.Offset < 0 || info.Length < 0 {
+		return nil, invalidf("%s stored in %s: negative offset or length", what, loc)
+	}
+	if info.Offset > f.Size() || info.Length > f.Size()-info.Offset {
+		return nil, invalidf("%s stored in %s past end of file (size %d)", what, loc, f.Size())
+	}
+	return f, nil
+}
+
+func (b *builder) object(fqn string) error {
+	what := fmt.Sprintf("object %q", fqn)
+	info, ok := b.m.Lookup(fqn, nil)
+	if !ok {
+		return invalidf("%s has no storage_data entry", what)
+	}
+	if _, err := transform(info.TransformDescriptors); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	f, err := b.file(what, info)
+	if err != nil {
+		return err
+	}
+	src := fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length)
+	if len(info.TransformDescriptors) > 0 {
+		src += " (zstd)"
+	}
+	b.c.Objects = append(b.c.Objects, ckpt.Object{
+		Name: fqn, Path: b.m.PlannerData[fqn], Size: info.Length, Source: src,
+	})
+	return nil
+}
+
+func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
+	dt, elem, ok := dtypeOf(tm.Properties.DType)
+	if !ok {
+		b.c.Skipped = append(b.c.Skipped, ckpt.Skipped{
+			Name:   fqn,
+			Reason: fmt.Sprintf("dtype %s has no safetensors equivalent", tm.Properties.DType),
+		})
+		return nil
+	}
+	t := &ckpt.Tensor{Name: fqn, Path: b.m.PlannerData[fqn], DType: dt, Shape: tm.Size,
+		Chunks: make([]ckpt.Chunk, len(tm.Chunks))}
+	for i, cm := range tm.Chunks {
+		t.Chunks[i] = ckpt.Chunk{Offsets: cm.Offsets, Sizes: cm.Sizes}
+	}
+	// Tiling first: it also bounds every size used below.
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	for i := range t.Chunks {
+		ch := &t.Chunks[i]
+		what := fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets))
+		info, ok := b.m.Lookup(fqn, ch.Offsets)
+		if !ok {
+			return invalidf("%s has no storage_data entry", what)
+		}
+		zstd, err := transform(info.TransformDescriptors)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		f, err := b.file(what, info)
+		if err != nil {
+			return err
+		}
+		numel, _ := ckpt.NumElements(ch.Sizes) // Validate bounded it
+		nbytes := numel * elem
+		if !zstd && info.Length < nbytes {
+			return invalidf("%s stored in %s@%d+%d: record too short for %d bytes of data",
+				what, f.Rel, info.Offset, info.Length, nbytes)
+		}
+		ch.Source = &recordSource{
+			file: f, off: info.Offset, length: info.Length, zstd: zstd,
+			want:   recordWant{DType: tm.Properties.DType, ElemSize: elem, Sizes: ch.Sizes},
+			nbytes: nbytes, tensor: fqn, chunk: formatOffsets(ch.Offsets),
+			tmpDir: b.opts.TempDir,
+		}
+	}
+	b.c.Tensors = append(b.c.Tensors, t)
+	return nil
+}
