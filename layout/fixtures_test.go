@@ -1,0 +1,149 @@
+package layout
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// fixtureCase is one torch-written checkpoint under testdata/ with the
+// original full tensors beside it (see e2e/fixtures/README.md).
+type fixtureCase struct {
+	Name    string
+	Dir     string
+	Format  string `json:"format"`
+	Raw     []rawTensor
+	Skipped []struct {
+		Name string `json:"name"`
+	} `json:"skipped"`
+}
+
+type rawTensor struct {
+	Name  string  `json:"name"`
+	DType string  `json:"dtype"`
+	Shape []int64 `json:"shape"`
+	File  string  `json:"file"`
+}
+
+func fixtureCases(t *testing.T) []fixtureCase {
+	t.Helper()
+	root := filepath.Join("..", "testdata")
+	ents, err := os.ReadDir(root)
+	require.NoError(t, err)
+	var cases []fixtureCase
+	for _, e := range ents {
+		dir := filepath.Join(root, e.Name())
+		data, err := os.ReadFile(filepath.Join(dir, "case.json"))
+		if err != nil {
+			continue
+		}
+		c := fixtureCase{Name: e.Name(), Dir: dir}
+		require.NoError(t, json.Unmarshal(data, &c), e.Name())
+		cases = append(cases, c)
+	}
+	require.GreaterOrEqual(t, len(cases), 10, "the torch-written fixtures are missing: run make fixtures")
+	return cases
+}
+
+// readSafetensors returns name → (dtype, shape, bytes) of every tensor in the
+// safetensors files of dir, read with this repo's strict reader.
+func readSafetensors(t *testing.T, files ...string) map[string]rawTensorData {
+	t.Helper()
+	out := map[string]rawTensorData{}
+	for _, path := range files {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		fi, err := f.Stat()
+		require.NoError(t, err)
+		h, err := safetensors.ReadHeader(f, fi.Size())
+		require.NoError(t, err, path)
+		for _, info := range h.Tensors {
+			data, err := io.ReadAll(h.Section(f, info))
+			require.NoError(t, err)
+			out[info.Name] = rawTensorData{info.DType, info.Shape, data}
+		}
+		f.Close()
+	}
+	return out
+}
+
+type rawTensorData struct {
+	dtype safetensors.DType
+	shape []int64
+	data  []byte
+}
+
+// TestExportMatchesOriginals exports every fixture and compares each tensor,
+// byte for byte, with the original full tensor torch saved beside it.
+func TestExportMatchesOriginals(t *testing.T) {
+	for _, fc := range fixtureCases(t) {
+		t.Run(fc.Name, func(t *testing.T) {
+			c, err := Open(filepath.Join(fc.Dir, "ckpt"))
+			require.NoError(t, err)
+			defer c.Close()
+			require.Equal(t, fc.Format, string(c.Format))
+			v, err := Plan(c, PlanOptions{MaxShardSize: 20_000}) // small files: exercise the split
+			require.NoError(t, err)
+			out := filepath.Join(t.TempDir(), "out")
+			require.NoError(t, Export(v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
+
+			files, err := filepath.Glob(filepath.Join(out, "*.safetensors"))
+			require.NoError(t, err)
+			got := readSafetensors(t, files...)
+			want := readSafetensors(t, filepath.Join(fc.Dir, "expected.safetensors"))
+			for _, r := range fc.Raw {
+				data, err := os.ReadFile(filepath.Join(fc.Dir, r.File))
+				require.NoError(t, err)
+				dt, ok := safetensors.FromTorch(r.DType)
+				require.True(t, ok, r.DType)
+				want[r.Name] = rawTensorData{dt, r.Shape, data}
+			}
+			require.Equal(t, sortedKeys(want), sortedKeys(got))
+			for name, w := range want {
+				g := got[name]
+				require.Equal(t, w.dtype, g.dtype, name)
+				require.Equal(t, w.shape, g.shape, name)
+				require.True(t, bytes.Equal(w.data, g.data), "tensor %s differs", name)
+			}
+			var skipped []string
+			for _, s := range c.Skipped {
+				skipped = append(skipped, s.Name)
+			}
+			for _, s := range fc.Skipped {
+				require.Contains(t, skipped, s.Name)
+			}
+
+			// The index names every tensor and its file.
+			var index struct {
+				Metadata  struct{ TotalSize int64 `json:"total_size"` } `json:"metadata"`
+				WeightMap map[string]string `json:"weight_map"`
+			}
+			data, err := os.ReadFile(filepath.Join(out, IndexName))
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal(data, &index))
+			require.Equal(t, sortedKeys(want), sortedKeys(index.WeightMap))
+			var total int64
+			for _, w := range want {
+				total += int64(len(w.data))
+			}
+			require.Equal(t, total, index.Metadata.TotalSize)
+		})
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
