@@ -123,7 +123,9 @@ func TestExportMatchesOriginals(t *testing.T) {
 
 			// The index names every tensor and its file.
 			var index struct {
-				Metadata  struct{ TotalSize int64 `json:"total_size"` } `json:"metadata"`
+				Metadata struct {
+					TotalSize int64 `json:"total_size"`
+				} `json:"metadata"`
 				WeightMap map[string]string `json:"weight_map"`
 			}
 			data, err := os.ReadFile(filepath.Join(out, IndexName))
