@@ -62,7 +62,7 @@ def shards(ckpt):
 
 
 def gen(work, name, script_args):
-    out = os.path.join(work, name)
+    out = os.path.join(work, "src", name)
     if not os.path.exists(os.path.join(out, ".metadata")):
         shutil.rmtree(out, ignore_errors=True)
         subprocess.run([sys.executable, *script_args, out], check=True, env={**os.environ, "USE_LIBUV": "0"})
@@ -104,10 +104,11 @@ def bench_export(binary, ckpt, out_root):
     shutil.rmtree(out, ignore_errors=True)
     drop_cache(src)
     exp_s, rss = run([binary, "export", "--quiet", ckpt, out])
-    exported = glob.glob(os.path.join(out, "*.safetensors"))
-    ratio = (size_of(exported) / exp_s) / (size_of(src) / raw_s)
+    exported = size_of(glob.glob(os.path.join(out, "*.safetensors")))
     shutil.rmtree(out)
-    return dict(raw_MBps=size_of(src) / raw_s / 1e6, export_MBps=size_of(exported) / exp_s / 1e6, ratio=ratio, export_peak_rss_MiB=rss)
+    ratio = (exported / exp_s) / (size_of(src) / raw_s)
+    return dict(raw_MBps=size_of(src) / raw_s / 1e6, export_MBps=exported / exp_s / 1e6, ratio=ratio,
+                export_peak_rss_MiB=rss)
 
 
 def bench_mount(binary, ckpt, work, cache_mib=256):
@@ -118,11 +119,12 @@ def bench_mount(binary, ckpt, work, cache_mib=256):
     m = Mount(binary, parent, os.path.join(work, "mnt"), "--cache-size", f"{cache_mib}MiB")
     try:
         files = sorted(glob.glob(os.path.join(m.mnt, name, "*.safetensors")))
+        view_bytes = size_of(files)
         drop_cache(src)
         raw_s = read_all(src)
         drop_cache(src)
         cold_s = read_all(files)
-        cold_ratio = (size_of(files) / cold_s) / (size_of(src) / raw_s)
+        cold_ratio = (view_bytes / cold_s) / (size_of(src) / raw_s)
         rss = m.peak_rss_mib()
         # warm: the kernel page cache keeps view pages (FOPEN_KEEP_CACHE);
         # compare with an ordinary file of the same bytes, also in page cache.
@@ -134,7 +136,7 @@ def bench_mount(binary, ckpt, work, cache_mib=256):
                     shutil.copyfileobj(r, w, 1 << 20)
         read_all([plain])
         plain_s = read_all([plain])
-        warm_ratio = (size_of(files) / warm_s) / (size_of([plain]) / plain_s)
+        warm_ratio = (view_bytes / warm_s) / (size_of([plain]) / plain_s)
         os.remove(plain)
         stats = m.stats()
     finally:
@@ -161,9 +163,57 @@ def bench_mount(binary, ckpt, work, cache_mib=256):
         m.close()
     lat.sort()
     pct = {f"p{p}": round(lat[int(len(lat) * p / 100) - 1], 3) for p in (50, 90, 99)}
-    return dict(cold_ratio=cold_ratio, cold_MBps=size_of(files) / cold_s / 1e6, raw_MBps=size_of(src) / raw_s / 1e6,
+    return dict(cold_ratio=cold_ratio, cold_MBps=view_bytes / cold_s / 1e6, raw_MBps=size_of(src) / raw_s / 1e6,
                 warm_ratio=warm_ratio, random_pread_ms=pct, peak_rss_MiB=rss, cache_MiB=cache_mib,
-                read_MiB=size_of(files) / 2**20, cache_stats=stats["cache"])
+                read_MiB=view_bytes / 2**20, cache_stats=stats["cache"])
+
+
+def bench_read_ahead(binary, ckpt, work):
+    """Cold sequential MB/s through the mount for several kernel read-ahead sizes."""
+    src = shards(ckpt)
+    out = {}
+    for ra in ["128KiB", "1MiB", "4MiB", "16MiB"]:
+        m = Mount(binary, os.path.dirname(ckpt), os.path.join(work, "mnt"), "--read-ahead", ra)
+        try:
+            files = sorted(glob.glob(os.path.join(m.mnt, os.path.basename(ckpt), "*.safetensors")))
+            drop_cache(src)
+            out[ra] = round(size_of(files) / read_all(files) / 1e6)
+        finally:
+            m.close()
+    return out
+
+
+LOAD = ("import sys, time\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "t = time.perf_counter()\n"
+        "AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "print(time.perf_counter() - t)\n")
+
+
+def load_seconds(path):
+    """from_pretrained time alone (imports excluded), in a fresh interpreter."""
+    r = subprocess.run([sys.executable, "-c", LOAD, path], check=True, capture_output=True, text=True)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def bench_from_pretrained(binary, work):
+    """Cold from_pretrained through the mount vs export + from_pretrained(copy)."""
+    ckpt = gen(work, "llama", [os.path.join(HERE, "gen_llama.py")])
+    src = shards(ckpt)
+    m = Mount(binary, os.path.dirname(ckpt), os.path.join(work, "mnt"))
+    try:
+        drop_cache(src)
+        mount_s = load_seconds(os.path.join(m.mnt, "llama"))
+    finally:
+        m.close()
+    out = os.path.join(work, "llama-hf")
+    shutil.rmtree(out, ignore_errors=True)
+    drop_cache(src)
+    export_s, _ = run([binary, "export", "--quiet", ckpt, out])
+    copy_s = load_seconds(out)
+    shutil.rmtree(out)
+    return dict(model_GB=size_of(src) / 1e9, mount_load_s=mount_s, export_s=export_s, copy_load_s=copy_s,
+                ratio=mount_s / (export_s + copy_s))
 
 
 def machine():
@@ -191,6 +241,9 @@ def main():
         finally:
             shutil.rmtree(shm, ignore_errors=True)
         results[f"mount_dim{dim}"] = bench_mount(a.bin, ckpt, work)
+        if dim == 0:
+            results["read_ahead_MBps"] = bench_read_ahead(a.bin, ckpt, work)
+    results["from_pretrained"] = bench_from_pretrained(a.bin, work)
     print(json.dumps(results, indent=2))
     if a.json:
         with open(a.json, "w") as f:

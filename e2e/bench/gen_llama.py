@@ -1,0 +1,66 @@
+"""Write a multi-GB Llama-style DCP checkpoint the way FSDP2 saves it (each
+rank its Shard(0) pieces), plus config.json, for the from_pretrained benchmark.
+
+    python e2e/bench/gen_llama.py OUT [--world 4] [--layers 8]
+
+The model is built on the meta device for names and shapes only; every rank
+fills just its own shards, so no process ever holds the whole model."""
+
+import argparse
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+
+def config(layers):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+                       num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=512,
+                       tie_word_embeddings=False, torch_dtype="float32")
+
+
+def worker(rank, world, port, out, layers):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from transformers import LlamaForCausalLM
+
+    mesh = init_device_mesh("cpu", (world,))
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config(layers))
+    g = torch.Generator().manual_seed(rank)
+    state = {}
+    for name, p in model.state_dict().items():
+        rows = p.shape[0]
+        per = -(-rows // world)  # torch.chunk: ceil division
+        lo, hi = min(rank * per, rows), min((rank + 1) * per, rows)
+        local = (torch.rand((hi - lo, *p.shape[1:]), generator=g) - 0.5) * 0.05
+        state[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride())
+    dcp.save(state, checkpoint_id=out)
+    dist.barrier()
+    if rank == 0:
+        config(layers).save_pretrained(out)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=8)
+    a = ap.parse_args()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    mp.spawn(worker, args=(a.world, port, a.out, a.layers), nprocs=a.world, join=True)
+
+
+if __name__ == "__main__":
+    main()
