@@ -68,6 +68,7 @@ fuzz:
 	  done; done
 
 fixtures: venv
+	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements-fixtures.txt
 	$(PY) e2e/fixtures/gen.py testdata
 
 fmt:

@@ -38,6 +38,7 @@ def main(binary, sample, work):
                     assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape
                     assert torch.equal(got[k].reshape(-1).view(torch.uint8), want[k].reshape(-1).view(torch.uint8)), k
                 n += len(got)
+                del got, want  # safetensors maps the file: release it before unmounting
         print(f"loaded {n} tensors through the mount with safetensors; identical to the export")
     finally:
         proc.send_signal(signal.SIGINT)
