@@ -1,0 +1,138 @@
+package hfsharded
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+func fixture(t *testing.T) string {
+	t.Helper()
+	src := filepath.Join("..", "..", "testdata", "hf_sharded", "ckpt")
+	dst := filepath.Join(t.TempDir(), "ckpt")
+	require.NoError(t, os.CopyFS(dst, os.DirFS(src)))
+	return dst
+}
+
+func TestOpenTorchWrittenShards(t *testing.T) {
+	dir := fixture(t)
+	require.True(t, Detect(dir))
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, ckpt.FormatHFSharded, c.Format)
+	require.NotEmpty(t, c.Tensors)
+	for _, tensor := range c.Tensors {
+		require.NoError(t, tensor.Validate())
+		require.Contains(t, c.FileIndex, tensor.Name, "the model-N-of-M file split is kept")
+	}
+}
+
+func TestDetectIgnoresPlainSafetensors(t *testing.T) {
+	dir := t.TempDir()
+	require.False(t, Detect(dir))
+	// an ordinary HF file (no DCP_SHARDING_INFO) named like a shard
+	f, err := os.Create(filepath.Join(dir, "shard-00001-model-00001-of-00001.safetensors"))
+	require.NoError(t, err)
+	w, err := safetensors.NewWriter(f, nil, safetensors.Layout([]safetensors.TensorInfo{{Name: "a", DType: safetensors.F32, Shape: []int64{1}}}))
+	require.NoError(t, err)
+	_, err = w.Write(make([]byte, 4))
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	require.NoError(t, f.Close())
+	require.False(t, Detect(dir))
+}
+
+// rewriteShardInfo replaces one shard's DCP_SHARDING_INFO.
+func rewriteShardInfo(t *testing.T, path string, edit func(map[string]map[string][]int64)) {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	fi, _ := f.Stat()
+	h, err := safetensors.ReadHeader(f, fi.Size())
+	require.NoError(t, err)
+	data := make([]byte, fi.Size()-h.DataStart)
+	_, err = f.ReadAt(data, h.DataStart)
+	require.NoError(t, err)
+	f.Close()
+	info := map[string]map[string][]int64{}
+	require.NoError(t, json.Unmarshal([]byte(h.Metadata[ShardingInfoKey]), &info))
+	edit(info)
+	raw, err := json.Marshal(info)
+	require.NoError(t, err)
+	h.Metadata[ShardingInfoKey] = string(raw)
+	header, err := safetensors.EncodeHeader(h.Metadata, h.Tensors)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, append(header, data...), 0o644))
+}
+
+func TestBadShards(t *testing.T) {
+	cases := map[string]struct {
+		damage func(t *testing.T, dir string, shards []string)
+		want   string
+	}{
+		"missing shard leaves a hole": {
+			func(t *testing.T, dir string, shards []string) { require.NoError(t, os.Remove(shards[1])) },
+			"hole in chunk coverage",
+		},
+		"truncated shard": {
+			func(t *testing.T, dir string, shards []string) { require.NoError(t, os.Truncate(shards[0], 20)) },
+			shards0,
+		},
+		"offsets overlap another shard": {
+			func(t *testing.T, dir string, shards []string) {
+				rewriteShardInfo(t, shards[1], func(m map[string]map[string][]int64) {
+					for _, v := range m {
+						for i := range v["saved_offsets"] {
+							v["saved_offsets"][i] = 0
+						}
+					}
+				})
+			},
+			"overlap",
+		},
+		"sharding info not JSON": {
+			func(t *testing.T, dir string, shards []string) {
+				f, _ := os.Open(shards[0])
+				fi, _ := f.Stat()
+				h, err := safetensors.ReadHeader(f, fi.Size())
+				require.NoError(t, err)
+				data := make([]byte, fi.Size()-h.DataStart)
+				f.ReadAt(data, h.DataStart)
+				f.Close()
+				h.Metadata[ShardingInfoKey] = "{nope"
+				header, err := safetensors.EncodeHeader(h.Metadata, h.Tensors)
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(shards[0], append(header, data...), 0o644))
+			},
+			"not valid JSON",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := fixture(t)
+			shards, err := shardFiles(dir)
+			require.NoError(t, err)
+			for i := range shards {
+				shards[i] = filepath.Join(dir, shards[i])
+			}
+			tc.damage(t, dir, shards)
+			_, err = Open(dir)
+			require.Error(t, err)
+			if tc.want == shards0 {
+				require.Contains(t, err.Error(), filepath.Base(shards[0]))
+			} else {
+				require.Contains(t, err.Error(), tc.want)
+			}
+		})
+	}
+}
+
+// shards0 marks an expectation that the error names the first shard file.
+const shards0 = "\x00first shard"
