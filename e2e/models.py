@@ -84,6 +84,105 @@ def save(ckpt, ref, mode="fsdp2", world=3, dtype="float32", nested=False):
     mp.spawn(worker, args=(world, port, str(ckpt), str(ref), mode, dtype, nested), nprocs=world, join=True)
 
 
+# --- The write path: DCP checkpoints written through a --rw mount, loaded back
+# into sharded models (used by test_write.py).
+
+def reference_state(ref):
+    """name -> tensor of an HF directory written by save_pretrained."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    state = {}
+    for path in sorted(glob.glob(os.path.join(ref, "*.safetensors"))):
+        state.update(load_file(path))
+    return state
+
+
+def _sharded(mode, mesh_group, world, dtype):
+    """A model with other weights than build() (seed 1), sharded for `mode`.
+    `mesh_group` is the process group of the FSDP2 mesh (fsdp2 on a subset of
+    the ranks), or None for the default group."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(tiny_config(dtype)).to(getattr(torch, dtype))
+    if mode == "fsdp2":
+        mesh = DeviceMesh.from_group(mesh_group, "cpu") if mesh_group is not None else init_device_mesh("cpu", (world,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif mode == "tp_fsdp":
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        plan = {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+        }
+        for layer in model.model.layers:
+            parallelize_module(layer, mesh["tp"], plan)
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    else:
+        raise ValueError(mode)
+    return model
+
+
+def _load_and_compare(model, ckpt, prefix, want, group, label):
+    """dcp.load ckpt into the sharded model; every parameter must equal `want`."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = get_model_state_dict(model)
+    wrapped = {prefix: state} if prefix else state
+    dcp.load(wrapped, checkpoint_id=ckpt, process_group=group)
+    set_model_state_dict(model, state)
+    bad = []
+    for name, p in sorted(get_model_state_dict(model).items()):
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        if name not in want or full.dtype != want[name].dtype or not torch.equal(full, want[name]):
+            bad.append(name)
+    if bad:
+        raise AssertionError(f"{label}: {len(bad)} parameters differ after dcp.load of {ckpt}: {bad[:5]}")
+
+
+def load_worker(rank, world, port, cases, ref, dtype, configs):
+    """One rank of check_load: for each config (mode, n), the first n ranks
+    build a sharded model and dcp.load every case (ckpt, prefix) into it."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    want = reference_state(ref)
+    for mode, n in configs:
+        if mode == "fsdp2" and n < world:
+            group = dist.new_group(ranks=list(range(n)))  # every rank takes part in creating it
+            member = rank < n
+        else:
+            group, member = None, True
+        if member:
+            for ckpt, prefix in cases:
+                model = _sharded(mode, group, n, dtype)
+                _load_and_compare(model, ckpt, prefix, want, group, f"{mode} on {n} ranks")
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def check_load(cases, ref, dtype="float32", world=4, configs=(("fsdp2", 2), ("fsdp2", 3), ("fsdp2", 4), ("tp_fsdp", 4))):
+    """Load each (ckpt, prefix) of `cases` with dcp.load into FSDP2 models on
+    2, 3 and 4 ranks and into a 2x2 TP x FSDP mesh model, in one set of
+    `world` gloo processes; raise if any parameter differs from the HF
+    directory `ref`."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    cases = [(str(c), p) for c, p in cases]
+    mp.spawn(load_worker, args=(world, port, cases, str(ref), dtype, list(configs)), nprocs=world, join=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("ckpt")

@@ -12,6 +12,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/hfwrite"
 )
 
 // Dir is a directory of the source tree. Whether it is a checkpoint (and so
@@ -34,15 +36,19 @@ var (
 
 // entry is one child of a directory as shown in the mount.
 type entry struct {
-	name string
-	mode uint32 // S_IFDIR or S_IFREG
-	make func() fs.InodeEmbedder
-	view bool // a view file: immutable, cache long
+	name     string
+	mode     uint32 // S_IFDIR or S_IFREG
+	make     func() fs.InodeEmbedder
+	view     bool   // a view file: immutable, cache long
+	volatile bool   // in a write target: may change at any commit, cache (almost) not at all
+	ino      uint64 // 0: derived from the path
 }
 
 // children lists what the directory shows. For a checkpoint: its view files,
 // then the source entries that are not format internals; otherwise the source
-// entries. The mount root also holds .ckptfs.
+// entries. A write target shows the files being written, the view of what
+// is committed so far, and its stored sidecars. The mount root also holds
+// .ckptfs.
 func (d *Dir) children() ([]entry, syscall.Errno) {
 	var out []entry
 	shown := map[string]bool{}
@@ -56,7 +62,11 @@ func (d *Dir) children() ([]entry, syscall.Errno) {
 		add(entry{name: statsName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &statsFile{fsys: d.fsys} }})
 	}
 	var format layout.Format
-	if f, ok := layout.Detect(d.real); ok {
+	t := d.fsys.targetOf(d.real)
+	if t != nil {
+		format = ckpt.FormatTorchDCP // its internals stay hidden, even before the first .metadata
+		d.targetChildren(t, add)
+	} else if f, ok := layout.Detect(d.real); ok {
 		format = f
 		e := d.fsys.view(d.real)
 		if e.err != nil {
@@ -77,7 +87,13 @@ func (d *Dir) children() ([]entry, syscall.Errno) {
 	}
 	for _, de := range ents {
 		name := de.Name()
-		if format != "" && hiddenInView(format, name) {
+		if name == hfwrite.SpoolDir {
+			if t == nil {
+				d.fsys.cleanStale(d.real)
+			}
+			continue
+		}
+		if format != "" && hiddenInView(format, name) || t != nil && name == dcpMetadataTmp {
 			continue
 		}
 		real := filepath.Join(d.real, name)
@@ -92,7 +108,10 @@ func (d *Dir) children() ([]entry, syscall.Errno) {
 				return &Dir{fsys: d.fsys, real: real, rel: rel}
 			}})
 		case fi.Mode().IsRegular():
-			add(entry{name: name, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
+			add(entry{name: name, mode: syscall.S_IFREG, volatile: t != nil, make: func() fs.InodeEmbedder {
+				if t != nil {
+					return &sidecarNode{PassFile: PassFile{fsys: d.fsys, real: real}, t: t, name: name}
+				}
 				return &PassFile{fsys: d.fsys, real: real}
 			}})
 		}
@@ -110,7 +129,11 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.
 			continue
 		}
 		node := e.make()
-		child := d.NewInode(ctx, node, fs.StableAttr{Mode: e.mode, Ino: inode(filepath.Join(d.rel, name))})
+		ino := e.ino
+		if ino == 0 {
+			ino = inode(filepath.Join(d.rel, name))
+		}
+		child := d.NewInode(ctx, node, fs.StableAttr{Mode: e.mode, Ino: ino})
 		if ga, ok := node.(fs.NodeGetattrer); ok {
 			var attr fuse.AttrOut
 			if errno := ga.Getattr(ctx, nil, &attr); errno != 0 {
@@ -119,12 +142,19 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.
 			out.Attr = attr.Attr
 		}
 		timeout := time.Second
-		if e.view {
+		switch {
+		case e.volatile:
+			timeout = volatileTimeout
+		case e.view:
 			timeout = d.fsys.opts.ViewTimeout
 		}
 		out.SetEntryTimeout(timeout)
 		out.SetAttrTimeout(timeout)
 		return child, 0
+	}
+	if d.fsys.targetOf(d.real) != nil {
+		// A name may appear at any commit: no negative caching.
+		out.SetEntryTimeout(volatileTimeout)
 	}
 	return nil, syscall.ENOENT
 }
@@ -137,7 +167,11 @@ func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	sort.Slice(kids, func(i, j int) bool { return kids[i].name < kids[j].name })
 	list := make([]fuse.DirEntry, len(kids))
 	for i, e := range kids {
-		list[i] = fuse.DirEntry{Name: e.name, Mode: e.mode, Ino: inode(filepath.Join(d.rel, e.name))}
+		ino := e.ino
+		if ino == 0 {
+			ino = inode(filepath.Join(d.rel, e.name))
+		}
+		list[i] = fuse.DirEntry{Name: e.name, Mode: e.mode, Ino: ino}
 	}
 	return fs.NewListDirStream(list), 0
 }
@@ -147,7 +181,11 @@ func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) 
 	if err != nil {
 		return toErrno(d.fsys.log, "stat "+d.real, err)
 	}
-	setAttr(&out.Attr, fi.ModTime(), 0, syscall.S_IFDIR|0o555)
+	perm := uint32(0o555)
+	if d.writable() {
+		perm = 0o755
+	}
+	setAttr(&out.Attr, fi.ModTime(), 0, syscall.S_IFDIR|perm)
 	out.Nlink = 2
 	out.SetTimeout(time.Second)
 	return 0

@@ -205,11 +205,14 @@ var (
 
 // Stats is the content of the .ckptfs file.
 type Stats struct {
-	Source      string      `json:"source"`
-	BytesServed int64       `json:"bytes_served"`
-	ReadErrors  int64       `json:"read_errors"`
-	Cache       cache.Stats `json:"cache"`
-	Views       []ViewStats `json:"views"`
+	Source      string `json:"source"`
+	BytesServed int64  `json:"bytes_served"`
+	ReadErrors  int64  `json:"read_errors"`
+	// Commits and CommitErrors count the files closed in write targets.
+	Commits      int64       `json:"commits,omitempty"`
+	CommitErrors int64       `json:"commit_errors,omitempty"`
+	Cache        cache.Stats `json:"cache"`
+	Views        []ViewStats `json:"views"`
 }
 
 // ViewStats describes one opened checkpoint view.
@@ -220,11 +223,30 @@ type ViewStats struct {
 	Tensors int    `json:"tensors"`
 	Bytes   int64  `json:"bytes"`
 	Error   string `json:"error,omitempty"`
+	// Writing marks a write target of this mount (its view so far).
+	Writing bool `json:"writing,omitempty"`
 }
 
 // Stats returns a snapshot of the mount's counters.
 func (f *FS) Stats() Stats {
-	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats()}
+	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats(),
+		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
+	f.mu.Lock()
+	targets := make([]*target, 0, len(f.targets))
+	for _, t := range f.targets {
+		targets = append(targets, t)
+	}
+	f.mu.Unlock()
+	for _, t := range targets {
+		vs := ViewStats{Dir: t.dir, Writing: true}
+		t.mu.Lock()
+		if e := t.view; e != nil && e.view != nil {
+			vs.Format = string(e.view.Checkpoint.Format)
+			vs.Files, vs.Tensors, vs.Bytes = len(e.view.Files), len(e.view.Tensors), e.view.TotalSize()
+		}
+		t.mu.Unlock()
+		s.Views = append(s.Views, vs)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for dir, e := range f.views {

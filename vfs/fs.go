@@ -1,6 +1,8 @@
 // Package vfs is the go-fuse node tree of a ckptfs mount: the source tree
 // shown read-only, checkpoint directories replaced by their HF views, view
-// files served through the block cache, and the .ckptfs stats file. It holds
+// files served through the block cache, and the .ckptfs stats file. In a
+// writable mount, directories created with mkdir are write targets whose
+// files are spooled and committed into DCP checkpoints (write.go). It holds
 // no format or plan logic; that lives in layout.
 package vfs
 
@@ -19,6 +21,7 @@ import (
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 )
 
 // Options configure a ckptfs tree.
@@ -35,6 +38,12 @@ type Options struct {
 	// (views are immutable). Other entries use a short timeout so new
 	// checkpoints show up promptly.
 	ViewTimeout time.Duration
+	// Writable makes the mount read-write: mkdir creates a directory in the
+	// source, and HF files written into it become a DCP checkpoint laid out
+	// by Target. Existing checkpoints stay read-only.
+	Writable bool
+	// Target is the layout written into new directories.
+	Target dcpwrite.Target
 }
 
 // FS is the state shared by all nodes of one mount.
@@ -45,11 +54,17 @@ type FS struct {
 
 	nextID atomic.Uint64
 
-	mu    sync.Mutex
-	views map[string]*viewEntry // GUARDED_BY(mu); by real (symlink-resolved) path
+	// Lock order: target.mu, then mu.
+	mu      sync.Mutex
+	views   map[string]*viewEntry // GUARDED_BY(mu); by real (symlink-resolved) path
+	targets map[string]*target    // GUARDED_BY(mu); write targets, by real path
+	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
+	closed  bool                  // GUARDED_BY(mu)
 
-	bytesServed atomic.Int64
-	readErrors  atomic.Int64
+	bytesServed  atomic.Int64
+	readErrors   atomic.Int64
+	commits      atomic.Int64
+	commitErrors atomic.Int64
 }
 
 // viewEntry is the view of one checkpoint directory, built once on first use.
@@ -83,7 +98,8 @@ func New(opts Options) (*FS, error) {
 	if opts.ViewTimeout == 0 {
 		opts.ViewTimeout = time.Hour
 	}
-	return &FS{opts: opts, log: opts.Logger, root: root, views: map[string]*viewEntry{}}, nil
+	return &FS{opts: opts, log: opts.Logger, root: root, views: map[string]*viewEntry{},
+		targets: map[string]*target{}, cleaned: map[string]bool{}}, nil
 }
 
 // Root returns the root directory node.
@@ -110,26 +126,29 @@ func (f *FS) view(dir string) *viewEntry {
 		f.views[key] = e
 	}
 	f.mu.Unlock()
-	e.once.Do(func() {
-		c, err := layout.Open(key)
-		if err == nil {
-			e.view, err = layout.Plan(c, f.opts.Plan)
-			if err != nil {
-				c.Close()
-			}
-		}
-		if err != nil {
-			e.err = err
-			f.log.Error("checkpoint cannot be shown", "dir", dir, "err", err)
-			return
-		}
-		e.ids = map[string]uint64{}
-		for _, vf := range e.view.Files {
-			e.ids[vf.Name] = f.nextID.Add(1)
-		}
-		e.built = time.Now()
-	})
+	e.once.Do(func() { f.build(e, key) })
 	return e
+}
+
+// build opens the checkpoint in dir and plans its view into e.
+func (f *FS) build(e *viewEntry, dir string) {
+	c, err := layout.Open(dir)
+	if err == nil {
+		e.view, err = layout.Plan(c, f.opts.Plan)
+		if err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		e.err = err
+		f.log.Error("checkpoint cannot be shown", "dir", dir, "err", err)
+		return
+	}
+	e.ids = map[string]uint64{}
+	for _, vf := range e.view.Files {
+		e.ids[vf.Name] = f.nextID.Add(1)
+	}
+	e.built = time.Now()
 }
 
 // hiddenInView reports whether a source file of a checkpoint directory is a
@@ -158,8 +177,24 @@ func inode(rel string) uint64 {
 	return ino
 }
 
-// Close releases the shard files of every opened checkpoint.
+// Close releases the shard files of every opened checkpoint and ends the
+// write targets: files still being written are dropped, spools removed.
 func (f *FS) Close() {
+	f.mu.Lock()
+	f.closed = true
+	targets := f.targets
+	f.targets = map[string]*target{}
+	f.mu.Unlock()
+	for _, t := range targets {
+		if err := t.w.Close(); err != nil {
+			f.log.Error("closing write target", "dir", t.w.Path(), "err", err)
+		}
+	}
+	for _, t := range targets {
+		if e := t.takeView(); e != nil && e.view != nil {
+			e.view.Checkpoint.Close()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, e := range f.views {

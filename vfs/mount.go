@@ -43,6 +43,9 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			Debug:        mo.Debug,
 			// Views are immutable; the kernel may cache everything it reads.
 			ExplicitDataCacheControl: false,
+			// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a
+			// SETATTR without the handle (the write path).
+			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
 		},
 		UID: uint32(os.Getuid()),
 		GID: uint32(os.Getgid()),

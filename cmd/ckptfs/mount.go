@@ -2,15 +2,19 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/vfs"
 )
 
@@ -20,7 +24,13 @@ func runMount(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("mount", "SRC MNT", `Mount SRC at MNT, read-only. Every checkpoint directory under SRC (DCP, HF-sharded
 safetensors, Megatron torch_dist) appears at the same relative path as an HF model
 directory; other files and folders show through. Runs in the foreground; Ctrl-C or
-SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).`, stderr)
+SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).
+
+With --rw, a directory created in the mount (mkdir, save_pretrained) is a write
+target: each *.safetensors file closed there is resharded into a DCP checkpoint
+(laid out by --world-size, --plan, --like, --prefix); close() fails with EIO and
+nothing is committed when it cannot be. Other files are stored as-is. Existing
+checkpoints stay read-only.`, stderr)
 	var vf viewFlags
 	vf.register(fs)
 	cacheSize := byteSize(512 << 20)
@@ -33,7 +43,13 @@ SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).
 	allowOther := fs.Bool("allow-other", false, "let other users access the mount")
 	debug := fs.Bool("debug", false, "log every FUSE request")
 	verbose := fs.Bool("v", false, "verbose logging")
+	var wf writeFlags
+	wf.register(fs)
 	pos, err := parse(fs, args, 2)
+	if err != nil {
+		return err
+	}
+	target, err := wf.target()
 	if err != nil {
 		return err
 	}
@@ -49,7 +65,7 @@ SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).
 		return err
 	}
 	defer c.Close()
-	fsys, err := vfs.New(vfs.Options{Source: src, Plan: vf.options(), Cache: c, Logger: log})
+	fsys, err := vfs.New(vfs.Options{Source: src, Plan: vf.options(), Cache: c, Logger: log, Writable: wf.rw, Target: target})
 	if err != nil {
 		return err
 	}
@@ -71,9 +87,76 @@ SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
 		}
 	}()
-	fmt.Fprintf(stderr, "ckptfs: serving %s at %s (read-only, cache %s)\n", src, mnt, human(int64(cacheSize)))
+	fmt.Fprintf(stderr, "ckptfs: serving %s at %s (%s, cache %s)\n", src, mnt, wf.describe(), human(int64(cacheSize)))
 	server.Wait()
 	return nil
+}
+
+// writeFlags choose whether a mount is writable and the layout written.
+type writeFlags struct {
+	rw        bool
+	worldSize int
+	plan      string
+	like      string
+	prefix    string
+}
+
+func (w *writeFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&w.rw, "rw", false, "writable mount: directories created in it become DCP checkpoints of the safetensors written into them")
+	fs.IntVar(&w.worldSize, "world-size", 1, "with --rw: ranks of the written checkpoint; tensors are sharded on dim 0 as FSDP2 does unless --plan or --like says otherwise")
+	fs.StringVar(&w.plan, "plan", "", "with --rw: per-tensor placement file, one \"REGEX DIM\" or \"REGEX replicate\" per line, first match wins (e.g. 'q_proj 0', 'o_proj 1', 'norm replicate')")
+	fs.StringVar(&w.like, "like", "", "with --rw: reuse the chunk layout of the checkpoint in this directory for the tensors it has")
+	fs.StringVar(&w.prefix, "prefix", "", "with --rw: store tensors under this key (e.g. model, as dcp.save of {\"model\": state_dict} does)")
+}
+
+// target builds the write layout, checking the flags.
+func (w *writeFlags) target() (dcpwrite.Target, error) {
+	t := dcpwrite.Target{WorldSize: w.worldSize, Prefix: strings.Trim(w.prefix, ".")}
+	if !w.rw {
+		if w.worldSize != 1 || w.plan != "" || w.like != "" || w.prefix != "" {
+			return t, errors.New("--world-size, --plan, --like and --prefix need --rw")
+		}
+		return t, nil
+	}
+	if w.worldSize < 1 {
+		return t, fmt.Errorf("--world-size %d: want 1 or more", w.worldSize)
+	}
+	if w.plan != "" {
+		f, err := os.Open(w.plan)
+		if err != nil {
+			return t, err
+		}
+		defer f.Close()
+		if t.Rules, err = dcpwrite.ParseRules(f); err != nil {
+			return t, fmt.Errorf("--plan %s: %w", w.plan, err)
+		}
+	}
+	if w.like != "" {
+		c, err := layout.Open(w.like)
+		if err != nil {
+			return t, fmt.Errorf("--like: %w", err)
+		}
+		c.Close() // only the chunk boxes are used
+		t.Like = c
+	}
+	return t, nil
+}
+
+func (w *writeFlags) describe() string {
+	if !w.rw {
+		return "read-only"
+	}
+	s := fmt.Sprintf("read-write: new directories become DCP checkpoints, world size %d", w.worldSize)
+	if w.plan != "" {
+		s += ", plan " + w.plan
+	}
+	if w.like != "" {
+		s += ", like " + w.like
+	}
+	if w.prefix != "" {
+		s += ", prefix " + w.prefix
+	}
+	return s
 }
 
 // startWatchdog starts a helper process that lazily unmounts mnt when this

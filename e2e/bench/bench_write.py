@@ -1,0 +1,191 @@
+"""Write-path benchmark: `cp` of an HF model's safetensors files into a
+`ckptfs mount --rw` (each close reshards the file into DCP shards and
+returns when they are durable) vs `cp` of the same files to a plain
+directory on the same disk, in the same run. Prints JSON on stdout.
+
+    python e2e/bench/bench_write.py --bin bin/ckptfs [--gib 2] [--work .bench]
+
+ratio is ckptfs MB/s / cp MB/s (cp leaves its data in the page cache);
+ratio_vs_cp_fsync compares with cp followed by fsync of every copied file,
+which is the durability ckptfs's close gives. Source files are evicted from
+the page cache before every timed copy (posix_fadvise DONTNEED)."""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPEAT = 6
+ROWS, COLS = 4096, 4096  # 64 MiB of float32, 32 MiB of bfloat16 per tensor
+FILE_BYTES = 512 << 20  # HF-style shards of about this size
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def drop_cache(paths):
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def gen(work, gib):
+    """An HF model directory of about gib GiB: float32 and bfloat16 (as uint16
+    bits) tensors in ~512 MiB files, written with safetensors' numpy API."""
+    from safetensors.numpy import save_file
+
+    out = os.path.join(work, f"hf-write-{gib:g}")
+    stamp = os.path.join(out, "done")
+    if os.path.exists(stamp):
+        return sorted(glob.glob(os.path.join(out, "*.safetensors")))
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    rng = np.random.default_rng(0)
+    total, i, nfile, cur, cur_bytes = int(gib * 2**30), 0, 0, {}, 0
+    written = 0
+    while written < total:
+        if i % 2 == 0:
+            t = rng.random((ROWS, COLS), dtype=np.float32)
+        else:
+            t = rng.integers(0, 1 << 16, size=(ROWS, COLS), dtype=np.uint16).view(np.uint16)
+        name = f"model.layers.{i // 7}.mlp.{['gate', 'up', 'down', 'q', 'k', 'v', 'o'][i % 7]}_proj.weight"
+        cur[name] = t
+        cur_bytes += t.nbytes
+        written += t.nbytes
+        i += 1
+        if cur_bytes >= FILE_BYTES or written >= total:
+            nfile += 1
+            save_file(cur, os.path.join(out, f"model-{nfile:05d}.safetensors"), metadata={"format": "pt"})
+            cur, cur_bytes = {}, 0
+    open(stamp, "w").close()
+    return sorted(glob.glob(os.path.join(out, "*.safetensors")))
+
+
+def settle():
+    """Start every timed run alike: no dirty pages of an earlier run, and the
+    disk done with the discards of files just deleted (mount -o discard)."""
+    os.sync()
+    time.sleep(2)
+
+
+def timed_cp(files, dst, fsync=False):
+    settle()
+    drop_cache(files)
+    t = time.perf_counter()
+    subprocess.run(["cp", *files, dst], check=True)
+    if fsync:
+        for f in files:
+            fd = os.open(os.path.join(dst, os.path.basename(f)), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        dfd = os.open(dst, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+    return time.perf_counter() - t
+
+
+class Mount:
+    def __init__(self, binary, src, mnt, *flags):
+        os.makedirs(mnt, exist_ok=True)
+        self.mnt = mnt
+        self.proc = subprocess.Popen([binary, "mount", *flags, src, mnt], stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 30
+        while not os.path.exists(os.path.join(mnt, ".ckptfs")):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("mount failed: " + self.proc.stderr.read())
+            time.sleep(0.05)
+
+    def status(self, key):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+
+    def stats(self):
+        with open(os.path.join(self.mnt, ".ckptfs")) as f:
+            return json.load(f)
+
+    def close(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--gib", type=float, default=2)
+    ap.add_argument("--work", default=".bench")
+    ap.add_argument("--world-size", type=int, default=4)
+    ap.add_argument("--cache-mib", type=int, default=256)
+    a = ap.parse_args()
+    work = os.path.abspath(a.work)
+    os.makedirs(work, exist_ok=True)
+    files = gen(work, a.gib)
+    nbytes = sum(os.path.getsize(f) for f in files)
+    log(f"write bench: {len(files)} files, {nbytes / 1e9:.2f} GB, world size {a.world_size}")
+
+    plain = os.path.join(work, "write-plain")
+    src = os.path.join(work, "write-src")
+    mnt = os.path.join(work, "write-mnt")
+    cp_s, cp_sync_s, ck_s, rss, commits = [], [], [], [], 0
+
+    def plain_cp(fsync):
+        shutil.rmtree(plain, ignore_errors=True)
+        os.makedirs(plain)
+        secs = timed_cp(files, plain, fsync)
+        shutil.rmtree(plain)
+        return secs
+
+    def ckptfs_cp():
+        nonlocal commits
+        shutil.rmtree(src, ignore_errors=True)
+        os.makedirs(src)
+        m = Mount(a.bin, src, mnt, "--rw", "--world-size", str(a.world_size), "--cache-size", f"{a.cache_mib}MiB")
+        try:
+            os.mkdir(os.path.join(mnt, "model"))
+            secs = timed_cp(files, os.path.join(mnt, "model"))
+            rss.append(m.status("VmHWM"))
+            st = m.stats()
+            commits = st["commits"]
+            if st.get("commit_errors"):
+                raise RuntimeError(f"commit errors: {st}")
+            view = sum(os.path.getsize(f) for f in glob.glob(os.path.join(mnt, "model", "*.safetensors")))
+            if view < nbytes - 4096 * len(files):
+                raise RuntimeError(f"view holds {view} bytes, wrote {nbytes}")
+        finally:
+            m.close()
+        return secs
+
+    # The order rotates from run to run: on a VM, whichever copy comes first
+    # after a pause pays for faulting fresh memory in.
+    steps = [(cp_s, lambda: plain_cp(False)), (cp_sync_s, lambda: plain_cp(True)), (ck_s, ckptfs_cp)]
+    for r in range(REPEAT):
+        for i in range(len(steps)):
+            out, step = steps[(r + i) % len(steps)]
+            out.append(step())
+        log(f"  run {r}: cp {cp_s[-1]:.2f}s, cp+fsync {cp_sync_s[-1]:.2f}s, ckptfs {ck_s[-1]:.2f}s, VmHWM {rss[-1]:.0f} MiB")
+    shutil.rmtree(src, ignore_errors=True)
+    cp, cp_sync, ck = statistics.median(cp_s), statistics.median(cp_sync_s), statistics.median(ck_s)
+    print(json.dumps(dict(
+        model_GB=round(nbytes / 1e9, 2), files=len(files), world_size=a.world_size, commits=commits,
+        cp_MBps=round(nbytes / cp / 1e6), cp_fsync_MBps=round(nbytes / cp_sync / 1e6),
+        reshard_MBps=round(nbytes / ck / 1e6),
+        ratio=round(cp / ck, 2), ratio_vs_cp_fsync=round(cp_sync / ck, 2),
+        peak_rss_MiB=round(max(rss)), cache_MiB=a.cache_mib,
+        runs_s=dict(cp=[round(x, 2) for x in cp_s], cp_fsync=[round(x, 2) for x in cp_sync_s],
+                    ckptfs=[round(x, 2) for x in ck_s]),
+    ), indent=2))
+
+
+if __name__ == "__main__":
+    main()

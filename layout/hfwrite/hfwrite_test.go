@@ -1,0 +1,189 @@
+package hfwrite
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// st returns a safetensors file of F32 tensors of the given lengths.
+func st(t *testing.T, tensors map[string]int64) []byte {
+	t.Helper()
+	var infos []safetensors.TensorInfo
+	for n, l := range tensors {
+		infos = append(infos, safetensors.TensorInfo{Name: n, DType: safetensors.F32, Shape: []int64{l}})
+	}
+	safetensors.SortForWrite(infos)
+	infos = safetensors.Layout(infos)
+	var buf bytes.Buffer
+	w, err := safetensors.NewWriter(&buf, nil, infos)
+	require.NoError(t, err)
+	for _, ti := range infos {
+		_, err := w.Write(bytes.Repeat([]byte{byte(len(ti.Name))}, int(ti.Size())))
+		require.NoError(t, err)
+	}
+	require.NoError(t, w.Close())
+	return buf.Bytes()
+}
+
+func put(t *testing.T, w *Writer, name string, data []byte) error {
+	t.Helper()
+	f, err := w.NewFile(name)
+	require.NoError(t, err)
+	_, err = f.WriteAt(data, 0)
+	require.NoError(t, err)
+	return f.Commit()
+}
+
+func TestKindOf(t *testing.T) {
+	for name, want := range map[string]any{
+		"model.safetensors":                 KindSafetensors,
+		"model-00001-of-00002.safetensors":  KindSafetensors,
+		"model.safetensors.index.json":      KindIndex,
+		"model.fp16.safetensors.index.json": KindIndex,
+		"config.json":                       KindSidecar,
+		".tmpAbc":                           KindSidecar,
+		".metadata":                         ErrReserved,
+		".metadata.tmp":                     ErrReserved,
+		"__0_0.distcp":                      ErrReserved,
+		"__3.metadata":                      ErrReserved,
+		"x.distcp":                          ErrReserved,
+		SpoolDir:                            ErrReserved,
+	} {
+		k, err := KindOf(name)
+		if e, ok := want.(error); ok {
+			require.ErrorIs(t, err, e, name)
+			continue
+		}
+		require.NoError(t, err, name)
+		require.Equal(t, want, k, name)
+	}
+	for _, bad := range []string{"", ".", "..", "a/b"} {
+		_, err := KindOf(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestWriterCommits(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	w, err := Create(dir, dcpwrite.Target{WorldSize: 2, Prefix: "model"})
+	require.NoError(t, err)
+	require.NoError(t, put(t, w, "config.json", []byte(`{}`)))
+	require.Equal(t, 0, w.Tensors())
+	require.NoError(t, put(t, w, "a.safetensors", st(t, map[string]int64{"x": 5, "y": 3})))
+	require.Equal(t, 2, w.Tensors())
+	require.Equal(t, uint64(2), w.Generation())
+
+	// an index that agrees with what was received, listing one more
+	idx := `{"metadata": {}, "weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "b.safetensors"}}`
+	require.NoError(t, put(t, w, "model.safetensors.index.json", []byte(idx)))
+	require.Equal(t, []string{"z"}, w.Pending())
+	// later files are checked against it
+	err = put(t, w, "c.safetensors", st(t, map[string]int64{"z": 2}))
+	require.ErrorIs(t, err, ErrIndex)
+	require.ErrorIs(t, err, ErrCommit)
+	var ce *CommitError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "c.safetensors", ce.Name)
+	// the temp-then-rename pattern: the name at commit time counts
+	f, err := w.NewFile(".tmp123")
+	require.NoError(t, err)
+	_, err = f.WriteAt(st(t, map[string]int64{"z": 2}), 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Rename("b.safetensors"))
+	require.Equal(t, KindSafetensors, f.Kind())
+	require.NoError(t, f.Commit())
+	require.NoError(t, f.Commit(), "Commit runs once")
+	require.Empty(t, w.Pending())
+	_, err = f.WriteAt([]byte{1}, 0)
+	require.ErrorIs(t, err, ErrDone)
+	require.ErrorIs(t, f.Rename("d.safetensors"), ErrDone)
+
+	// a stored file renamed to a safetensors name is committed
+	require.NoError(t, put(t, w, "e.tmp", st(t, map[string]int64{"e": 1})))
+	err = w.RenameStored("e.tmp", "e.safetensors")
+	require.ErrorIs(t, err, ErrIndex, "the index does not list e")
+	_, err = os.Stat(filepath.Join(dir, "e.tmp"))
+	require.NoError(t, err, "kept when not committed")
+	require.NoError(t, w.RenameStored("config.json", "config2.json"))
+
+	_, err = w.NewFile(".metadata")
+	require.ErrorIs(t, err, ErrReserved)
+	require.NoError(t, w.Close())
+	_, err = os.Stat(filepath.Join(dir, SpoolDir))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+
+	c, err := torchdcp.Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	var names []string
+	for _, ct := range c.Tensors {
+		names = append(names, ct.Name)
+	}
+	require.ElementsMatch(t, []string{"model.x", "model.y", "model.z"}, names)
+	_, err = os.Stat(filepath.Join(dir, "config2.json"))
+	require.NoError(t, err)
+}
+
+func TestAbortAndClose(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	w, err := Create(dir, dcpwrite.Target{})
+	require.NoError(t, err)
+	f, err := w.NewFile("a.safetensors")
+	require.NoError(t, err)
+	_, err = f.WriteAt(st(t, map[string]int64{"x": 5}), 0)
+	require.NoError(t, err)
+	f.Abort()
+	require.ErrorIs(t, f.Commit(), ErrCommit)
+	g, err := w.NewFile("b.safetensors")
+	require.NoError(t, err)
+	require.NoError(t, w.Close(), "drops g")
+	done, err := g.Done()
+	require.True(t, done)
+	require.ErrorIs(t, err, ErrCommit)
+	_, err = os.Stat(filepath.Join(dir, ".metadata"))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+	_, err = w.NewFile("c.safetensors")
+	require.Error(t, err)
+}
+
+func TestCleanStale(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	w, err := Create(dir, dcpwrite.Target{})
+	require.NoError(t, err)
+	f, err := w.NewFile("a.safetensors")
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("partial"), 0)
+	require.NoError(t, err)
+	removed, err := CleanStale(dir)
+	require.NoError(t, err)
+	require.False(t, removed, "a live writer's spool stays")
+	_, err = w.NewFile("b.safetensors")
+	require.NoError(t, err)
+
+	// a spool nobody holds: what a killed writer leaves
+	dead := filepath.Join(t.TempDir(), "dead")
+	require.NoError(t, os.MkdirAll(filepath.Join(dead, SpoolDir), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dead, SpoolDir, "1.part"), []byte("x"), 0o600))
+	removed, err = CleanStale(dead)
+	require.NoError(t, err)
+	require.True(t, removed)
+	_, err = os.Stat(filepath.Join(dead, SpoolDir))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+	// Create cleans too
+	require.NoError(t, os.MkdirAll(filepath.Join(dead, SpoolDir), 0o700))
+	w2, err := Create(dead, dcpwrite.Target{})
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(dead, SpoolDir))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+	require.NoError(t, w2.Close())
+	require.NoError(t, w.Close())
+}

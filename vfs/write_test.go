@@ -1,0 +1,620 @@
+package vfs
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/hfwrite"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// tspec is one tensor of a test safetensors file.
+type tspec struct {
+	name  string
+	dtype safetensors.DType
+	shape []int64
+}
+
+// llamaA and llamaB are the two shards of a tiny Llama-style model, with odd
+// sizes so shards are uneven, plus a scalar and an empty tensor.
+var (
+	llamaA = []tspec{
+		{"model.embed_tokens.weight", safetensors.BF16, []int64{131, 64}},
+		{"model.layers.0.self_attn.q_proj.weight", safetensors.F32, []int64{64, 64}},
+		{"model.layers.0.self_attn.o_proj.weight", safetensors.F32, []int64{64, 64}},
+		{"model.layers.0.input_layernorm.weight", safetensors.F32, []int64{64}},
+	}
+	llamaB = []tspec{
+		{"model.layers.0.mlp.gate_proj.weight", safetensors.F16, []int64{88, 64}},
+		{"model.layers.0.mlp.down_proj.weight", safetensors.F16, []int64{64, 88}},
+		{"model.norm.weight", safetensors.F32, []int64{64}},
+		{"lm_head.weight", safetensors.BF16, []int64{131, 64}},
+		{"step", safetensors.I64, []int64{}},
+		{"empty", safetensors.F32, []int64{0, 4}},
+	}
+)
+
+// writeST writes a safetensors file of specs with random bytes and returns
+// the bytes of each tensor.
+func writeST(t *testing.T, path string, seed int64, specs ...tspec) map[string][]byte {
+	t.Helper()
+	infos := make([]safetensors.TensorInfo, len(specs))
+	for i, s := range specs {
+		infos[i] = safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape}
+	}
+	safetensors.SortForWrite(infos)
+	infos = safetensors.Layout(infos)
+	var buf bytes.Buffer
+	w, err := safetensors.NewWriter(&buf, map[string]string{"format": "pt"}, infos)
+	require.NoError(t, err)
+	rng := rand.New(rand.NewSource(seed))
+	out := map[string][]byte{}
+	for _, ti := range infos {
+		b := make([]byte, ti.Size())
+		rng.Read(b)
+		out[ti.Name] = b
+		_, err := w.Write(b)
+		require.NoError(t, err)
+	}
+	require.NoError(t, w.Close())
+	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o644))
+	return out
+}
+
+// readTensors reads every tensor of the safetensors files in dir.
+func readTensors(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	paths, err := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	require.NoError(t, err)
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		require.NoError(t, err)
+		h, err := safetensors.ReadHeader(bytes.NewReader(data), int64(len(data)))
+		require.NoError(t, err, p)
+		for _, ti := range h.Tensors {
+			_, dup := out[ti.Name]
+			require.False(t, dup, ti.Name)
+			out[ti.Name] = data[h.DataStart+ti.Begin : h.DataStart+ti.End]
+		}
+	}
+	return out
+}
+
+func merge(ms ...map[string][]byte) map[string][]byte {
+	out := map[string][]byte{}
+	for _, m := range ms {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func writable(target dcpwrite.Target) func(*Options) {
+	return func(o *Options) { o.Writable, o.Target = true, target }
+}
+
+// writeFile writes data to path through the mount and returns close's error.
+func writeFile(t *testing.T, path string, data []byte) error {
+	t.Helper()
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	_, err = f.Write(data)
+	require.NoError(t, err)
+	return f.Close()
+}
+
+// spoolFiles lists what is left in a target's spool.
+func spoolFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(dir, hfwrite.SpoolDir))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// shardFiles lists the DCP files of a backing directory.
+func shardFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	for _, n := range listDir(t, dir) {
+		if n == ".metadata" || strings.HasSuffix(n, ".distcp") || n == ".metadata.tmp" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// hfDir writes a two-shard HF model directory and returns it with its
+// tensors.
+func hfDir(t *testing.T) (string, map[string][]byte) {
+	t.Helper()
+	in := t.TempDir()
+	a := writeST(t, filepath.Join(in, "model-00001-of-00002.safetensors"), 1, llamaA...)
+	b := writeST(t, filepath.Join(in, "model-00002-of-00002.safetensors"), 2, llamaB...)
+	wm := map[string]string{}
+	for n := range a {
+		wm[n] = "model-00001-of-00002.safetensors"
+	}
+	for n := range b {
+		wm[n] = "model-00002-of-00002.safetensors"
+	}
+	idx, err := json.Marshal(map[string]any{"metadata": map[string]any{"total_size": 1}, "weight_map": wm})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(in, layout.IndexName), idx, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(in, "config.json"), []byte(`{"model_type": "llama"}`+"\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(in, "tokenizer.json"), []byte(`{"version": "1.0"}`), 0o644))
+	return in, merge(a, b)
+}
+
+func TestWriteRoundTrip(t *testing.T) {
+	rules, err := dcpwrite.ParseRules(strings.NewReader("q_proj|gate_proj 0\no_proj|down_proj 1\nnorm replicate\n"))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name   string
+		target dcpwrite.Target
+	}{
+		{"fsdp2_3", dcpwrite.Target{WorldSize: 3}},
+		{"tp_plan_4", dcpwrite.Target{WorldSize: 4, Rules: rules}},
+		{"prefix_model_2", dcpwrite.Target{WorldSize: 2, Prefix: "model"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in, want := hfDir(t)
+			src := t.TempDir()
+			mnt := testMount(t, newFS(t, src, writable(tc.target)))
+			dir := filepath.Join(mnt, "imported")
+			require.NoError(t, os.Mkdir(dir, 0o755))
+			// cp, a real client, in the order save_pretrained writes.
+			out, err := exec.Command("cp",
+				filepath.Join(in, "config.json"), filepath.Join(in, "tokenizer.json"),
+				filepath.Join(in, "model-00001-of-00002.safetensors"), filepath.Join(in, "model-00002-of-00002.safetensors"),
+				filepath.Join(in, layout.IndexName), dir).CombinedOutput()
+			require.NoError(t, err, string(out))
+
+			require.Equal(t, []string{"config.json", "model.safetensors", layout.IndexName, "tokenizer.json"}, listDir(t, dir))
+			require.Equal(t, want, readTensors(t, dir), "tensors read back through the view")
+			for _, sc := range []string{"config.json", "tokenizer.json"} {
+				got, err := os.ReadFile(filepath.Join(dir, sc))
+				require.NoError(t, err)
+				exp, err := os.ReadFile(filepath.Join(in, sc))
+				require.NoError(t, err)
+				require.Equal(t, exp, got, sc)
+			}
+			var idx struct {
+				WeightMap map[string]string `json:"weight_map"`
+			}
+			b, err := os.ReadFile(filepath.Join(dir, layout.IndexName))
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal(b, &idx))
+			require.Len(t, idx.WeightMap, len(want))
+
+			// The backing directory is a DCP checkpoint laid out by the target.
+			back := filepath.Join(src, "imported")
+			require.Empty(t, spoolFiles(t, back))
+			require.NotContains(t, listDir(t, back), ".metadata.tmp")
+			c, err := torchdcp.Open(back)
+			require.NoError(t, err)
+			defer c.Close()
+			require.Len(t, c.Tensors, len(want))
+			for _, ct := range c.Tensors {
+				name := strings.TrimPrefix(ct.Name, tc.target.Prefix+".")
+				if tc.target.Prefix != "" {
+					require.True(t, strings.HasPrefix(ct.Name, tc.target.Prefix+"."), ct.Name)
+				}
+				var shape []int64
+				for _, s := range append(llamaA, llamaB...) {
+					if s.name == name {
+						shape = s.shape
+					}
+				}
+				require.Len(t, ct.Chunks, len(tc.target.Chunks(name, shape)), ct.Name)
+			}
+
+			// A later mount (read-only) shows the same bytes.
+			view2 := filepath.Join(testMount(t, newFS(t, src)), "imported")
+			require.Equal(t, listDir(t, dir), listDir(t, view2))
+			for _, n := range listDir(t, dir) {
+				a, err := os.ReadFile(filepath.Join(dir, n))
+				require.NoError(t, err)
+				b, err := os.ReadFile(filepath.Join(view2, n))
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(a, b), n)
+			}
+		})
+	}
+}
+
+// TestWriteTargetStaysWritable: a target with a .metadata still takes
+// files, and its view grows with each commit.
+func TestWriteTargetStaysWritable(t *testing.T) {
+	in, _ := hfDir(t)
+	src := t.TempDir()
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 2})))
+	dir := filepath.Join(mnt, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	require.Empty(t, listDir(t, dir))
+	a, err := os.ReadFile(filepath.Join(in, "model-00001-of-00002.safetensors"))
+	require.NoError(t, err)
+	require.NoError(t, writeFile(t, filepath.Join(dir, "a.safetensors"), a))
+	first := readTensors(t, dir)
+	require.Len(t, first, len(llamaA))
+	b, err := os.ReadFile(filepath.Join(in, "model-00002-of-00002.safetensors"))
+	require.NoError(t, err)
+	// while a file is being written, it is listed under its name
+	f, err := os.Create(filepath.Join(dir, "b.safetensors"))
+	require.NoError(t, err)
+	_, err = f.Write(b[:100])
+	require.NoError(t, err)
+	require.Contains(t, listDir(t, dir), "b.safetensors")
+	fi, err := os.Stat(filepath.Join(dir, "b.safetensors"))
+	require.NoError(t, err)
+	require.Equal(t, int64(100), fi.Size())
+	_, err = f.WriteAt(b[100:], 100)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.Equal(t, []string{"model.safetensors", layout.IndexName}, listDir(t, dir))
+	all := readTensors(t, dir)
+	require.Len(t, all, len(llamaA)+len(llamaB))
+	for n, v := range first {
+		require.Equal(t, v, all[n])
+	}
+	// sidecars can be rewritten, renamed and removed
+	require.NoError(t, writeFile(t, filepath.Join(dir, "notes.txt"), []byte("one")))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("two!"), 0o644))
+	got, err := os.ReadFile(filepath.Join(dir, "notes.txt"))
+	require.NoError(t, err)
+	require.Equal(t, "two!", string(got))
+	require.NoError(t, os.Rename(filepath.Join(dir, "notes.txt"), filepath.Join(dir, "README.md")))
+	require.NoError(t, os.Remove(filepath.Join(dir, "README.md")))
+	require.Equal(t, []string{"model.safetensors", layout.IndexName}, listDir(t, dir))
+	// committed tensors cannot be removed
+	require.ErrorIs(t, os.Remove(filepath.Join(dir, "model.safetensors")), syscall.EPERM)
+}
+
+// TestWriteTempThenRename covers safetensors' save_file (write a temp file,
+// rename it while open, close) and write, close, then rename.
+func TestWriteTempThenRename(t *testing.T) {
+	in, want := hfDir(t)
+	src := t.TempDir()
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 2})))
+	dir := filepath.Join(mnt, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	a, err := os.ReadFile(filepath.Join(in, "model-00001-of-00002.safetensors"))
+	require.NoError(t, err)
+	f, err := os.OpenFile(filepath.Join(dir, ".tmpAbCd"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(int64(len(a))))
+	_, err = f.Write(a)
+	require.NoError(t, err)
+	require.NoError(t, os.Rename(filepath.Join(dir, ".tmpAbCd"), filepath.Join(dir, "model-00001-of-00002.safetensors")))
+	require.NoError(t, f.Close())
+
+	// the same again: the rename of the complete file commits, and fails
+	f, err = os.OpenFile(filepath.Join(dir, ".tmpEfGh"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	require.NoError(t, err)
+	_, err = f.Write(a)
+	require.NoError(t, err)
+	require.ErrorIs(t, os.Rename(filepath.Join(dir, ".tmpEfGh"), filepath.Join(dir, "again.safetensors")), syscall.EIO)
+	require.ErrorIs(t, f.Close(), syscall.EIO)
+	require.Empty(t, spoolFiles(t, filepath.Join(src, "new")))
+
+	b, err := os.ReadFile(filepath.Join(in, "model-00002-of-00002.safetensors"))
+	require.NoError(t, err)
+	require.NoError(t, writeFile(t, filepath.Join(dir, "b.tmp"), b))
+	require.NoError(t, os.Rename(filepath.Join(dir, "b.tmp"), filepath.Join(dir, "model-00002-of-00002.safetensors")))
+	require.Equal(t, want, readTensors(t, dir))
+
+	// a stored file that is not valid safetensors: the rename fails, nothing committed
+	require.NoError(t, writeFile(t, filepath.Join(dir, "c.tmp"), []byte("not safetensors")))
+	meta, err := os.ReadFile(filepath.Join(src, "new", ".metadata"))
+	require.NoError(t, err)
+	require.ErrorIs(t, os.Rename(filepath.Join(dir, "c.tmp"), filepath.Join(dir, "c.safetensors")), syscall.EIO)
+	after, err := os.ReadFile(filepath.Join(src, "new", ".metadata"))
+	require.NoError(t, err)
+	require.Equal(t, meta, after)
+	require.Equal(t, want, readTensors(t, dir))
+}
+
+func TestWriteBadInput(t *testing.T) {
+	in, _ := hfDir(t)
+	a, err := os.ReadFile(filepath.Join(in, "model-00001-of-00002.safetensors"))
+	require.NoError(t, err)
+	f4 := filepath.Join(t.TempDir(), "f4.safetensors")
+	writeST(t, f4, 3, tspec{"packed", safetensors.F4, []int64{4, 8}})
+	f4data, err := os.ReadFile(f4)
+	require.NoError(t, err)
+	dupPath := filepath.Join(t.TempDir(), "dup.safetensors")
+	writeST(t, dupPath, 4, tspec{"fresh", safetensors.F32, []int64{3}}, llamaA[1])
+	dup, err := os.ReadFile(dupPath)
+	require.NoError(t, err)
+	goodPath := filepath.Join(t.TempDir(), "good.safetensors")
+	writeST(t, goodPath, 5, tspec{"good", safetensors.F32, []int64{3}})
+	good, err := os.ReadFile(goodPath)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name  string
+		first []byte // committed before, if set
+		file  string
+		data  []byte
+	}{
+		{"not safetensors", nil, "x.safetensors", []byte("this is not a safetensors file at all")},
+		{"truncated", nil, "x.safetensors", a[:len(a)-10]},
+		{"trailing bytes", nil, "x.safetensors", append(append([]byte{}, a...), 0)},
+		{"dtype torch cannot hold", nil, "x.safetensors", f4data},
+		{"tensor written twice", a, "y.safetensors", dup},
+		{"index disagrees", a, layout.IndexName, []byte(`{"weight_map": {"model.norm.weight": "a.safetensors"}}`)},
+		{"index is not json", a, layout.IndexName, []byte(`{"weight_map": `)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := t.TempDir()
+			mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 3})))
+			dir, back := filepath.Join(mnt, "new"), filepath.Join(src, "new")
+			require.NoError(t, os.Mkdir(dir, 0o755))
+			var meta []byte
+			var before []string
+			if tc.first != nil {
+				require.NoError(t, writeFile(t, filepath.Join(dir, "a.safetensors"), tc.first))
+				meta, err = os.ReadFile(filepath.Join(back, ".metadata"))
+				require.NoError(t, err)
+			}
+			before = shardFiles(t, back)
+			view := listDir(t, dir)
+
+			require.ErrorIs(t, writeFile(t, filepath.Join(dir, tc.file), tc.data), syscall.EIO)
+
+			require.Equal(t, before, shardFiles(t, back), "no shard files left behind")
+			if meta != nil {
+				got, err := os.ReadFile(filepath.Join(back, ".metadata"))
+				require.NoError(t, err)
+				require.Equal(t, meta, got, ".metadata untouched")
+			}
+			require.Empty(t, spoolFiles(t, back))
+			require.Equal(t, view, listDir(t, dir))
+			if tc.first != nil {
+				require.Len(t, readTensors(t, dir), len(llamaA))
+			}
+			// the name is free again: a good file of that name commits
+			if tc.file != layout.IndexName {
+				require.NoError(t, writeFile(t, filepath.Join(dir, tc.file), good))
+				require.Contains(t, readTensors(t, dir), "good")
+			}
+		})
+	}
+}
+
+// TestWriteKilledWriter: a writer killed mid-file commits nothing (the
+// kernel flushes its descriptor at exit), and the spool is cleaned.
+func TestWriteKilledWriter(t *testing.T) {
+	in, _ := hfDir(t)
+	src := t.TempDir()
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 2})))
+	dir := filepath.Join(mnt, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKilledWriter$")
+	cmd.Env = append(os.Environ(), "CKPTFS_KILLED_WRITER="+filepath.Join(dir, "a.safetensors"),
+		"CKPTFS_KILLED_WRITER_SRC="+filepath.Join(in, "model-00001-of-00002.safetensors"))
+	err := cmd.Run()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal())
+	back := filepath.Join(src, "new")
+	require.Empty(t, shardFiles(t, back))
+	require.Eventually(t, func() bool { return len(spoolFiles(t, back)) == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Empty(t, listDir(t, dir))
+}
+
+// TestHelperKilledWriter is the writer TestWriteKilledWriter runs and kills:
+// it writes part of a file and dies holding it open.
+func TestHelperKilledWriter(t *testing.T) {
+	dst := os.Getenv("CKPTFS_KILLED_WRITER")
+	if dst == "" {
+		t.Skip("run by TestWriteKilledWriter")
+	}
+	data, err := os.ReadFile(os.Getenv("CKPTFS_KILLED_WRITER_SRC"))
+	require.NoError(t, err)
+	f, err := os.Create(dst)
+	require.NoError(t, err)
+	_, err = f.Write(data[:len(data)/2])
+	require.NoError(t, err)
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
+
+// TestStaleSpoolCleanedAtNextMount: the spool of a ckptfs that died
+// mid-write is removed by the next writable mount; what was committed
+// stays.
+func TestStaleSpoolCleanedAtNextMount(t *testing.T) {
+	in, _ := hfDir(t)
+	a, err := os.ReadFile(filepath.Join(in, "model-00001-of-00002.safetensors"))
+	require.NoError(t, err)
+	src := t.TempDir()
+	back := filepath.Join(src, "new")
+	fsys := newFS(t, src, writable(dcpwrite.Target{WorldSize: 2}))
+	mnt := testMount(t, fsys)
+	dir := filepath.Join(mnt, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	require.NoError(t, writeFile(t, filepath.Join(dir, "a.safetensors"), a))
+	f, err := os.Create(filepath.Join(dir, "b.safetensors"))
+	require.NoError(t, err)
+	_, err = f.Write(a[:5000])
+	require.NoError(t, err)
+	// What a killed ckptfs leaves: a copy of the spool as it is now.
+	require.Len(t, spoolFiles(t, back), 1)
+	saved := filepath.Join(t.TempDir(), "spool")
+	require.NoError(t, os.CopyFS(saved, os.DirFS(filepath.Join(back, hfwrite.SpoolDir))))
+	require.ErrorIs(t, f.Close(), syscall.EIO)
+	meta, err := os.ReadFile(filepath.Join(back, ".metadata"))
+	require.NoError(t, err)
+	fsys.Close() // as at unmount: the spool goes
+	_, err = os.Stat(filepath.Join(back, hfwrite.SpoolDir))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, os.CopyFS(filepath.Join(back, hfwrite.SpoolDir), os.DirFS(saved)))
+
+	// The next mount (writable) removes it on first sight; it is never listed.
+	mnt2 := testMount(t, newFS(t, src, writable(dcpwrite.Target{})))
+	require.NotContains(t, listDir(t, filepath.Join(mnt2, "new")), hfwrite.SpoolDir)
+	_, err = os.Stat(filepath.Join(back, hfwrite.SpoolDir))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	got, err := os.ReadFile(filepath.Join(back, ".metadata"))
+	require.NoError(t, err)
+	require.Equal(t, meta, got)
+	require.Len(t, readTensors(t, filepath.Join(mnt2, "new")), len(llamaA))
+	// the directory is an ordinary read-only checkpoint now
+	require.ErrorIs(t, writeFileErr(filepath.Join(mnt2, "new", "c.safetensors")), syscall.EROFS)
+}
+
+func writeFileErr(path string) error {
+	return os.WriteFile(path, []byte("x"), 0o644)
+}
+
+func TestWriteRefused(t *testing.T) {
+	in, _ := hfDir(t)
+	a, err := os.ReadFile(filepath.Join(in, "model-00001-of-00002.safetensors"))
+	require.NoError(t, err)
+	src := t.TempDir()
+	// an existing checkpoint
+	w, err := hfwrite.Create(filepath.Join(src, "ckpt"), dcpwrite.Target{})
+	require.NoError(t, err)
+	wf, err := w.NewFile("a.safetensors")
+	require.NoError(t, err)
+	_, err = wf.WriteAt(a, 0)
+	require.NoError(t, err)
+	require.NoError(t, wf.Commit())
+	require.NoError(t, w.Close())
+	require.NoError(t, os.Mkdir(filepath.Join(src, "plain"), 0o755))
+
+	ro := testMount(t, newFS(t, src))
+	require.ErrorIs(t, os.Mkdir(filepath.Join(ro, "new"), 0o755), syscall.EROFS)
+	require.ErrorIs(t, writeFileErr(filepath.Join(ro, "plain", "x.safetensors")), syscall.EROFS)
+
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{})))
+	require.ErrorIs(t, writeFileErr(filepath.Join(mnt, "x.txt")), syscall.EROFS, "the root is not a write target")
+	require.ErrorIs(t, writeFileErr(filepath.Join(mnt, "plain", "x.txt")), syscall.EROFS, "nor a directory that existed")
+	require.ErrorIs(t, writeFileErr(filepath.Join(mnt, "ckpt", "x.safetensors")), syscall.EROFS, "existing checkpoints are read-only")
+	require.ErrorIs(t, os.Mkdir(filepath.Join(mnt, "ckpt", "sub"), 0o755), syscall.EROFS)
+	require.ErrorIs(t, os.WriteFile(filepath.Join(mnt, "ckpt", "model.safetensors"), nil, 0o644), syscall.EROFS)
+	require.NoError(t, os.Mkdir(filepath.Join(mnt, "plain", "new"), 0o755), "mkdir in a plain directory")
+	fi, err := os.Stat(filepath.Join(mnt, "plain", "new"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o755), fi.Mode().Perm())
+	for _, name := range []string{".metadata", "__0_0.distcp", ".metadata.tmp"} {
+		require.ErrorIs(t, writeFileErr(filepath.Join(mnt, "plain", "new", name)), syscall.EPERM, name)
+	}
+	require.ErrorIs(t, os.Mkdir(filepath.Join(mnt, "plain", "new", hfwrite.SpoolDir), 0o755), syscall.EPERM)
+}
+
+// TestWriteDiskFull: a commit that runs out of space fails at close with
+// EIO and leaves the committed state and the free space as they were.
+func TestWriteDiskFull(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	src := t.TempDir()
+	if err := syscall.Mount("tmpfs", src, "tmpfs", 0, "size=3m"); err != nil {
+		t.Skipf("tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(src, syscall.MNT_DETACH) })
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 2})))
+	dir, back := filepath.Join(mnt, "new"), filepath.Join(src, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	small := filepath.Join(t.TempDir(), "small.safetensors")
+	writeST(t, small, 5, tspec{"small", safetensors.F32, []int64{100}})
+	smallData, err := os.ReadFile(small)
+	require.NoError(t, err)
+	require.NoError(t, writeFile(t, filepath.Join(dir, "small.safetensors"), smallData))
+	meta, err := os.ReadFile(filepath.Join(back, ".metadata"))
+	require.NoError(t, err)
+	before := shardFiles(t, back)
+
+	// fits in the spool, not twice
+	big := filepath.Join(t.TempDir(), "big.safetensors")
+	writeST(t, big, 6, tspec{"big", safetensors.F32, []int64{400, 1024}}) // 1.6 MB
+	bigData, err := os.ReadFile(big)
+	require.NoError(t, err)
+	require.ErrorIs(t, writeFile(t, filepath.Join(dir, "big.safetensors"), bigData), syscall.EIO)
+	got, err := os.ReadFile(filepath.Join(back, ".metadata"))
+	require.NoError(t, err)
+	require.Equal(t, meta, got)
+	require.Equal(t, before, shardFiles(t, back))
+	require.Empty(t, spoolFiles(t, back))
+
+	// does not even fit in the spool: write(2) says so
+	huge := bytes.Repeat([]byte{1}, 4<<20)
+	f, err := os.Create(filepath.Join(dir, "huge.safetensors"))
+	require.NoError(t, err)
+	_, err = f.Write(huge)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.ErrorIs(t, f.Close(), syscall.EIO)
+	require.Empty(t, spoolFiles(t, back))
+
+	// space is back: a small file still commits
+	other := filepath.Join(t.TempDir(), "other.safetensors")
+	writeST(t, other, 7, tspec{"other", safetensors.F32, []int64{100}})
+	otherData, err := os.ReadFile(other)
+	require.NoError(t, err)
+	require.NoError(t, writeFile(t, filepath.Join(dir, "other.safetensors"), otherData))
+	require.Len(t, readTensors(t, dir), 2)
+}
+
+// TestWriteConcurrentFiles: files written in parallel all commit.
+func TestWriteConcurrentFiles(t *testing.T) {
+	src := t.TempDir()
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 3})))
+	dir := filepath.Join(mnt, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	in := t.TempDir()
+	want := map[string][]byte{}
+	var names []string
+	for i := 0; i < 8; i++ {
+		name := "w" + string(rune('a'+i))
+		p := filepath.Join(in, name+".safetensors")
+		for k, v := range writeST(t, p, int64(10+i), tspec{name + ".weight", safetensors.F32, []int64{int64(17 + i), 33}}) {
+			want[k] = v
+		}
+		names = append(names, p)
+	}
+	errs := make(chan error, len(names))
+	for _, p := range names {
+		go func(p string) {
+			out, err := exec.Command("cp", p, dir).CombinedOutput()
+			if err != nil {
+				err = &os.PathError{Op: "cp " + string(out), Path: p, Err: err}
+			}
+			errs <- err
+		}(p)
+	}
+	for range names {
+		require.NoError(t, <-errs)
+	}
+	require.Equal(t, want, readTensors(t, dir))
+	shards := regexp.MustCompile(`^__[0-9]+_[0-9]+\.distcp$`)
+	var n int
+	for _, f := range listDir(t, filepath.Join(src, "new")) {
+		if shards.MatchString(f) {
+			n++
+		}
+	}
+	require.Equal(t, 8*3, n)
+}
