@@ -55,7 +55,7 @@ var ErrClosed = errors.New("cache: closed")
 // Options configure a Cache. Zero fields take defaults, except ReadAhead:
 // 0 disables read-ahead (use DefaultOptions for the default of 4).
 type Options struct {
-	Size      int64 // total bytes of cached blocks (default 512 MiB)
+	Size      int64 // total bytes of cached and staged blocks (default 512 MiB)
 	BlockSize int64 // bytes per block (default 4 MiB)
 	ReadAhead int   // blocks to prefetch ahead on sequential access (0 disables; DefaultOptions has 4)
 	Workers   int   // read-ahead worker pool size (default 2)
@@ -198,10 +198,13 @@ func New(opts Options) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	nblocks := max(1, o.Size/o.BlockSize)
+	// Size bounds everything the cache holds: the staged blocks come out of
+	// ristretto's share (never less than half).
+	maxCost := max(o.Size/2, o.Size-int64(o.Staging)*o.BlockSize)
+	nblocks := max(1, maxCost/o.BlockSize)
 	rc, err := ristretto.NewCache(&ristretto.Config[uint64, *block]{
 		NumCounters:        max(100, 10*nblocks),
-		MaxCost:            o.Size,
+		MaxCost:            maxCost,
 		BufferItems:        64,
 		Metrics:            true,
 		IgnoreInternalCost: true,

@@ -97,6 +97,9 @@ func (d *Dir) children() ([]entry, syscall.Errno) {
 			continue
 		}
 		real := filepath.Join(d.real, name)
+		if real == d.fsys.mountpoint {
+			continue
+		}
 		fi, err := os.Stat(real) // follow symlinks: `latest` shows as the step it names
 		if err != nil {
 			continue // dangling symlink

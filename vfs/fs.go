@@ -51,6 +51,10 @@ type FS struct {
 	opts Options
 	log  *slog.Logger
 	root string // cleaned absolute source path
+	// mountpoint is where the tree is mounted, set before serving starts.
+	// When it lies inside the source it is hidden: stat'ing it would make
+	// the server wait on itself.
+	mountpoint string
 
 	nextID atomic.Uint64
 

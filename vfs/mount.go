@@ -3,6 +3,7 @@ package vfs
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,6 +50,9 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 		},
 		UID: uint32(os.Getuid()),
 		GID: uint32(os.Getgid()),
+	}
+	if abs, err := filepath.Abs(mnt); err == nil {
+		fsys.mountpoint = abs
 	}
 	server, err := fs.Mount(mnt, fsys.Root(), opts)
 	if err != nil {

@@ -286,3 +286,14 @@ func TestSeekDataHole(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, fi.Size(), off)
 }
+
+func TestMountPointInsideSourceIsHidden(t *testing.T) {
+	src := copyTree(t, fixture(t, "sample"))
+	mnt := filepath.Join(src, "mnt")
+	require.NoError(t, os.Mkdir(mnt, 0o755))
+	fsys := newFS(t, src)
+	server, err := Mount(mnt, fsys, MountOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, server.Unmount()) })
+	require.Equal(t, []string{".ckptfs", "case.json", "ckpt", "expected.safetensors"}, listDir(t, mnt))
+}

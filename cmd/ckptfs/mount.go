@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -19,6 +20,10 @@ import (
 )
 
 const watchdogCmd = "__unmount-on-exit"
+
+// memoryHeadroom is what the mount process may use beyond its block cache:
+// blocks in flight, FUSE buffers, parsed metadata.
+const memoryHeadroom = 48 << 20
 
 func runMount(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("mount", "SRC MNT", `Mount SRC at MNT, read-only. Every checkpoint directory under SRC (DCP, HF-sharded
@@ -41,7 +46,7 @@ checkpoints stay read-only.`, stderr)
 	prefetch := fs.Int("prefetch", 4, "blocks read ahead on sequential access (0 disables)")
 	fs.Var(&readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	allowOther := fs.Bool("allow-other", false, "let other users access the mount")
-	debug := fs.Bool("debug", false, "log every FUSE request")
+	fuseDebug := fs.Bool("debug", false, "log every FUSE request")
 	verbose := fs.Bool("v", false, "verbose logging")
 	var wf writeFlags
 	wf.register(fs)
@@ -60,6 +65,9 @@ checkpoints stay read-only.`, stderr)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	// The cache is nearly all of the heap: a soft limit a little above it
+	// makes the GC return evicted blocks before the heap doubles (GOGC).
+	debug.SetMemoryLimit(int64(cacheSize) + memoryHeadroom)
 	c, err := cache.New(cache.Options{Size: int64(cacheSize), BlockSize: int64(blockSize), ReadAhead: *prefetch})
 	if err != nil {
 		return err
@@ -70,7 +78,7 @@ checkpoints stay read-only.`, stderr)
 		return err
 	}
 	defer fsys.Close()
-	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(readAhead) >> 10, AllowOther: *allowOther, Debug: *debug})
+	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(readAhead) >> 10, AllowOther: *allowOther, Debug: *fuseDebug})
 	if err != nil {
 		return err
 	}
@@ -83,8 +91,13 @@ checkpoints stay read-only.`, stderr)
 		s := <-sigs
 		log.Info("unmounting", "signal", s.String())
 		if err := server.Unmount(); err != nil {
-			log.Warn("unmount failed; detaching", "err", err)
+			// Files are still open or mapped: detach now, keep serving
+			// them until they are closed, unless asked again.
+			fmt.Fprintf(stderr, "ckptfs: %s is busy; detached, serving open files until they close (signal again to exit now)\n", mnt)
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
+			<-sigs
+			fmt.Fprintf(stderr, "ckptfs: exiting with files still open\n")
+			os.Exit(1)
 		}
 	}()
 	fmt.Fprintf(stderr, "ckptfs: serving %s at %s (%s, cache %s)\n", src, mnt, wf.describe(), human(int64(cacheSize)))
