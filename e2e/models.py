@@ -35,18 +35,14 @@ def build(dtype):
     return model.to(getattr(torch, dtype)).eval()
 
 
-def worker(rank, world, port, ckpt, ref, mode, dtype, nested):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
+def shard(model, mode, world, mesh_group=None):
+    """Shard model in place the way training does: FSDP2 on `world` ranks (or
+    on the ranks of `mesh_group`), or TP within pairs of ranks x FSDP2 across."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = build(dtype)
-    if rank == 0:
-        model.save_pretrained(ref)
     if mode == "fsdp2":
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = DeviceMesh.from_group(mesh_group, "cpu") if mesh_group is not None else init_device_mesh("cpu", (world,))
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -66,6 +62,18 @@ def worker(rank, world, port, ckpt, ref, mode, dtype, nested):
         fully_shard(model, mesh=mesh["dp"])
     else:
         raise ValueError(mode)
+    return model
+
+
+def worker(rank, world, port, ckpt, ref, mode, dtype, nested):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model = build(dtype)
+    if rank == 0:
+        model.save_pretrained(ref)
+    shard(model, mode, world)
     state = get_model_state_dict(model)
     if nested:
         state = {"model": state, "extra": {"step": 10}}
@@ -103,34 +111,11 @@ def _sharded(mode, mesh_group, world, dtype):
     """A model with other weights than build() (seed 1), sharded for `mode`.
     `mesh_group` is the process group of the FSDP2 mesh (fsdp2 on a subset of
     the ranks), or None for the default group."""
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(1)
     model = LlamaForCausalLM(tiny_config(dtype)).to(getattr(torch, dtype))
-    if mode == "fsdp2":
-        mesh = DeviceMesh.from_group(mesh_group, "cpu") if mesh_group is not None else init_device_mesh("cpu", (world,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-    elif mode == "tp_fsdp":
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
-        plan = {
-            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(),
-        }
-        for layer in model.model.layers:
-            parallelize_module(layer, mesh["tp"], plan)
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-    else:
-        raise ValueError(mode)
-    return model
+    return shard(model, mode, world, mesh_group)
 
 
 def _load_and_compare(model, ckpt, prefix, want, group, label):

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 )
 
 // ExportOptions tune Export.
@@ -64,13 +66,13 @@ func Export(v *View, out string, opts ExportOptions) (err error) {
 			return fmt.Errorf("export: %w", err)
 		}
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := ckpt.SyncDir(tmp); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	if err := os.Rename(tmp, out); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	return syncDir(parent)
+	return ckpt.SyncDir(parent)
 }
 
 func writeFile(path string, f *File, opts ExportOptions, progress func(int64)) error {
@@ -143,13 +145,4 @@ func copyParallel(dst io.Writer, src io.ReaderAt, size, block int64, workers int
 		}
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

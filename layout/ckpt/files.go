@@ -202,3 +202,17 @@ func (s *Section) ReadAt(p []byte, off int64) (int, error) {
 func (s *Section) String() string {
 	return fmt.Sprintf("%s@%d+%d", s.File.Rel, s.Offset, s.Length)
 }
+
+// SyncDir fsyncs a directory, making the entries created or renamed in it
+// durable.
+func SyncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -115,7 +115,7 @@ type Dir struct {
 // root class other than Metadata (Megatron's MCoreMetadata) or custom
 // planner_data, is refused (ErrUnsupported): rewriting it would drop data.
 func OpenDir(path string, target Target) (*Dir, error) {
-	d := &Dir{path: path, target: target, create: createFile, syncDir: syncDir}
+	d := &Dir{path: path, target: target, create: createFile, syncDir: ckpt.SyncDir}
 	if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}
@@ -429,18 +429,6 @@ func createFile(path string, excl bool) (outFile, error) {
 		flag = os.O_WRONLY | os.O_CREATE | os.O_EXCL
 	}
 	return os.OpenFile(path, flag, 0o644)
-}
-
-func syncDir(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 func readDirNames(path string) ([]string, error) {

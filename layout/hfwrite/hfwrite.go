@@ -36,6 +36,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -401,7 +402,7 @@ func (f *File) commit(name string, kind Kind) error {
 		if err := os.Rename(f.spool, filepath.Join(f.w.path, name)); err != nil {
 			return err
 		}
-		if err := syncDir(f.w.path); err != nil {
+		if err := ckpt.SyncDir(f.w.path); err != nil {
 			return fmt.Errorf("stored, but fsync of %s failed: %w", f.w.path, err)
 		}
 		return nil
@@ -525,7 +526,7 @@ func (w *Writer) RenameStored(old, name string) error {
 			return fmt.Errorf("hfwrite: %w", err)
 		}
 		w.bump()
-		return syncDir(w.path)
+		return ckpt.SyncDir(w.path)
 	}
 	f, err := os.Open(oldPath)
 	if err != nil {
@@ -539,7 +540,7 @@ func (w *Writer) RenameStored(old, name string) error {
 	if err := os.Remove(oldPath); err != nil {
 		return fmt.Errorf("hfwrite: %s committed as %s, but not removed: %w", old, name, err)
 	}
-	return syncDir(w.path)
+	return ckpt.SyncDir(w.path)
 }
 
 // bump records a change of the directory's content.
@@ -610,16 +611,4 @@ func CleanStale(dir string) (bool, error) {
 		return false, fmt.Errorf("hfwrite: removing stale spool: %w", err)
 	}
 	return true, nil
-}
-
-func syncDir(path string) error {
-	d, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
