@@ -41,7 +41,6 @@ import (
 	"sync"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
-	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -137,11 +136,7 @@ func OpenDir(path string, target Target) (*Dir, error) {
 		if err != nil {
 			return nil, fmt.Errorf("dcpwrite: %s: %w", path, err)
 		}
-		raw, err := pickle.DecodeBytes(b, pickle.Options{MaxInputBytes: maxMetadataBytes})
-		if err != nil {
-			return nil, fmt.Errorf("dcpwrite: %s: .metadata: %w", path, err)
-		}
-		if d.meta, err = fromDecoded(m, raw); err != nil {
+		if d.meta, err = fromDecoded(m); err != nil {
 			return nil, fmt.Errorf("dcpwrite: %s: %w", path, err)
 		}
 	case errors.Is(err, fs.ErrNotExist):

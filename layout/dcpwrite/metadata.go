@@ -54,10 +54,9 @@ type storageEntry struct {
 	info   torchdcp.StorageInfo
 }
 
-// fromDecoded converts a decoded .metadata. raw is the same file decoded by
-// the generic pickle VM, for planner_data, whose path elements torchdcp
-// turns into strings (an int element must stay an int: it is a list index).
-func fromDecoded(m *torchdcp.Metadata, raw any) (*metadata, error) {
+// fromDecoded converts a decoded .metadata. planner_data comes from its raw
+// form: an int path element must stay an int (it is a list index).
+func fromDecoded(m *torchdcp.Metadata) (*metadata, error) {
 	if m.Class.Name != "Metadata" {
 		return nil, fmt.Errorf("%w: root class %s (its extra fields would be lost on rewrite)", ErrUnsupported, m.Class)
 	}
@@ -81,7 +80,7 @@ func fromDecoded(m *torchdcp.Metadata, raw any) (*metadata, error) {
 	for _, s := range m.Storage {
 		out.storage = append(out.storage, storageEntry{fqn: s.Index.FQN, offset: s.Index.Offset, info: s.Info})
 	}
-	pd, err := rawPlannerData(raw)
+	pd, err := rawPlannerData(m.PlannerRaw)
 	if err != nil {
 		return nil, err
 	}
@@ -124,19 +123,10 @@ func fromDecoded(m *torchdcp.Metadata, raw any) (*metadata, error) {
 	return out, nil
 }
 
-// rawPlannerData digs planner_data out of a generically decoded .metadata:
-// nil for None or absent, an error for anything but a dict.
-func rawPlannerData(raw any) (*pickle.Dict, error) {
-	root, ok := raw.(*pickle.Object)
-	if !ok {
-		return nil, fmt.Errorf("%w: .metadata root is %s", ErrUnsupported, pickle.TypeName(raw))
-	}
-	st := root.StateDict()
-	if st == nil {
-		return nil, nil
-	}
-	v, ok := st.Get("planner_data")
-	if !ok || v == nil {
+// rawPlannerData checks planner_data: nil for None or absent, an error for
+// anything but the default planner's dict.
+func rawPlannerData(v any) (*pickle.Dict, error) {
+	if v == nil {
 		return nil, nil
 	}
 	d, ok := v.(*pickle.Dict)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -188,22 +189,10 @@ func (t Target) likeChunks(name string, shape []int64) []ckpt.Chunk {
 			byName = lt
 		}
 	}
-	if byName == nil || !equalInts(byName.Shape, shape) || len(byName.Chunks) == 0 {
+	if byName == nil || !slices.Equal(byName.Shape, shape) || len(byName.Chunks) == 0 {
 		return nil
 	}
 	return byName.Chunks
 }
 
 func clone(s []int64) []int64 { return append(make([]int64, 0, len(s)), s...) }
-
-func equalInts(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}

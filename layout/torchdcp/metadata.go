@@ -30,6 +30,9 @@ type Metadata struct {
 	// planner's flatten mapping), integers formatted in decimal. Nil when the
 	// checkpoint has none or a planner stored something else there.
 	PlannerData map[string][]string
+	// PlannerRaw is planner_data as decoded (nil when absent or None), with
+	// int path elements kept as ints, for writers that carry it over.
+	PlannerRaw any
 	// Storage is storage_data in file order.
 	Storage []StorageEntry
 	// Version is Metadata.version ("" when absent).
@@ -195,6 +198,7 @@ func metadataFromValue(v any) (*Metadata, error) {
 		return nil, err
 	}
 	if pd, ok := state.Get("planner_data"); ok {
+		m.PlannerRaw = pd
 		m.decodePlannerData(pd)
 	}
 	if sd, ok := state.Get("storage_data"); ok && sd != nil {

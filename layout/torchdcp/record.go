@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -244,7 +245,7 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (int64, error) {
 	if dtype != want.DType {
 		return 0, fmt.Errorf("record holds dtype %s, metadata says %s", dtype, want.DType)
 	}
-	if !equalInts(call.size, want.Sizes) {
+	if !slices.Equal(call.size, want.Sizes) {
 		return 0, fmt.Errorf("record holds shape %v, chunk sizes are %v", call.size, want.Sizes)
 	}
 	if !contiguous(call.size, call.stride) {
@@ -306,18 +307,6 @@ func readEntry(f *zip.File, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s is more than the %d bytes allowed", f.Name, limit)
 	}
 	return b, nil
-}
-
-func equalInts(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // contiguous reports whether stride is C-contiguous for size, with torch's
