@@ -69,6 +69,9 @@ const (
 // can exercise run batching with small tensors).
 var copyBufSize = 4 << 20
 
+// rankWorkers is how many shard files a commit writes at once.
+const rankWorkers = 4
+
 // shardName matches the shard files this writer (and torch) names.
 var shardName = regexp.MustCompile(`^__([0-9]+)_([0-9]+)\.distcp$`)
 
@@ -263,7 +266,93 @@ func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
 	}
 	sort.Ints(ranks)
 
-	var created []string
+	// Ranks are written in parallel by a few workers, each with its own
+	// buffer: one rank's fsync overlaps the next rank's copy. The files are
+	// named before any is written, so names do not depend on timing.
+	files := make([]string, len(ranks))
+	for i, r := range ranks {
+		files[i] = fmt.Sprintf("__%d_%d.distcp", r, d.nextFile)
+	}
+	var (
+		mu      sync.Mutex
+		created []string                            // GUARDED_BY(mu)
+		infos   = map[string]torchdcp.StorageInfo{} // GUARDED_BY(mu)
+		failed  error                               // GUARDED_BY(mu); first error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if failed == nil {
+			failed = err
+		}
+		mu.Unlock()
+	}
+	stopped := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return failed != nil
+	}
+	writeRank := func(i int, buf []byte) error {
+		rel := files[i]
+		full := filepath.Join(d.path, rel)
+		f, err := d.create(full, true)
+		if err != nil {
+			return fmt.Errorf("dcpwrite: %w", err)
+		}
+		mu.Lock()
+		created = append(created, full)
+		mu.Unlock()
+		w := newShardWriter(f)
+		for _, wk := range byRank[ranks[i]] {
+			if stopped() {
+				f.Close()
+				return nil
+			}
+			start := w.Pos()
+			if err := writeChunk(w, src, h.DataStart+wk.p.info.Begin, wk.p, wk.c, buf); err != nil {
+				f.Close()
+				return fmt.Errorf("dcpwrite: %s: tensor %q chunk %v: %w", rel, wk.p.info.Name, wk.c.Offsets, err)
+			}
+			mu.Lock()
+			infos[storageKey(wk.p.fqn, wk.c.Offsets)] = torchdcp.StorageInfo{
+				RelativePath: rel, Offset: start, Length: w.Pos() - start,
+			}
+			mu.Unlock()
+		}
+		if err := w.Flush(); err != nil {
+			f.Close()
+			return fmt.Errorf("dcpwrite: %s: %w", rel, err)
+		}
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return fmt.Errorf("dcpwrite: %s: fsync: %w", rel, err)
+		}
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("dcpwrite: %s: %w", rel, err)
+		}
+		return nil
+	}
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(rankWorkers, len(ranks)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, copyBufSize)
+			for i := range next {
+				if err := writeRank(i, buf); err != nil {
+					fail(err)
+				}
+			}
+		}()
+	}
+	for i := range ranks {
+		if stopped() {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 	cleanup := func(err error) error {
 		for _, p := range created {
 			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
@@ -274,38 +363,8 @@ func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
 		}
 		return err
 	}
-	infos := map[string]torchdcp.StorageInfo{}
-	buf := make([]byte, copyBufSize)
-	for _, r := range ranks {
-		rel := fmt.Sprintf("__%d_%d.distcp", r, d.nextFile)
-		full := filepath.Join(d.path, rel)
-		f, err := d.create(full, true)
-		if err != nil {
-			return cleanup(fmt.Errorf("dcpwrite: %w", err))
-		}
-		created = append(created, full)
-		w := newShardWriter(f)
-		for _, wk := range byRank[r] {
-			start := w.Pos()
-			if err := writeChunk(w, src, h.DataStart+wk.p.info.Begin, wk.p, wk.c, buf); err != nil {
-				f.Close()
-				return cleanup(fmt.Errorf("dcpwrite: %s: tensor %q chunk %v: %w", rel, wk.p.info.Name, wk.c.Offsets, err))
-			}
-			infos[storageKey(wk.p.fqn, wk.c.Offsets)] = torchdcp.StorageInfo{
-				RelativePath: rel, Offset: start, Length: w.Pos() - start,
-			}
-		}
-		if err := w.Flush(); err != nil {
-			f.Close()
-			return cleanup(fmt.Errorf("dcpwrite: %s: %w", rel, err))
-		}
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return cleanup(fmt.Errorf("dcpwrite: %s: fsync: %w", rel, err))
-		}
-		if err := f.Close(); err != nil {
-			return cleanup(fmt.Errorf("dcpwrite: %s: %w", rel, err))
-		}
+	if failed != nil {
+		return cleanup(failed)
 	}
 	for _, p := range plan {
 		for _, c := range p.chunks {
