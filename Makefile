@@ -41,7 +41,10 @@ vet:
 
 test: deps vet build test-go test-e2e
 
-test-go:
+# Tests that drive real Python (torch, safetensors) fail instead of skipping
+# when the venv is missing.
+test-go: export CKPTFS_REQUIRE_PYTHON = 1
+test-go: venv
 	$(GO) test -race -count=1 ./...
 	GOMAXPROCS=1 $(GO) test -count=1 ./vfs/... ./cache/... ./safetensors/...
 

@@ -81,7 +81,10 @@ func pythonPath(t *testing.T) string {
 		py = filepath.Join("..", "e2e", ".venv", "bin", "python")
 	}
 	if err := exec.Command(py, "-c", "import safetensors").Run(); err != nil {
-		t.Skipf("no Python with safetensors at %s (set CKPTFS_PYTHON): %v", py, err)
+		if os.Getenv("CKPTFS_REQUIRE_PYTHON") == "1" {
+			t.Fatalf("CKPTFS_REQUIRE_PYTHON=1 but %s cannot import safetensors: %v", py, err)
+		}
+		t.Skipf("no Python with safetensors at %s (set CKPTFS_PYTHON; CKPTFS_REQUIRE_PYTHON=1 makes this a failure): %v", py, err)
 	}
 	return py
 }

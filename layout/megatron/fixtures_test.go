@@ -67,7 +67,7 @@ func TestRepoFixtures(t *testing.T) {
 		})
 	}
 	if opened == 0 {
-		t.Skipf("no DCP fixtures under %s", root)
+		t.Fatalf("no DCP fixtures under %s (make fixtures)", root)
 	}
 }
 
