@@ -48,8 +48,9 @@ type entry struct {
 // then the source entries that are not format internals; otherwise the source
 // entries. A write target shows the files being written, the view of what
 // is committed so far, and its stored sidecars. The mount root also holds
-// .ckptfs.
-func (d *Dir) children() ([]entry, syscall.Errno) {
+// .ckptfs. With only != "", source entries other than only are not looked
+// at: a lookup costs one stat, not a listing of the directory.
+func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	var out []entry
 	shown := map[string]bool{}
 	add := func(e entry) {
@@ -81,12 +82,18 @@ func (d *Dir) children() ([]entry, syscall.Errno) {
 			}
 		}
 	}
-	ents, err := os.ReadDir(d.real)
-	if err != nil {
-		return nil, toErrno(d.fsys.log, "readdir "+d.real, err)
+	names := []string{only} // a missing name fails the Stat below
+	if only == "" {
+		ents, err := os.ReadDir(d.real)
+		if err != nil {
+			return nil, toErrno(d.fsys.log, "readdir "+d.real, err)
+		}
+		names = names[:0]
+		for _, de := range ents {
+			names = append(names, de.Name())
+		}
 	}
-	for _, de := range ents {
-		name := de.Name()
+	for _, name := range names {
 		if name == hfwrite.SpoolDir {
 			if t == nil {
 				d.fsys.cleanStale(d.real)
@@ -123,7 +130,7 @@ func (d *Dir) children() ([]entry, syscall.Errno) {
 }
 
 func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	kids, errno := d.children()
+	kids, errno := d.children(name)
 	if errno != 0 {
 		return nil, errno
 	}
@@ -163,7 +170,7 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.
 }
 
 func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	kids, errno := d.children()
+	kids, errno := d.children("")
 	if errno != 0 {
 		return nil, errno
 	}

@@ -372,7 +372,7 @@ func (d *Dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedde
 
 // shows reports whether d lists name.
 func (d *Dir) shows(name string) bool {
-	kids, errno := d.children()
+	kids, errno := d.children(name)
 	if errno != 0 {
 		return false
 	}
@@ -508,7 +508,7 @@ func (u *upload) commit() error {
 			u.fsys.commits.Add(1)
 			size, _ := u.file.Size()
 			u.fsys.log.Debug("committed", "file", u.path(), "bytes", size, "took", time.Since(start).Round(time.Millisecond),
-				"written_in", start.Sub(u.mtime).Round(time.Millisecond))
+				"written_in", start.Sub(u.mtime).Round(time.Millisecond), "eager", u.file.Eager())
 		}
 	}
 	_, err := u.file.Done()

@@ -4,11 +4,13 @@
 //
 // A Dir is a DCP directory being written into. Each Commit reshards one
 // complete safetensors file into new shard files, one per rank that holds a
-// piece of it (__{rank}_{n}.distcp, n unused so far by any rank), each a
-// concatenation of torch.save zip archives, one per chunk. It then rewrites
-// .metadata atomically to cover everything committed so far. .metadata is
-// the only commit point: shard files it does not name are garbage from a
-// failed or killed writer, and OpenDir removes them.
+// piece of it (__{rank}_{n}.distcp, n reserved for this commit and never
+// used before), each a concatenation of torch.save zip archives, one per
+// chunk. It then rewrites .metadata atomically to cover everything
+// committed so far. .metadata is the only commit point: shard files it does
+// not name are garbage from a failed or killed writer, and OpenDir (or
+// RemoveStale) removes them. Dir.Eager does the same work while the file is
+// still being written (eager.go), with the same bytes as a result.
 //
 // Placement (Target): every tensor is sharded on dim 0 the way FSDP2 shards
 // parameters (torch.chunk sizes over WorldSize ranks, empty boxes for ranks
@@ -93,12 +95,13 @@ type Dir struct {
 	target Target
 
 	// Lock order: commitMu, then mu. commitMu serializes commits and is
-	// held for their whole length; mu is held only to read or swap the
-	// committed state, so Committed never waits for a commit's I/O.
+	// held for their whole length (of an eager commit: its last step); mu
+	// is held only to read or swap the committed state and to reserve file
+	// numbers, so Committed and Eager never wait for a commit's I/O.
 	commitMu sync.Mutex
 	mu       sync.Mutex
 	meta     *metadata // written holding commitMu and mu, read holding either; never mutated
-	nextFile int       // GUARDED_BY(commitMu): n of the next commit's shard files
+	nextFile int       // GUARDED_BY(mu): n of the next reserved shard files (reserve)
 
 	// Test hooks.
 	create         func(path string, excl bool) (outFile, error)
@@ -152,17 +155,9 @@ func OpenDir(path string, target Target) (*Dir, error) {
 	default:
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}
-	referenced := map[string]bool{}
-	for _, s := range d.meta.storage {
-		referenced[filepath.Clean(s.info.RelativePath)] = true
-	}
-	for _, n := range names {
-		if n == metadataTmp || (shardName.MatchString(n) && !referenced[n]) {
-			if err := os.Remove(filepath.Join(path, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("dcpwrite: removing stale %s: %w", n, err)
-			}
-			d.removed = append(d.removed, n)
-		}
+	referenced := referencedFiles(d.meta)
+	if d.removed, err = removeUnreferenced(path, names, referenced); err != nil {
+		return nil, err
 	}
 	// Commits number their files after every referenced one (present or not).
 	for rel := range referenced {
@@ -178,6 +173,68 @@ func OpenDir(path string, target Target) (*Dir, error) {
 		}
 	}
 	return d, nil
+}
+
+func referencedFiles(m *metadata) map[string]bool {
+	referenced := map[string]bool{}
+	for _, s := range m.storage {
+		referenced[filepath.Clean(s.info.RelativePath)] = true
+	}
+	return referenced
+}
+
+// removeUnreferenced removes .metadata.tmp and the shard files of names
+// that referenced does not hold, and returns the names removed.
+func removeUnreferenced(path string, names []string, referenced map[string]bool) ([]string, error) {
+	var removed []string
+	for _, n := range names {
+		if n == metadataTmp || (shardName.MatchString(n) && !referenced[n]) {
+			if err := os.Remove(filepath.Join(path, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return removed, fmt.Errorf("dcpwrite: removing stale %s: %w", n, err)
+			}
+			removed = append(removed, n)
+		}
+	}
+	return removed, nil
+}
+
+// RemoveStale removes what a writer killed mid-commit (or mid eager
+// commit) left in the DCP directory path, as OpenDir does: .metadata.tmp
+// and the shard files .metadata does not name. It returns the names
+// removed. A directory OpenDir would refuse, or whose .metadata cannot be
+// read, is left alone. No writer may be using the directory.
+func RemoveStale(path string) ([]string, error) {
+	names, err := readDirNames(path)
+	if err != nil {
+		return nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	meta := &metadata{}
+	b, err := readLimited(filepath.Join(path, metadataName), maxMetadataBytes)
+	switch {
+	case err == nil:
+		m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
+		if err != nil {
+			return nil, nil
+		}
+		if meta, err = fromDecoded(m); err != nil {
+			return nil, nil
+		}
+	case errors.Is(err, fs.ErrNotExist):
+		for _, n := range names {
+			if rankLocalMetadata.MatchString(n) {
+				return nil, nil
+			}
+		}
+	default:
+		return nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	removed, err := removeUnreferenced(path, names, referencedFiles(meta))
+	if len(removed) > 0 {
+		if serr := ckpt.SyncDir(path); err == nil && serr != nil {
+			err = fmt.Errorf("dcpwrite: %w", serr)
+		}
+	}
+	return removed, err
 }
 
 // Path is the directory.
@@ -228,26 +285,59 @@ func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
 	d.commitMu.Lock()
 	defer d.commitMu.Unlock()
 
-	plan, err := d.plan(h)
+	plan, err := d.plan(d.meta, h) // d.meta only changes under commitMu
 	if err != nil {
 		return err
 	}
-	meta := d.meta.clone() // d.meta only changes under commitMu
-	if meta.planner == nil {
-		// Entries from before without a path get (fqn,) when encoded.
-		meta.planner = map[string][]any{}
+	n := d.reserve()
+	infos, created, err := d.writeShards(src, h, plan, n)
+	if err != nil {
+		return d.cleanup(created, n, err)
 	}
-	for _, p := range plan {
-		boxes := make([]torchdcp.ChunkMetadata, len(p.chunks))
-		for i, c := range p.chunks {
-			boxes[i] = torchdcp.ChunkMetadata{Offsets: c.Offsets, Sizes: c.Sizes}
-		}
-		meta.entries = append(meta.entries, entry{fqn: p.fqn, tensor: &tensorMeta{
-			dtype: p.torch, layout: "torch.strided", size: clone(p.info.Shape), chunks: boxes,
-		}})
-		meta.planner[p.fqn] = d.target.plannerPath(p.info.Name)
-	}
+	return d.commitMeta(plan, infos, created, n)
+}
 
+// reserve takes the number n of a commit's shard files __{rank}_{n}.distcp.
+// Numbers are never shared: an eager commit reserves one while its file is
+// still being written, and other commits go on meanwhile.
+func (d *Dir) reserve() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.nextFile
+	d.nextFile++
+	return n
+}
+
+// release gives back the number n of a commit that failed and removed its
+// files, if no number was reserved after it: a retry then reuses it.
+func (d *Dir) release(n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.nextFile == n+1 {
+		d.nextFile = n
+	}
+}
+
+// cleanup removes the shard files of a failed commit numbered n and returns
+// err. A file that cannot be removed is left for OpenDir, and its number is
+// never used again.
+func (d *Dir) cleanup(created []string, n int, err error) error {
+	removed := true
+	for _, p := range created {
+		if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			removed = false
+		}
+	}
+	if removed {
+		d.release(n)
+	}
+	return err
+}
+
+// writeShards writes the shard files numbered n of a planned commit from
+// src, each fsynced and closed, and returns where every chunk went (by
+// storageKey) and the paths of the files it created (also on failure).
+func (d *Dir) writeShards(src io.ReaderAt, h *safetensors.Header, plan []planned, n int) (map[string]torchdcp.StorageInfo, []string, error) {
 	// Work per rank, in header (data) order, so each rank's file reads the
 	// source front to back.
 	type work struct {
@@ -271,7 +361,7 @@ func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
 	// named before any is written, so names do not depend on timing.
 	files := make([]string, len(ranks))
 	for i, r := range ranks {
-		files[i] = fmt.Sprintf("__%d_%d.distcp", r, d.nextFile)
+		files[i] = shardFileName(r, n)
 	}
 	var (
 		mu      sync.Mutex
@@ -353,50 +443,63 @@ func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
 	}
 	close(next)
 	wg.Wait()
-	cleanup := func(err error) error {
-		for _, p := range created {
-			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-				// Left behind (OpenDir removes it later): never reuse its name.
-				d.nextFile++
-				break
-			}
-		}
-		return err
+	return infos, created, failed
+}
+
+func shardFileName(rank, n int) string { return fmt.Sprintf("__%d_%d.distcp", rank, n) }
+
+// commitMeta rewrites .metadata to hold what is committed plus plan, whose
+// chunks were written (fsynced) where infos says, into the files created,
+// numbered n. Holding commitMu. On failure before the rename the files are
+// removed and nothing is committed.
+func (d *Dir) commitMeta(plan []planned, infos map[string]torchdcp.StorageInfo, created []string, n int) error {
+	meta := d.meta.clone()
+	if meta.planner == nil {
+		// Entries from before without a path get (fqn,) when encoded.
+		meta.planner = map[string][]any{}
 	}
-	if failed != nil {
-		return cleanup(failed)
+	for _, p := range plan {
+		boxes := make([]torchdcp.ChunkMetadata, len(p.chunks))
+		for i, c := range p.chunks {
+			boxes[i] = torchdcp.ChunkMetadata{Offsets: c.Offsets, Sizes: c.Sizes}
+		}
+		meta.entries = append(meta.entries, entry{fqn: p.fqn, tensor: &tensorMeta{
+			dtype: p.torch, layout: "torch.strided", size: clone(p.info.Shape), chunks: boxes,
+		}})
+		meta.planner[p.fqn] = d.target.plannerPath(p.info.Name)
 	}
 	for _, p := range plan {
 		for _, c := range p.chunks {
-			meta.storage = append(meta.storage, storageEntry{
-				fqn: p.fqn, offset: c.Offsets, info: infos[storageKey(p.fqn, c.Offsets)],
-			})
+			info, ok := infos[storageKey(p.fqn, c.Offsets)]
+			if !ok {
+				return d.cleanup(created, n, fmt.Errorf("dcpwrite: tensor %q chunk %v was not written", p.info.Name, c.Offsets))
+			}
+			meta.storage = append(meta.storage, storageEntry{fqn: p.fqn, offset: c.Offsets, info: info})
 		}
 	}
 	if d.beforeMetadata != nil {
 		if err := d.beforeMetadata(); err != nil {
-			return cleanup(err)
+			return d.cleanup(created, n, err)
 		}
 	}
 	if err := d.writeMetadata(meta.encode()); err != nil {
-		return cleanup(err)
+		return d.cleanup(created, n, err)
 	}
 	// Committed: the rename happened.
 	d.mu.Lock()
 	d.meta = meta
 	d.mu.Unlock()
-	d.nextFile++
 	if err := d.syncDir(d.path); err != nil {
 		return fmt.Errorf("dcpwrite: committed, but fsync of %s failed: %w", d.path, err)
 	}
 	return nil
 }
 
-// plan checks the header against the committed state and places every
-// tensor. It writes nothing.
-func (d *Dir) plan(h *safetensors.Header) ([]planned, error) {
-	seen := make(map[string]bool, len(d.meta.entries)+len(h.Tensors))
-	for _, e := range d.meta.entries {
+// plan checks the header against the committed state meta and places
+// every tensor. It writes nothing.
+func (d *Dir) plan(meta *metadata, h *safetensors.Header) ([]planned, error) {
+	seen := make(map[string]bool, len(meta.entries)+len(h.Tensors))
+	for _, e := range meta.entries {
 		seen[e.fqn] = true
 	}
 	plan := make([]planned, 0, len(h.Tensors))

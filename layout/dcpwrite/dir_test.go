@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -217,20 +219,27 @@ func snapshot(t *testing.T, dir string) map[string][]byte {
 	return out
 }
 
-// failingFile fails every write once budget bytes have been written.
+// failingFile fails every write once budget bytes have been written (the
+// budget may be shared by files written at once).
 type failingFile struct {
 	*os.File
 	budget *int64
 	err    error
 }
 
+var budgetMu sync.Mutex
+
 func (f failingFile) Write(p []byte) (int, error) {
+	budgetMu.Lock()
 	if int64(len(p)) > *f.budget {
-		n, _ := f.File.Write(p[:*f.budget])
+		b := *f.budget
 		*f.budget = 0
+		budgetMu.Unlock()
+		n, _ := f.File.Write(p[:b])
 		return n, f.err
 	}
 	*f.budget -= int64(len(p))
+	budgetMu.Unlock()
 	return f.File.Write(p)
 }
 
@@ -267,9 +276,9 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 			}
 		}, syscall.ENOSPC},
 		{"create fails", func(d *Dir) {
-			n := 0
+			var n atomic.Int32
 			d.create = func(p string, excl bool) (outFile, error) {
-				if n++; n == 2 {
+				if n.Add(1) == 2 {
 					return nil, &os.PathError{Op: "open", Path: p, Err: syscall.EIO}
 				}
 				return createFile(p, excl)

@@ -9,7 +9,9 @@
 //   - "*.safetensors": the header is read and validated with the strict
 //     rules of safetensors.ReadHeader, checked against a shard index
 //     received earlier, and the file is resharded into DCP shard files by
-//     dcpwrite.Dir.Commit, which rewrites .metadata atomically.
+//     dcpwrite.Dir.Commit, which rewrites .metadata atomically. Usually the
+//     file was resharded while it was written (dcpwrite.Eager, see
+//     eager.go) and Commit only finishes that: the result is the same.
 //   - "*.safetensors.index.json" (a shard index): parsed and checked
 //     against the tensors received; it is not stored, since the view of the
 //     checkpoint generates its own index.
@@ -191,7 +193,13 @@ func (w *Writer) NewFile(name string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hfwrite: spooling %s: %w", name, err)
 	}
-	file := &File{w: w, name: name, kind: kind, spool: sp, f: f}
+	file := &File{w: w, name: name, kind: kind, spool: sp, f: f, prog: newProgress()}
+	if kind != KindIndex {
+		// Also under another name: safetensors' save_file writes a temp
+		// file (.tmpXXXXXX) and renames it when complete. The attempt gives
+		// up at once on content that is not safetensors.
+		file.startEager()
+	}
 	w.open[file] = true
 	return file, nil
 }
@@ -221,22 +229,63 @@ func (w *Writer) Close() error {
 }
 
 // File is one file being written: a spool file until Commit or Abort.
+//
+// A safetensors file is resharded while it is written (eager.go): writes
+// are tracked by prog, and a goroutine (eager) reshards what has arrived.
 type File struct {
 	w     *Writer
 	spool string
+	prog  *progress // its own lock, taken last: never held while taking another
 
 	// Lock order: commitMu (serializes Commit and Abort of this file), then
 	// Writer.commitMu, then mu, then Writer.mu. mu is never held during I/O
 	// on the whole file, so Size and writes do not wait for a commit.
-	commitMu sync.Mutex
-	mu       sync.Mutex
-	name     string   // GUARDED_BY(mu)
-	kind     Kind     // GUARDED_BY(mu)
-	f        *os.File // GUARDED_BY(mu); nil once done
-	sealed   bool     // GUARDED_BY(mu): a commit started; writes fail
-	size     int64    // GUARDED_BY(mu): size when done
-	done     bool     // GUARDED_BY(mu)
-	err      error    // GUARDED_BY(mu): the result of Commit
+	commitMu  sync.Mutex
+	mu        sync.Mutex
+	name      string    // GUARDED_BY(mu)
+	kind      Kind      // GUARDED_BY(mu)
+	f         *os.File  // GUARDED_BY(mu); nil once done
+	sealed    bool      // GUARDED_BY(mu): a commit started; writes fail
+	size      int64     // GUARDED_BY(mu): size when done
+	done      bool      // GUARDED_BY(mu)
+	err       error     // GUARDED_BY(mu): the result of Commit
+	eager     *eagerRun // GUARDED_BY(mu): the eager reshard, nil if none was started
+	usedEager bool      // GUARDED_BY(mu): the commit used the eager reshard
+}
+
+// Eager reports whether the file was committed from its eager reshard
+// (resharded while it was written) rather than resharded at Commit.
+func (f *File) Eager() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.usedEager
+}
+
+// startEager starts the eager reshard of the file, once. Holding mu (or
+// before the File is shared).
+func (f *File) startEager() {
+	if f.eager != nil || f.f == nil || f.sealed || f.done {
+		return
+	}
+	run := &eagerRun{done: make(chan struct{})}
+	f.eager = run
+	go f.runEager(f.f, run)
+}
+
+// takeEager waits for the eager reshard to end and returns it, ready to
+// commit, or nil. The caller then owns it: it must Commit or Discard it.
+// Called holding commitMu, after prog was sealed or stopped.
+func (f *File) takeEager() *dcpwrite.Eager {
+	f.mu.Lock()
+	run := f.eager
+	f.mu.Unlock()
+	if run == nil {
+		return nil
+	}
+	<-run.done
+	ec := run.ec
+	run.ec = nil
+	return ec
 }
 
 // Name is the file's name in the directory.
@@ -268,7 +317,13 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return fd.WriteAt(p, off)
+	n := int64(len(p))
+	if err := f.prog.begin(off, n); err != nil {
+		return 0, fmt.Errorf("%w: %s", err, f.Name())
+	}
+	written, err := fd.WriteAt(p, off)
+	f.prog.end(off, n, int64(written))
+	return written, err
 }
 
 // ReadAt reads back from the spool.
@@ -286,7 +341,7 @@ func (f *File) Truncate(size int64) error {
 	if err != nil {
 		return err
 	}
-	return fd.Truncate(size)
+	return f.prog.truncate(size, func() error { return fd.Truncate(size) })
 }
 
 // Size is the number of bytes written so far (or when it was committed).
@@ -349,10 +404,23 @@ func (f *File) Commit() error {
 	name, kind := f.name, f.kind
 	f.mu.Unlock()
 
+	// The eager reshard finishes the tail and fsyncs before the commit
+	// takes the writer's lock; its result is used only if nothing it read
+	// changed since.
+	f.prog.seal()
+	ec := f.takeEager()
+	if ec != nil && (kind != KindSafetensors || !f.prog.valid()) {
+		ec.Discard()
+		ec = nil
+	}
 	w := f.w
+	var used bool
 	w.commitMu.Lock()
-	err := f.commit(name, kind)
+	err := f.commit(name, kind, ec, &used)
 	w.commitMu.Unlock()
+	f.mu.Lock()
+	f.usedEager = used && err == nil
+	f.mu.Unlock()
 	if err != nil {
 		err = &CommitError{Name: name, Dir: w.path, Err: err}
 	}
@@ -368,6 +436,10 @@ func (f *File) Abort() {
 	done := f.done
 	f.mu.Unlock()
 	if !done {
+		f.prog.stop()
+		if ec := f.takeEager(); ec != nil {
+			ec.Discard()
+		}
 		f.finish(fmt.Errorf("%w: %s: aborted", ErrCommit, f.Name()))
 	}
 }
@@ -392,9 +464,11 @@ func (f *File) finish(err error) {
 }
 
 // commit does the work of Commit, holding f.commitMu and w.commitMu. The
-// file is sealed: its name and kind are fixed and f.f stays open.
-func (f *File) commit(name string, kind Kind) error {
-	src := source{w: f.w, f: f.f, name: name}
+// file is sealed: its name and kind are fixed and f.f stays open. ec, the
+// finished eager reshard of a safetensors file or nil, is committed or
+// discarded.
+func (f *File) commit(name string, kind Kind, ec *dcpwrite.Eager, used *bool) error {
+	src := source{w: f.w, f: f.f, name: name, eager: ec, used: used}
 	if kind == KindSidecar {
 		if err := f.f.Sync(); err != nil {
 			return err
@@ -412,15 +486,20 @@ func (f *File) commit(name string, kind Kind) error {
 
 // source is a complete file to commit as name.
 type source struct {
-	w    *Writer
-	f    *os.File
-	name string
+	w     *Writer
+	f     *os.File
+	name  string
+	eager *dcpwrite.Eager // the eager reshard of f, or nil; committed or discarded
+	used  *bool           // if not nil, set when eager was committed
 }
 
 // commit commits a safetensors file or a shard index. Holding w.commitMu.
 func (s source) commit(kind Kind) error {
 	fi, err := s.f.Stat()
 	if err != nil {
+		if s.eager != nil {
+			s.eager.Discard()
+		}
 		return err
 	}
 	if kind == KindIndex {
@@ -431,6 +510,12 @@ func (s source) commit(kind Kind) error {
 
 func (s source) tensors(size int64) error {
 	w := s.w
+	ec := s.eager
+	defer func() {
+		if ec != nil {
+			ec.Discard()
+		}
+	}()
 	h, err := safetensors.ReadHeader(s.f, size)
 	if err != nil {
 		return err
@@ -442,7 +527,16 @@ func (s source) tensors(size int64) error {
 			}
 		}
 	}
-	if err := w.dir.Commit(s.f, h); err != nil {
+	if ec != nil && ec.Matches(h) {
+		err = ec.Commit()
+		ec = nil
+		if s.used != nil {
+			*s.used = true
+		}
+	} else {
+		err = w.dir.Commit(s.f, h)
+	}
+	if err != nil {
 		return err
 	}
 	for _, t := range h.Tensors {
@@ -502,6 +596,11 @@ func (f *File) Rename(name string) error {
 		return fmt.Errorf("%w: %s", ErrDone, f.name)
 	}
 	f.name, f.kind = name, kind
+	if kind == KindIndex {
+		f.prog.abandon()
+	} else {
+		f.startEager() // if none was: the file was an index
+	}
 	return nil
 }
 
@@ -589,8 +688,9 @@ func (e *CommitError) Error() string {
 func (e *CommitError) Unwrap() []error { return []error{ErrCommit, e.Err} }
 
 // CleanStale removes the spool of dir if no live Writer holds it (the
-// leftovers of a writer that was killed). It reports whether there was one
-// to remove.
+// leftovers of a writer that was killed), and the shard files of a commit
+// it had under way, which .metadata does not name (dcpwrite.RemoveStale).
+// It reports whether there was a spool to remove.
 func CleanStale(dir string) (bool, error) {
 	sp := filepath.Join(dir, SpoolDir)
 	lock, err := os.Open(sp)
@@ -606,6 +706,12 @@ func CleanStale(dir string) (bool, error) {
 			return false, nil // a live writer's
 		}
 		return false, fmt.Errorf("hfwrite: locking %s: %w", sp, err)
+	}
+	// A writer killed while a file was being resharded eagerly left shard
+	// files that .metadata does not name: remove them first, so that the
+	// spool stays as the sign of a dead writer until they are gone.
+	if _, err := dcpwrite.RemoveStale(dir); err != nil {
+		return false, err
 	}
 	if err := os.RemoveAll(sp); err != nil {
 		return false, fmt.Errorf("hfwrite: removing stale spool: %w", err)
