@@ -471,12 +471,20 @@ func TestStaleSpoolCleanedAtNextMount(t *testing.T) {
 	_, err = os.Stat(filepath.Join(back, hfwrite.SpoolDir))
 	require.ErrorIs(t, err, os.ErrNotExist)
 	require.NoError(t, os.CopyFS(filepath.Join(back, hfwrite.SpoolDir), os.DirFS(saved)))
+	// and the shard files of the eager reshard of b.safetensors under way
+	for _, n := range []string{"__0_9.distcp", "__1_9.distcp"} {
+		require.NoError(t, os.WriteFile(filepath.Join(back, n), []byte("PK\x03\x04partial"), 0o644))
+	}
 
 	// The next mount (writable) removes it on first sight; it is never listed.
 	mnt2 := testMount(t, newFS(t, src, writable(dcpwrite.Target{})))
 	require.NotContains(t, listDir(t, filepath.Join(mnt2, "new")), hfwrite.SpoolDir)
 	_, err = os.Stat(filepath.Join(back, hfwrite.SpoolDir))
 	require.ErrorIs(t, err, os.ErrNotExist)
+	for _, n := range []string{"__0_9.distcp", "__1_9.distcp"} {
+		_, err = os.Stat(filepath.Join(back, n))
+		require.ErrorIs(t, err, os.ErrNotExist, n)
+	}
 	got, err := os.ReadFile(filepath.Join(back, ".metadata"))
 	require.NoError(t, err)
 	require.Equal(t, meta, got)
