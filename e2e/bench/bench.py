@@ -222,10 +222,14 @@ def bench_read_ahead(binary, ckpt, work):
     return out
 
 
-LOAD = ("import sys, time\n"
+# from_pretrained may leave weights mapped and unread until first use, so the
+# timed step also touches every page of every parameter (one element per
+# 4 KiB), as the first forward pass would.
+LOAD = ("import sys, time, torch\n"
         "from transformers import AutoModelForCausalLM\n"
         "t = time.perf_counter()\n"
-        "AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "torch.cat([p.detach().reshape(-1)[::1024].float() for p in m.parameters()]).sum()\n"
         "print(time.perf_counter() - t)\n")
 
 
