@@ -324,25 +324,32 @@ func TestReadAheadPrefetchesSequential(t *testing.T) {
 	checkRead(t, h, src.data, 0, 100)
 	c.Wait()
 	assert.Zero(t, c.Stats().ReadAheadIssued, "a first read is not sequential")
-	checkRead(t, h, src.data, 100, 100) // sequential: prefetch blocks 1 and 2
+	checkRead(t, h, src.data, 100, 100) // sequential, a short run: prefetch block 1 only
 	c.Wait()
 	st := c.Stats()
-	assert.EqualValues(t, 2, st.ReadAheadIssued)
+	assert.EqualValues(t, 1, st.ReadAheadIssued)
 	assert.EqualValues(t, 1, src.calls[1].Load())
-	assert.EqualValues(t, 1, src.calls[2].Load())
-	assert.Zero(t, src.calls[3].Load())
+	assert.Zero(t, src.calls[2].Load())
 
-	checkRead(t, h, src.data, 200, testBS) // into block 1: a hit; prefetch block 3
+	checkRead(t, h, src.data, 200, testBS) // into block 1: a hit; prefetch block 2
 	c.Wait()
 	st = c.Stats()
 	assert.EqualValues(t, 1, src.calls[1].Load(), "block 1 came from read-ahead")
 	assert.EqualValues(t, 1, st.ReadAheadHits)
-	assert.EqualValues(t, 3, st.ReadAheadIssued)
-	assert.EqualValues(t, 1, src.calls[3].Load())
+	assert.EqualValues(t, 2, st.ReadAheadIssued)
+	assert.EqualValues(t, 1, src.calls[2].Load())
 
-	checkRead(t, h, src.data, 300, 10) // block 1 again: not a second read-ahead hit
-	assert.EqualValues(t, 1, c.Stats().ReadAheadHits)
-	for b := 4; b < 8; b++ {
+	checkRead(t, h, src.data, 200+testBS, testBS) // into block 2; the run is 2 blocks long: window 2
+	c.Wait()
+	st = c.Stats()
+	assert.EqualValues(t, 2, st.ReadAheadHits)
+	assert.EqualValues(t, 4, st.ReadAheadIssued)
+	assert.EqualValues(t, 1, src.calls[3].Load())
+	assert.EqualValues(t, 1, src.calls[4].Load())
+
+	checkRead(t, h, src.data, testBS+300, 10) // block 1 again: not a second read-ahead hit
+	assert.EqualValues(t, 2, c.Stats().ReadAheadHits)
+	for b := 5; b < 8; b++ {
 		assert.Zero(t, src.calls[b].Load(), "block %d", b)
 	}
 }
@@ -355,13 +362,14 @@ func TestSequentialDetection(t *testing.T) {
 		want  []int64 // blocks filled by read-ahead
 	}{
 		{"first read", []read{{0, 10}}, nil},
-		{"contiguous", []read{{0, 10}, {10, 10}}, []int64{1, 2}},
-		{"same block backwards", []read{{500, 10}, {100, 10}}, []int64{1, 2}},
-		{"next block", []read{{500, 10}, {testBS + 700, 10}}, []int64{2, 3}},
+		{"contiguous", []read{{0, 10}, {10, 10}}, []int64{1}},
+		{"same block backwards", []read{{500, 10}, {100, 10}}, []int64{1}},
+		{"next block", []read{{500, 10}, {testBS + 700, 10}}, []int64{2}},
 		{"jump", []read{{0, 10}, {5 * testBS, 10}}, nil},
 		{"spanning read", []read{{0, 10}, {10, 2 * testBS}}, []int64{3, 4}},
 		{"end of file", []read{{6 * testBS, 10}, {6*testBS + 10, 10}}, []int64{7}},
-		{"seek then stream", []read{{0, 10}, {10, 10}, {5 * testBS, 10}, {5*testBS + 10, 10}}, []int64{1, 2, 6, 7}},
+		{"seek then stream", []read{{0, 10}, {10, 10}, {5 * testBS, 10}, {5*testBS + 10, 10}}, []int64{1, 6}},
+		{"long run ramps up", []read{{0, 10}, {10, testBS}, {10 + testBS, testBS}}, []int64{3, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const size = 8 * testBS
@@ -390,35 +398,38 @@ func TestSequentialDetection(t *testing.T) {
 }
 
 func TestReadAheadDroppedWhenQueueFull(t *testing.T) {
-	const size = 8 * testBS
+	const size = 16 * testBS
 	src := newMemSource(size, 8)
-	release := src.hold(1, 2, 3, 4)
+	release := src.hold(5, 6, 7, 8)
 	defer release()
 	c := newTestCache(t, Options{ReadAhead: 4, Workers: 1, QueueSize: 1})
 	h := c.Open(1, src, size)
 	defer h.Close()
 
-	// Foreground reads of block 0 complete although the worker is stuck.
+	// A run of 4 blocks opens the full window: blocks 5-8 are offered while
+	// the worker is stuck on 5, so one is queued and two are dropped.
+	// Foreground reads complete regardless.
 	checkRead(t, h, src.data, 0, 100)
-	checkRead(t, h, src.data, 100, 100)
+	checkRead(t, h, src.data, 100, 4*testBS)
 	st := c.Stats()
 	assert.EqualValues(t, 4, st.ReadAheadIssued+st.ReadAheadDropped)
 	assert.GreaterOrEqual(t, st.ReadAheadDropped, int64(2), "worker busy, queue of 1")
 
-	// The worker is filling block 1; a foreground read of it joins that fill.
-	src.waitEnter(1)
+	// The worker is filling block 5; a foreground read of it joins that fill.
+	src.waitEnter(5)
+	misses := c.Stats().Misses
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		h2 := c.Open(1, src, size)
 		defer h2.Close()
-		checkRead(t, h2, src.data, testBS, 10)
+		checkRead(t, h2, src.data, 5*testBS, 10)
 	}()
-	require.Eventually(t, func() bool { return c.Stats().Misses == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return c.Stats().Misses == misses+1 }, 5*time.Second, time.Millisecond)
 	release()
 	<-done
 	c.Wait()
-	assert.EqualValues(t, 1, src.calls[1].Load(), "the foreground read joined the prefetch fill")
+	assert.EqualValues(t, 1, src.calls[5].Load(), "the foreground read joined the prefetch fill")
 	assert.EqualValues(t, 1, c.Stats().ReadAheadHits)
 }
 
@@ -443,9 +454,9 @@ func TestReadAheadDroppedWhenForegroundBusy(t *testing.T) {
 		}()
 	}
 	require.Eventually(t, func() bool { return c.fgFills.Load() == 2 }, 5*time.Second, time.Millisecond)
-	checkRead(t, h, src.data, 10, 10) // sequential, but the foreground is busy
+	checkRead(t, h, src.data, 10, 10) // sequential (window 1), but the foreground is busy
 	st := c.Stats()
-	assert.EqualValues(t, 2, st.ReadAheadDropped)
+	assert.EqualValues(t, 1, st.ReadAheadDropped)
 	assert.Zero(t, st.ReadAheadIssued)
 	release()
 	wg.Wait()

@@ -21,6 +21,7 @@ type Handle struct {
 	mu      sync.Mutex
 	lastEnd int64 // GUARDED_BY(mu); end of the previous read, -1 before the first
 	raNext  int64 // GUARDED_BY(mu); first block this stream has not yet offered to read-ahead
+	run     int64 // GUARDED_BY(mu); bytes read by the current sequential stream
 }
 
 // Open returns a handle for one open of file id (a stable id for the virtual
@@ -97,7 +98,10 @@ func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
 // readAhead updates the access pattern with the read [off, end) and, when it
 // is sequential, offers the next ReadAhead blocks after end to the workers.
 // A read is sequential when it starts where the previous one ended, or in the
-// block where the previous one ended, or in the block after it.
+// block where the previous one ended, or in the block after it. The window
+// ramps up with the stream: one block ahead per block already read, up to
+// ReadAhead, so short runs (mmap faults hopping between small tensors) do not
+// pull in blocks nobody reads.
 func (h *Handle) readAhead(off, end int64) {
 	c := h.c
 	if c.opts.ReadAhead <= 0 {
@@ -112,13 +116,15 @@ func (h *Handle) readAhead(off, end int64) {
 	}
 	h.lastEnd = end
 	if !seq {
-		h.raNext = 0
+		h.raNext, h.run = 0, end-off
 		h.mu.Unlock()
 		return
 	}
+	h.run += end - off
+	window := min(int64(c.opts.ReadAhead), max(1, h.run/bs))
 	endBlk := (end - 1) / bs
 	from := max(h.raNext, endBlk+1)
-	to := min(endBlk+int64(c.opts.ReadAhead), h.f.nblocks-1)
+	to := min(endBlk+window, h.f.nblocks-1)
 	if from > to {
 		h.mu.Unlock()
 		return
