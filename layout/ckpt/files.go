@@ -21,8 +21,9 @@ var ErrSourceChanged = errors.New("ckpt: source file changed since the checkpoin
 type FileSet struct {
 	dir string
 
-	mu    sync.Mutex
-	files map[string]*File // GUARDED_BY(mu)
+	mu      sync.Mutex
+	files   map[string]*File // GUARDED_BY(mu)
+	adopted []io.Closer      // GUARDED_BY(mu); closed with the set
 }
 
 // NewFileSet returns a FileSet rooted at dir.
@@ -59,7 +60,15 @@ func (s *FileSet) Get(rel string) (*File, error) {
 	return f, nil
 }
 
-// Close closes every opened handle.
+// Adopt hands c (a scratch file a reader made, say) to the set, to be
+// closed with it.
+func (s *FileSet) Adopt(c io.Closer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.adopted = append(s.adopted, c)
+}
+
+// Close closes every opened handle and everything adopted.
 func (s *FileSet) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -69,6 +78,12 @@ func (s *FileSet) Close() error {
 			first = err
 		}
 	}
+	for _, c := range s.adopted {
+		if err := c.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.adopted = nil
 	return first
 }
 

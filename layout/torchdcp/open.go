@@ -191,7 +191,7 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 			file: f, off: info.Offset, length: info.Length, zstd: zstd,
 			want:   recordWant{DType: tm.Properties.DType, ElemSize: elem, Sizes: ch.Sizes},
 			nbytes: nbytes, tensor: fqn, chunk: formatOffsets(ch.Offsets),
-			tmpDir: b.opts.TempDir,
+			tmpDir: b.opts.TempDir, files: b.c.Files,
 		}
 	}
 	b.c.Tensors = append(b.c.Tensors, t)

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -348,10 +350,11 @@ type recordSource struct {
 	tensor string
 	chunk  string // formatted chunk offsets, for messages
 	tmpDir string
+	files  *ckpt.FileSet // owns the scratch file of a large zstd record
 
-	once sync.Once
-	r    io.ReaderAt // the chunk's nbytes raw bytes; set by resolve
-	err  error
+	mu  sync.Mutex
+	r   io.ReaderAt // GUARDED_BY(mu); the chunk's nbytes raw bytes, once located
+	err error       // GUARDED_BY(mu); a lasting failure (bad record, changed source)
 }
 
 var _ ckpt.Source = (*recordSource)(nil)
@@ -367,9 +370,9 @@ func (s *recordSource) String() string {
 // ReadAt reads the chunk's raw bytes at off. A read that ends past the chunk
 // returns the bytes up to its end and io.EOF.
 func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
-	s.once.Do(s.resolve)
-	if s.err != nil {
-		return 0, s.err
+	r, err := s.located()
+	if err != nil {
+		return 0, err
 	}
 	if off < 0 || off > s.nbytes {
 		return 0, fmt.Errorf("torchdcp: %s: offset %d outside chunk of %d bytes", s, off, s.nbytes)
@@ -378,7 +381,7 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	if int64(len(want)) > s.nbytes-off {
 		want = want[:s.nbytes-off]
 	}
-	n, err := s.r.ReadAt(want, off)
+	n, err := r.ReadAt(want, off)
 	if err == io.EOF && n == len(want) {
 		err = nil
 	}
@@ -388,23 +391,42 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-func (s *recordSource) resolve() {
+// located finds the chunk's bytes on first use and remembers where they
+// are. A bad record or a changed source is remembered too; a plain I/O error
+// is not, so the next read tries again.
+func (s *recordSource) located() (io.ReaderAt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.r != nil || s.err != nil {
+		return s.r, s.err
+	}
+	var r io.ReaderAt
 	var err error
 	if s.zstd {
-		s.r, err = s.resolveZstd()
+		r, err = s.resolveZstd()
 	} else {
 		var off int64
 		off, err = locateRecord(io.NewSectionReader(s.file, s.off, s.length), s.length, s.want)
 		if err == nil {
-			s.r = &ckpt.Section{File: s.file, Offset: s.off + off, Length: s.nbytes}
+			r = &ckpt.Section{File: s.file, Offset: s.off + off, Length: s.nbytes}
 		}
 	}
-	if err != nil {
-		s.err = fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, err)
-		if !errors.Is(err, ckpt.ErrSourceChanged) {
-			s.err = &invalidError{err: s.err}
-		}
+	if err == nil {
+		s.r = r
+		return r, nil
 	}
+	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, err)
+	var pathErr *fs.PathError
+	var errno syscall.Errno
+	switch {
+	case errors.Is(err, ckpt.ErrSourceChanged):
+		s.err = wrapped
+	case errors.As(err, &pathErr), errors.As(err, &errno):
+		return nil, wrapped // transient: not remembered
+	default:
+		s.err = &invalidError{err: wrapped}
+	}
+	return nil, s.err
 }
 
 // resolveZstd decompresses the whole record, bounded by what the chunk can
@@ -454,6 +476,9 @@ func (s *recordSource) resolveZstd() (io.ReaderAt, error) {
 			return nil, fmt.Errorf("zstd: record decompresses to more than %d bytes", limit)
 		}
 		ok = true
+		if s.files != nil {
+			s.files.Adopt(tmp)
+		}
 		r = tmp
 	}
 	off, err := locateRecord(r, size, s.want)
