@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,6 +26,31 @@ type Dir struct {
 	fsys *FS
 	real string // path in the source tree
 	rel  string // path inside the mount
+
+	mu      sync.Mutex
+	format  layout.Format // GUARDED_BY(mu); set once the directory is seen to be a checkpoint
+	checked time.Time     // GUARDED_BY(mu); when it was last seen not to be one
+}
+
+// detect reports whether d is a checkpoint. Once it is, it stays one; a
+// negative answer is trusted for a second (the entry timeout), so the
+// lookups of one `ls -l` do not each re-examine the directory.
+func (d *Dir) detect() (layout.Format, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.format != "" {
+		return d.format, true
+	}
+	if time.Since(d.checked) < time.Second {
+		return "", false
+	}
+	f, ok := layout.Detect(d.real)
+	if ok {
+		d.format = f
+	} else {
+		d.checked = time.Now()
+	}
+	return f, ok
 }
 
 var (
@@ -67,7 +93,7 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	if t != nil {
 		format = ckpt.FormatTorchDCP // its internals stay hidden, even before the first .metadata
 		d.targetChildren(t, add)
-	} else if f, ok := layout.Detect(d.real); ok {
+	} else if f, ok := d.detect(); ok {
 		format = f
 		e := d.fsys.view(d.real)
 		if e.err != nil {

@@ -9,10 +9,12 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -248,9 +250,12 @@ func TestTrainingRootShowsThrough(t *testing.T) {
 	require.Equal(t, []string{".ckptfs", "latest", "notes.txt", "step_1", "step_2"}, listDir(t, mnt))
 	require.Equal(t, listDir(t, filepath.Join(mnt, "step_1")), listDir(t, filepath.Join(mnt, "latest")))
 	require.Empty(t, listDir(t, filepath.Join(mnt, "step_2")))
-	// step_2 completes after it was listed: it becomes a view
+	// step_2 completes after it was listed: it becomes a view within the
+	// second a negative detection is trusted
 	require.NoError(t, os.CopyFS(filepath.Join(root, "step_2"), os.DirFS(filepath.Join(fixture(t, "sample"), "ckpt"))))
-	require.Contains(t, listDir(t, filepath.Join(mnt, "step_2")), "model.safetensors")
+	require.Eventually(t, func() bool {
+		return slices.Contains(listDir(t, filepath.Join(mnt, "step_2")), "model.safetensors")
+	}, 5*time.Second, 50*time.Millisecond)
 	got, err := os.ReadFile(filepath.Join(mnt, "notes.txt"))
 	require.NoError(t, err)
 	require.Equal(t, "hi", string(got))
