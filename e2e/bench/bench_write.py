@@ -15,11 +15,13 @@ import glob
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import Mount  # noqa: E402
 
 import numpy as np
 
@@ -94,32 +96,6 @@ def timed_cp(files, dst, fsync=False):
     return time.perf_counter() - t
 
 
-class Mount:
-    def __init__(self, binary, src, mnt, *flags):
-        os.makedirs(mnt, exist_ok=True)
-        self.mnt = mnt
-        self.proc = subprocess.Popen([binary, "mount", *flags, src, mnt], stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 30
-        while not os.path.exists(os.path.join(mnt, ".ckptfs")):
-            if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("mount failed: " + self.proc.stderr.read())
-            time.sleep(0.05)
-
-    def status(self, key):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) / 1024
-
-    def stats(self):
-        with open(os.path.join(self.mnt, ".ckptfs")) as f:
-            return json.load(f)
-
-    def close(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -154,7 +130,7 @@ def main():
         try:
             os.mkdir(os.path.join(mnt, "model"))
             secs = timed_cp(files, os.path.join(mnt, "model"))
-            rss.append(m.status("VmHWM"))
+            rss.append(m.peak_rss_mib())
             st = m.stats()
             commits = st["commits"]
             if st.get("commit_errors"):

@@ -93,3 +93,22 @@ func read(t *testing.T, tn *ckpt.Tensor) []byte {
 	}
 	return out
 }
+
+// TestMegatronCoreFixture opens the checkpoint megatron-core 0.16.1 itself
+// wrote (testdata/megatron; its bytes are compared with the original tensors
+// by layout's TestExportMatchesOriginals).
+func TestMegatronCoreFixture(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "megatron", "ckpt")
+	require.True(t, Detect(dir))
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Equal(t, ckpt.FormatMegatron, c.Format)
+	var names []string
+	for _, tn := range c.Tensors {
+		require.NoError(t, tn.Validate())
+		names = append(names, tn.Name)
+	}
+	assert.Contains(t, names, "decoder.layers.mlp.linear_fc1.weight", "keys stay Megatron's")
+	assert.NotEmpty(t, c.Objects, "ShardedObjects are listed")
+}
