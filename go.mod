@@ -1,6 +1,6 @@
 module github.com/ckptfs/ckptfs
 
-go 1.24.0
+go 1.25.0
 
 require (
 	github.com/dgraph-io/ristretto/v2 v2.4.2

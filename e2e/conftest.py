@@ -83,3 +83,21 @@ def mount(tmp_path):
 def fixture_cases():
     """The committed torch-written fixtures (testdata/<case>/ckpt)."""
     return sorted(p.name for p in TESTDATA.iterdir() if (p / "ckpt").is_dir() and (p / "expected.safetensors").exists())
+
+
+def case_info(case):
+    """testdata/<case>/case.json."""
+    import json
+    return json.loads((TESTDATA / case / "case.json").read_text())
+
+
+def fixture_views():
+    """(case, view dir, format) for every directory of every fixture that is a
+    checkpoint showing the case's expected tensors (case.json "views", default
+    ckpt/)."""
+    out = []
+    for case in fixture_cases():
+        info = case_info(case)
+        for v in info.get("views") or [{"dir": "ckpt", "format": info["format"]}]:
+            out.append(pytest.param(case, v["dir"], v["format"], id=f"{case}/{v['dir']}"))
+    return out

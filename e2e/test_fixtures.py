@@ -1,6 +1,7 @@
-"""Every committed torch-written fixture, exported and mounted, read back with
-the real safetensors library: same names, dtypes, shapes and bytes as the
-original full tensors."""
+"""Every committed framework-written fixture, seen three ways (ckptfs inspect,
+ckptfs export, and the mount), read back with the real safetensors library:
+the three agree on file names, sizes and bytes, and the tensors are the
+original full tensors (same names, dtypes, shapes and bytes)."""
 
 import json
 import os
@@ -11,7 +12,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import TESTDATA, ckptfs, fixture_cases
+from conftest import TESTDATA, case_info, ckptfs, fixture_views
+
+# Formats whose view is the directory's own files, shown as they are.
+PASSTHROUGH = {"hf-safetensors"}
 
 
 def expected(case):
@@ -24,56 +28,63 @@ def same_bytes(a, b):
         a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
-def load_view(d):
-    """Load every tensor of an HF directory with safe_open, checking the index."""
-    index = json.loads((d / "model.safetensors.index.json").read_text())
+def load_view(d, generated=True):
+    """Load every tensor of an HF directory with safe_open, checking the index
+    (a directory of one model.safetensors may have none)."""
+    index_path = d / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else None
     got = {}
     for name in sorted(os.listdir(d)):
         if not name.endswith(".safetensors"):
             continue
         with safe_open(str(d / name), framework="pt") as f:
-            assert f.metadata() == {"format": "pt"}
+            if generated:
+                assert f.metadata() == {"format": "pt"}
             for k in f.keys():
-                assert index["weight_map"][k] == name
+                if index is not None:
+                    assert index["weight_map"][k] == name
                 got[k] = f.get_tensor(k)
-    assert set(index["weight_map"]) == set(got)
-    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in got.values())
+    if index is not None:
+        assert set(index["weight_map"]) == set(got)
+        assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in got.values())
+    else:
+        assert os.listdir(d).count("model.safetensors") == 1
     return got
 
 
 def check(got, case):
     want = expected(case)
-    raw = json.loads((TESTDATA / case / "case.json").read_text()).get("raw", [])
+    raw = case_info(case).get("raw", [])
     assert set(got) == set(want) | {r["name"] for r in raw if r["name"] in got}
     for k, t in want.items():
         assert same_bytes(got[k], t), k
 
 
-@pytest.mark.parametrize("case", fixture_cases())
-def test_export_loads_with_safetensors(case, tmp_path):
+@pytest.mark.parametrize("case,view,fmt", fixture_views())
+def test_inspect_export_and_mount_agree(case, view, fmt, tmp_path, mount):
+    src = TESTDATA / case / view
+    report = json.loads(ckptfs("inspect", "--json", src).stdout)
+    assert report["format"] == fmt
     out = tmp_path / "out"
-    ckptfs("export", "--quiet", TESTDATA / case / "ckpt", out)
-    check(load_view(out), case)
+    ckptfs("export", "--quiet", src, out)
+    check(load_view(out, generated=fmt not in PASSTHROUGH), case)
 
+    # inspect's planned files are what export wrote
+    assert {f["name"]: f["size"] for f in report["view_files"]} == \
+        {n: (out / n).stat().st_size for n in os.listdir(out)}
 
-@pytest.mark.parametrize("case", fixture_cases())
-def test_mount_equals_export(case, tmp_path, mount):
-    out = tmp_path / "out"
-    ckptfs("export", "--quiet", TESTDATA / case / "ckpt", out)
+    # the mount shows the same files with the same bytes, plus the
+    # checkpoint's other files shown through; format internals hidden
     m = mount(TESTDATA / case)
-    view = m.mnt / "ckpt"
-    if (TESTDATA / case / "ckpt" / "sharded").is_dir():
-        # torch's enable_consolidation: ckpt/ holds torch's own consolidated
-        # files (shown through as they are), ckpt/sharded/ is the checkpoint
-        view = view / "sharded"
-    # the view files, plus the checkpoint's other files shown through
-    # (Megatron's common.pt and metadata.json); DCP internals hidden
-    src = TESTDATA / case / "ckpt" if view.name == "ckpt" else TESTDATA / case / "ckpt" / "sharded"
-    through = {n for n in os.listdir(src) if n != ".metadata" and not n.endswith((".distcp", ".safetensors"))}
-    assert sorted(os.listdir(view)) == sorted(set(os.listdir(out)) | through)
+    mounted = m.mnt / view
+    internal = {n for n in os.listdir(src) if n == ".metadata" or n.endswith(".distcp") or n == "common.pt"
+                or (fmt == "hf-sharded-safetensors" and n.startswith("shard-"))}
+    through = {n for n in os.listdir(src) if not (src / n).is_dir()} - internal
+    dirs = {n for n in os.listdir(src) if (src / n).is_dir()}
+    assert sorted(os.listdir(mounted)) == sorted(set(os.listdir(out)) | through | dirs)
     for name in os.listdir(out):
-        assert (view / name).read_bytes() == (out / name).read_bytes(), name
-    check(load_view(view), case)
+        assert (mounted / name).read_bytes() == (out / name).read_bytes(), name
+    check(load_view(mounted, generated=fmt not in PASSTHROUGH), case)
 
 
 def test_cli_tools_on_mount(mount):

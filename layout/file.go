@@ -3,10 +3,10 @@ package layout
 import (
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"time"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -19,8 +19,9 @@ const (
 	KindSafetensors FileKind = iota
 	// KindGenerated files are small documents built at plan time (the index).
 	KindGenerated
-	// KindSidecar files are real files shown through (config.json, ...).
-	KindSidecar
+	// KindPassthrough files are real files shown as they are: sidecars
+	// (config.json, tokenizer files) and the weights of a plain HF directory.
+	KindPassthrough
 )
 
 // File is one file of a view. It is an io.ReaderAt over immutable bytes of a
@@ -30,12 +31,13 @@ type File struct {
 	Size    int64
 	ModTime time.Time
 	Kind    FileKind
-	// Path is the backing file of a sidecar.
+	// Path names the backing file of a passthrough file.
 	Path string
 
 	header     []byte      // safetensors: the encoded header (with length prefix)
 	placements []Placement // safetensors: sorted by Offset
 	data       []byte      // generated files
+	src        *ckpt.File  // passthrough files
 }
 
 // Placement is where one tensor's bytes sit in a view file.
@@ -90,12 +92,8 @@ func newBytesFile(name string, data []byte, mtime time.Time) *File {
 	return &File{Name: name, Size: int64(len(data)), ModTime: mtime, Kind: KindGenerated, data: data}
 }
 
-func newDiskFile(name, path string) (*File, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	return &File{Name: name, Size: fi.Size(), ModTime: fi.ModTime(), Kind: KindSidecar, Path: path}, nil
+func newPassthroughFile(name string, src *ckpt.File) *File {
+	return &File{Name: name, Size: src.Size(), ModTime: src.ModTime(), Kind: KindPassthrough, Path: src.Path, src: src}
 }
 
 // ReadAt reads view bytes. Like os.File, it returns io.EOF when the read
@@ -115,8 +113,8 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	switch f.Kind {
 	case KindGenerated:
 		copy(want, f.data[off:])
-	case KindSidecar:
-		err = f.readSidecar(want, off)
+	case KindPassthrough:
+		err = readFull(f.src, want, off)
 	case KindSafetensors:
 		err = f.readTensors(want, off)
 	}
@@ -127,23 +125,6 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		return len(want), io.EOF
 	}
 	return len(want), nil
-}
-
-func (f *File) readSidecar(p []byte, off int64) error {
-	fd, err := os.Open(f.Path)
-	if err != nil {
-		return err
-	}
-	defer fd.Close()
-	fi, err := fd.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.Size() != f.Size || !fi.ModTime().Equal(f.ModTime) {
-		return fmt.Errorf("sidecar %s changed since mount", f.Path)
-	}
-	_, err = fd.ReadAt(p, off)
-	return err
 }
 
 func (f *File) readTensors(p []byte, off int64) error {

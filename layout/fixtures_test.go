@@ -17,13 +17,21 @@ import (
 // fixtureCase is one torch-written checkpoint under testdata/ with the
 // original full tensors beside it (see e2e/fixtures/README.md).
 type fixtureCase struct {
-	Name    string
-	Dir     string
-	Format  string `json:"format"`
+	Name   string
+	Dir    string
+	Format string `json:"format"`
+	// Views are the directories of the case that are checkpoints, each
+	// showing the expected tensors (default: ckpt/ in Format).
+	Views   []fixtureView `json:"views"`
 	Raw     []rawTensor
 	Skipped []struct {
 		Name string `json:"name"`
 	} `json:"skipped"`
+}
+
+type fixtureView struct {
+	Dir    string `json:"dir"`
+	Format string `json:"format"`
 }
 
 type rawTensor struct {
@@ -47,6 +55,9 @@ func fixtureCases(t *testing.T) []fixtureCase {
 		}
 		c := fixtureCase{Name: e.Name(), Dir: dir}
 		require.NoError(t, json.Unmarshal(data, &c), e.Name())
+		if len(c.Views) == 0 {
+			c.Views = []fixtureView{{Dir: "ckpt", Format: c.Format}}
+		}
 		cases = append(cases, c)
 	}
 	require.GreaterOrEqual(t, len(cases), 10, "the torch-written fixtures are missing: run make fixtures")
@@ -85,60 +96,64 @@ type rawTensorData struct {
 // byte for byte, with the original full tensor torch saved beside it.
 func TestExportMatchesOriginals(t *testing.T) {
 	for _, fc := range fixtureCases(t) {
-		t.Run(fc.Name, func(t *testing.T) {
-			c, err := Open(filepath.Join(fc.Dir, "ckpt"))
-			require.NoError(t, err)
-			defer c.Close()
-			require.Equal(t, fc.Format, string(c.Format))
-			v, err := Plan(c, PlanOptions{MaxShardSize: 20_000}) // small files: exercise the split
-			require.NoError(t, err)
-			out := filepath.Join(t.TempDir(), "out")
-			require.NoError(t, Export(v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
-
-			files, err := filepath.Glob(filepath.Join(out, "*.safetensors"))
-			require.NoError(t, err)
-			got := readSafetensors(t, files...)
-			want := readSafetensors(t, filepath.Join(fc.Dir, "expected.safetensors"))
-			for _, r := range fc.Raw {
-				data, err := os.ReadFile(filepath.Join(fc.Dir, r.File))
-				require.NoError(t, err)
-				dt, ok := safetensors.FromTorch(r.DType)
-				require.True(t, ok, r.DType)
-				want[r.Name] = rawTensorData{dt, r.Shape, data}
-			}
-			require.Equal(t, sortedKeys(want), sortedKeys(got))
-			for name, w := range want {
-				g := got[name]
-				require.Equal(t, w.dtype, g.dtype, name)
-				require.Equal(t, w.shape, g.shape, name)
-				require.True(t, bytes.Equal(w.data, g.data), "tensor %s differs", name)
-			}
-			var skipped []string
-			for _, s := range c.Skipped {
-				skipped = append(skipped, s.Name)
-			}
-			for _, s := range fc.Skipped {
-				require.Contains(t, skipped, s.Name)
-			}
-
-			// The index names every tensor and its file.
-			var index struct {
-				Metadata struct {
-					TotalSize int64 `json:"total_size"`
-				} `json:"metadata"`
-				WeightMap map[string]string `json:"weight_map"`
-			}
-			data, err := os.ReadFile(filepath.Join(out, IndexName))
-			require.NoError(t, err)
-			require.NoError(t, json.Unmarshal(data, &index))
-			require.Equal(t, sortedKeys(want), sortedKeys(index.WeightMap))
-			var total int64
-			for _, w := range want {
-				total += int64(len(w.data))
-			}
-			require.Equal(t, total, index.Metadata.TotalSize)
-		})
+		for _, fv := range fc.Views {
+			t.Run(fc.Name+"/"+fv.Dir, func(t *testing.T) { testExportMatchesOriginals(t, fc, fv) })
+		}
 	}
+}
+
+func testExportMatchesOriginals(t *testing.T, fc fixtureCase, fv fixtureView) {
+	c, err := Open(filepath.Join(fc.Dir, fv.Dir))
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, fv.Format, string(c.Format))
+	v, err := Plan(c, PlanOptions{MaxShardSize: 20_000}) // small files: exercise the split
+	require.NoError(t, err)
+	out := filepath.Join(t.TempDir(), "out")
+	require.NoError(t, Export(v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
+
+	files, err := filepath.Glob(filepath.Join(out, "*.safetensors"))
+	require.NoError(t, err)
+	got := readSafetensors(t, files...)
+	want := readSafetensors(t, filepath.Join(fc.Dir, "expected.safetensors"))
+	for _, r := range fc.Raw {
+		data, err := os.ReadFile(filepath.Join(fc.Dir, r.File))
+		require.NoError(t, err)
+		dt, ok := safetensors.FromTorch(r.DType)
+		require.True(t, ok, r.DType)
+		want[r.Name] = rawTensorData{dt, r.Shape, data}
+	}
+	require.Equal(t, sortedKeys(want), sortedKeys(got))
+	for name, w := range want {
+		g := got[name]
+		require.Equal(t, w.dtype, g.dtype, name)
+		require.Equal(t, w.shape, g.shape, name)
+		require.True(t, bytes.Equal(w.data, g.data), "tensor %s differs", name)
+	}
+	var skipped []string
+	for _, s := range c.Skipped {
+		skipped = append(skipped, s.Name)
+	}
+	for _, s := range fc.Skipped {
+		require.Contains(t, skipped, s.Name)
+	}
+
+	// The index names every tensor and its file.
+	var index struct {
+		Metadata struct {
+			TotalSize int64 `json:"total_size"`
+		} `json:"metadata"`
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	data, err := os.ReadFile(filepath.Join(out, IndexName))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &index))
+	require.Equal(t, sortedKeys(want), sortedKeys(index.WeightMap))
+	var total int64
+	for _, w := range want {
+		total += int64(len(w.data))
+	}
+	require.Equal(t, total, index.Metadata.TotalSize)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

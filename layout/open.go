@@ -1,17 +1,18 @@
 // Package layout turns a checkpoint directory into the HF view of it and
 // serves the view's bytes: Open detects the format and parses its index,
-// Plan lays the tensors out in virtual safetensors files, and each view File
-// is an io.ReaderAt that gathers bytes from the shard files on demand.
+// Plan lays the tensors out in virtual files, and each view File is an
+// io.ReaderAt that gathers bytes from the shard files on demand.
 package layout
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfsharded"
 	"github.com/ckptfs/ckptfs/layout/megatron"
+	"github.com/ckptfs/ckptfs/layout/plainhf"
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/stages"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
@@ -23,44 +24,59 @@ type (
 	Format     = ckpt.Format
 )
 
-// Detect reports the format of the checkpoint in dir, reading at most a few
-// small files (cheap enough to run on every directory lookup of a mount).
-func Detect(dir string) (Format, bool) {
-	switch {
-	case megatron.Detect(dir):
-		return ckpt.FormatMegatron, true
-	case torchdcp.Detect(dir):
-		return ckpt.FormatTorchDCP, true
-	case hfsharded.Detect(dir):
-		return ckpt.FormatHFSharded, true
-	}
-	return "", false
+// Formats are the checkpoint formats in detection order: the first whose
+// Detect accepts a directory opens it. Megatron (DCP plus a metadata.json)
+// precedes torch DCP; a directory's own shards precede HF files beside them.
+var Formats = []ckpt.Reader{
+	megatron.Reader,
+	torchdcp.Reader,
+	hfsharded.Reader,
+	plainhf.Reader,
+	stages.Reader,
 }
 
-// Open parses the checkpoint in dir. A directory that holds consolidated HF
-// files beside a sharded/ subdirectory (torch's enable_consolidation) opens
-// the sharded copy.
-func Open(dir string) (*Checkpoint, error) {
-	fi, err := os.Stat(dir)
+// Detect returns the format of the checkpoint in dir, looking at names and
+// at most a few small files (cheap enough for every directory lookup of a
+// mount). The mount, inspect and export all decide through it.
+func Detect(dir source.Tree) (ckpt.Reader, bool) {
+	for _, f := range Formats {
+		if f.Detect(dir) {
+			return f, true
+		}
+	}
+	return nil, false
+}
+
+// OpenTree opens the checkpoint in the directory tree dir.
+func OpenTree(dir source.Tree) (*Checkpoint, error) {
+	info, err := dir.Stat(".")
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
 	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("layout: %s is not a directory", dir)
+	if !info.IsDir() {
+		return nil, fmt.Errorf("layout: %s is not a directory", dir.Path("."))
 	}
-	format, ok := Detect(dir)
+	f, ok := Detect(dir)
 	if !ok {
-		if sub := filepath.Join(dir, "sharded"); hfsharded.Detect(sub) {
-			return hfsharded.Open(sub)
+		return nil, fmt.Errorf("layout: %s: no checkpoint found (expected a DCP .metadata, a Megatron metadata.json, "+
+			"shard-*-model-*.safetensors, model.safetensors[.index.json] or pp0/ pipeline stages)", dir.Path("."))
+	}
+	return f.Open(dir)
+}
+
+// Open opens the checkpoint in the local directory dir, confined to dir:
+// nothing outside it (through symlinks or "..") is read.
+func Open(dir string) (*Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
+
+// OpenIn opens the checkpoint in the directory dir of the local tree root:
+// symlinks in the checkpoint may point anywhere inside root (an HF hub
+// cache's snapshots/ → blobs/), nowhere outside it.
+func OpenIn(root, dir string) (*Checkpoint, error) {
+	return ckpt.OpenLocal(root, func(t source.Tree) (*Checkpoint, error) {
+		sub, err := source.Sub(t, dir)
+		if err != nil {
+			return nil, fmt.Errorf("layout: %w", err)
 		}
-		return nil, fmt.Errorf("layout: %s: no checkpoint found (expected a DCP .metadata, Megatron metadata.json, or shard-*-model-*.safetensors)", dir)
-	}
-	switch format {
-	case ckpt.FormatMegatron:
-		return megatron.Open(dir)
-	case ckpt.FormatTorchDCP:
-		return torchdcp.Open(dir)
-	default:
-		return hfsharded.Open(dir)
-	}
+		return OpenTree(sub)
+	})
 }

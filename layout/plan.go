@@ -3,13 +3,13 @@ package layout
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
+	"io"
+	"path"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // DefaultMaxShardSize is the HF default split (transformers v4, huggingface_hub).
@@ -20,10 +20,10 @@ const IndexName = "model.safetensors.index.json"
 
 // PlanOptions choose what a view holds and how it is split into files.
 type PlanOptions struct {
-	// Select is the key of the subtree to show (e.g. "model"), matched against
-	// the saved nesting; the prefix is removed from view names. Empty means:
-	// the "model" subtree when the state was saved nested under "model", else
-	// every tensor. Optimizer state is never shown.
+	// Select chooses the tensors of the view (see selectTensors): "" picks
+	// by the saved nesting, SelectAll shows every tensor under its saved
+	// name, and any other value is the key of the subtree to show, matched
+	// against whole nesting levels, with the prefix removed.
 	Select string
 	// MaxShardSize splits files (bytes of tensor data per file); 0 = default.
 	MaxShardSize int64
@@ -32,6 +32,10 @@ type PlanOptions struct {
 	HFConfigDir string
 }
 
+// SelectAll is the Select value that shows every tensor, optimizer state
+// included, under the name it was saved with.
+const SelectAll = "."
+
 // View is the HF directory a checkpoint is shown as: safetensors files, the
 // index, and sidecars. Views are immutable.
 type View struct {
@@ -39,6 +43,21 @@ type View struct {
 	Files      []*File
 	// Tensors maps view name → tensor, in file order.
 	Tensors []Placement
+	// Omitted lists the checkpoint's tensors the view leaves out, and why.
+	Omitted []Omission
+	// Note, set when the view holds no tensors (a checkpoint of optimizer
+	// state only), says why in one line.
+	Note string
+
+	extra []io.Closer // file sets of sidecars from outside the checkpoint
+}
+
+// Omission is a tensor of the checkpoint that is not in the view.
+type Omission struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+	// Optimizer marks optimizer state, which a view never shows as weights.
+	Optimizer bool `json:"optimizer,omitempty"`
 }
 
 // Lookup returns the view file of the given name.
@@ -51,7 +70,7 @@ func (v *View) Lookup(name string) *File {
 	return nil
 }
 
-// TotalSize is the sum of the view's safetensors file sizes.
+// TotalSize is the sum of the view's file sizes.
 func (v *View) TotalSize() int64 {
 	var n int64
 	for _, f := range v.Files {
@@ -60,24 +79,94 @@ func (v *View) TotalSize() int64 {
 	return n
 }
 
+// LeavesOutWeights reports whether the view omits a tensor that is not
+// optimizer state: worth a line in the log, since a loader then gets a
+// model with that tensor freshly initialised.
+func (v *View) LeavesOutWeights() []Omission {
+	var out []Omission
+	for _, o := range v.Omitted {
+		if !o.Optimizer {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// Close releases the checkpoint and every sidecar file the view opened.
+func (v *View) Close() error {
+	err := v.Checkpoint.Close()
+	for _, c := range v.extra {
+		if cerr := c.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
 // Plan builds the HF view of a checkpoint. It touches no shard data.
 func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 	if opts.MaxShardSize <= 0 {
 		opts.MaxShardSize = DefaultMaxShardSize
 	}
-	selected, err := selectTensors(c, opts.Select)
-	if err != nil {
-		return nil, err
-	}
-	if len(selected) == 0 {
-		return nil, fmt.Errorf("layout: %s: no tensors to show (select %q)", c.Dir, opts.Select)
-	}
-	groups, err := splitFiles(c, selected, opts.MaxShardSize)
-	if err != nil {
-		return nil, err
-	}
-	mtime := newestModTime(c)
 	v := &View{Checkpoint: c}
+	sidecars, err := v.findSidecars(opts.HFConfigDir)
+	if err != nil {
+		v.closeExtra()
+		return nil, err
+	}
+	selected, omitted, err := selectTensors(c, opts.Select)
+	if err == nil {
+		if len(c.Passthrough) == 0 {
+			selected, omitted = dropTied(selected, omitted, sidecars)
+		}
+		v.Omitted = omitted
+		err = v.layoutTensors(selected, opts)
+	}
+	if err != nil {
+		v.closeExtra()
+		return nil, err
+	}
+	v.Files = append(v.Files, sidecars...)
+	return v, nil
+}
+
+func (v *View) closeExtra() {
+	for _, c := range v.extra {
+		c.Close()
+	}
+}
+
+// layoutTensors makes the view's weight files: the checkpoint's own files
+// when it is a plain HF directory shown whole, else generated safetensors
+// files and their index. A view with nothing to show gets a Note.
+func (v *View) layoutTensors(selected []named, opts PlanOptions) error {
+	c := v.Checkpoint
+	if len(selected) == 0 {
+		if opts.Select != "" {
+			return fmt.Errorf("layout: %s: --select %q matches no tensor", c.Dir, opts.Select)
+		}
+		v.Note = fmt.Sprintf("%s: no model weights to show: the checkpoint holds %d tensors of optimizer state "+
+			"and %d other items, and no model tensor (ckptfs inspect lists them)", c.Dir, len(v.Omitted), len(c.Objects))
+		if len(v.LeavesOutWeights()) > 0 {
+			return fmt.Errorf("layout: %s: no tensor to show (%d left out; ckptfs inspect lists why)", c.Dir, len(v.Omitted))
+		}
+		return nil
+	}
+	if len(c.Passthrough) > 0 && len(v.Omitted) == 0 && allUnderSavedNames(selected) {
+		for _, name := range c.Passthrough {
+			f, err := c.Files.Get(name)
+			if err != nil {
+				return fmt.Errorf("layout: %w", err)
+			}
+			v.Files = append(v.Files, newPassthroughFile(name, f))
+		}
+		for _, f := range v.Files {
+			v.Tensors = append(v.Tensors, passthroughPlacements(f.Name, selected, c.FileIndex, c.Passthrough)...)
+		}
+		return nil
+	}
+	groups := splitFiles(c, selected, opts.MaxShardSize)
+	mtime := newestModTime(c)
 	weightMap := map[string]string{}
 	var total int64
 	for i, group := range groups {
@@ -87,7 +176,7 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 		}
 		f, err := newTensorFile(name, group, mtime)
 		if err != nil {
-			return nil, fmt.Errorf("layout: %s: %w", c.Dir, err)
+			return fmt.Errorf("layout: %s: %w", c.Dir, err)
 		}
 		v.Files = append(v.Files, f)
 		for _, p := range f.placements {
@@ -101,101 +190,40 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 		"weight_map": weightMap,
 	}, "", "  ")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	v.Files = append(v.Files, newBytesFile(IndexName, append(index, '\n'), mtime))
-	for _, sc := range sidecars(c, opts.HFConfigDir) {
-		v.Files = append(v.Files, sc)
+	return nil
+}
+
+func allUnderSavedNames(ts []named) bool {
+	for _, t := range ts {
+		if t.name != t.tensor.Name {
+			return false
+		}
 	}
-	return v, nil
+	return true
 }
 
-// named is a tensor with the name it has in the view.
-type named struct {
-	name   string
-	tensor *ckpt.Tensor
-}
-
-// optimizerRoots are top-level keys whose subtrees are optimizer state.
-var optimizerRoots = map[string]bool{"optimizer": true, "optim": true, "optimizers": true, "opt": true}
-
-// selectTensors picks the tensors of the view and their view names.
-func selectTensors(c *ckpt.Checkpoint, sel string) ([]named, error) {
-	if sel == "" {
-		for _, t := range c.Tensors {
-			if root, _, ok := splitRoot(t); ok && root == "model" {
-				sel = "model"
-				break
+// passthroughPlacements describes where the tensors of a plain HF file sit,
+// for inspect; the bytes are the file's own.
+func passthroughPlacements(file string, ts []named, index map[string]int, files []string) []Placement {
+	var out []Placement
+	for _, t := range ts {
+		if i := index[t.tensor.Name]; i >= 1 && i <= len(files) && files[i-1] == file {
+			g, err := newGeometry(t.tensor)
+			if err == nil {
+				out = append(out, Placement{Name: t.name, File: file, Size: t.tensor.ByteSize(), geom: g})
 			}
 		}
 	}
-	var out []named
-	seen := map[string]bool{}
-	for _, t := range c.Tensors {
-		var name string
-		if sel == "" {
-			if root, _, ok := splitRoot(t); ok && optimizerRoots[root] {
-				continue
-			}
-			name = t.Name
-		} else {
-			rest, ok := under(t, sel)
-			if !ok {
-				continue
-			}
-			name = rest
-		}
-		if seen[name] {
-			return nil, fmt.Errorf("layout: %s: two tensors map to view name %q", c.Dir, name)
-		}
-		seen[name] = true
-		out = append(out, named{name, t})
-	}
-	if sel != "" && len(out) == 0 {
-		return nil, fmt.Errorf("layout: %s: --select %q matches no tensor", c.Dir, sel)
-	}
-	return out, nil
-}
-
-// splitRoot returns the top-level key of a tensor and the rest of its name,
-// from the saved nesting when known, else from the first dot of the name.
-func splitRoot(t *ckpt.Tensor) (root, rest string, ok bool) {
-	if len(t.Path) >= 2 {
-		return t.Path[0], strings.Join(t.Path[1:], "."), true
-	}
-	if len(t.Path) == 1 {
-		return "", "", false
-	}
-	return strings.Cut(t.Name, ".")
-}
-
-// under reports whether t lies in the subtree sel (a dotted key matched
-// against whole nesting levels) and returns its name relative to sel.
-func under(t *ckpt.Tensor, sel string) (string, bool) {
-	if len(t.Path) == 0 {
-		rest, ok := strings.CutPrefix(t.Name, sel+".")
-		return rest, ok && rest != ""
-	}
-	prefix := ""
-	for i, part := range t.Path[:len(t.Path)-1] {
-		if i > 0 {
-			prefix += "."
-		}
-		prefix += part
-		if prefix == sel {
-			return strings.Join(t.Path[i+1:], "."), true
-		}
-		if !strings.HasPrefix(sel, prefix+".") {
-			return "", false
-		}
-	}
-	return "", false
+	return out
 }
 
 // splitFiles groups tensors into files: by the checkpoint's own file index
-// when it has one (NeMo, torch's HF writer), else greedily by size in
-// checkpoint order, the way save_pretrained splits.
-func splitFiles(c *ckpt.Checkpoint, ts []named, maxSize int64) ([][]named, error) {
+// when it has one (NeMo, torch's HF writer, a plain HF index), else greedily
+// by size in checkpoint order, the way save_pretrained splits.
+func splitFiles(c *ckpt.Checkpoint, ts []named, maxSize int64) [][]named {
 	if len(c.FileIndex) > 0 {
 		byIndex := map[int][]named{}
 		var keys []int
@@ -214,7 +242,7 @@ func splitFiles(c *ckpt.Checkpoint, ts []named, maxSize int64) ([][]named, error
 		for _, k := range keys {
 			groups = append(groups, byIndex[k])
 		}
-		return groups, nil
+		return groups
 	}
 	var groups [][]named
 	var cur []named
@@ -231,25 +259,75 @@ func splitFiles(c *ckpt.Checkpoint, ts []named, maxSize int64) ([][]named, error
 	if len(cur) > 0 {
 		groups = append(groups, cur)
 	}
-	return groups, nil
+	return groups
 }
 
+// newestModTime is the view's mtime: that of the checkpoint's index file,
+// else of its directory.
 func newestModTime(c *ckpt.Checkpoint) time.Time {
+	tree := c.Files.Tree()
 	var newest time.Time
 	for _, name := range []string{".metadata", "metadata.json"} {
-		if fi, err := os.Stat(filepath.Join(c.Dir, name)); err == nil && fi.ModTime().After(newest) {
-			newest = fi.ModTime()
+		if info, err := tree.Stat(name); err == nil && info.ModTime.After(newest) {
+			newest = info.ModTime
 		}
 	}
 	if newest.IsZero() {
-		if fi, err := os.Stat(c.Dir); err == nil {
-			newest = fi.ModTime()
+		if info, err := tree.Stat("."); err == nil {
+			newest = info.ModTime
 		}
 	}
 	return newest
 }
 
-// sidecarNames are the files an HF model directory carries beside weights.
+// findSidecars finds HF sidecar files in the checkpoint directory, in its
+// .hf_metadata directory (NeMo), and in the --hf-config directory; the
+// first found of a name wins.
+func (v *View) findSidecars(hfConfigDir string) ([]*File, error) {
+	c := v.Checkpoint
+	type place struct {
+		set *ckpt.FileSet
+		dir string
+	}
+	places := []place{{c.Files, "."}, {c.Files, ".hf_metadata"}}
+	if hfConfigDir != "" {
+		tree, err := source.OpenLocal(hfConfigDir)
+		if err != nil {
+			return nil, fmt.Errorf("layout: --hf-config: %w", err)
+		}
+		extra := ckpt.NewFileSet(tree)
+		extra.Adopt(tree)
+		v.extra = append(v.extra, extra)
+		places = append(places, place{extra, "."})
+	}
+	found := map[string]*ckpt.File{}
+	for _, p := range places {
+		ents, err := p.set.Tree().ReadDir(p.dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if _, dup := found[e.Name]; dup || !e.IsRegular() || !isSidecar(e.Name) {
+				continue
+			}
+			if f, err := p.set.Get(path.Join(p.dir, e.Name)); err == nil {
+				found[e.Name] = f
+			}
+		}
+	}
+	names := make([]string, 0, len(found))
+	for n := range found {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]*File, 0, len(names))
+	for _, n := range names {
+		out = append(out, newPassthroughFile(n, found[n]))
+	}
+	return out, nil
+}
+
+// sidecarPatterns are the files an HF model directory carries beside weights.
 var sidecarPatterns = []string{
 	"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
 	"tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -259,48 +337,9 @@ var sidecarPatterns = []string{
 
 func isSidecar(name string) bool {
 	for _, p := range sidecarPatterns {
-		if ok, _ := filepath.Match(p, name); ok {
+		if ok, _ := path.Match(p, name); ok {
 			return true
 		}
 	}
 	return false
-}
-
-// sidecars finds HF sidecar files next to the checkpoint, in its .hf_metadata
-// directory (NeMo), and in the --hf-config directory, first found wins.
-func sidecars(c *ckpt.Checkpoint, hfConfigDir string) []*File {
-	found := map[string]string{}
-	for name, path := range c.Sidecars {
-		found[name] = path
-	}
-	dirs := []string{c.Dir, filepath.Join(c.Dir, ".hf_metadata")}
-	if hfConfigDir != "" {
-		dirs = append(dirs, hfConfigDir)
-	}
-	for _, dir := range dirs {
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			continue
-		}
-		for _, e := range entries {
-			if _, dup := found[e.Name()]; dup || !isSidecar(e.Name()) {
-				continue
-			}
-			if fi, err := os.Stat(filepath.Join(dir, e.Name())); err == nil && fi.Mode().IsRegular() {
-				found[e.Name()] = filepath.Join(dir, e.Name())
-			}
-		}
-	}
-	names := make([]string, 0, len(found))
-	for n := range found {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	var out []*File
-	for _, n := range names {
-		if f, err := newDiskFile(n, found[n]); err == nil {
-			out = append(out, f)
-		}
-	}
-	return out
 }

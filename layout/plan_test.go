@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -18,7 +19,19 @@ func scalar(name string, path ...string) *ckpt.Tensor {
 		Chunks: []ckpt.Chunk{{Offsets: []int64{0}, Sizes: []int64{2}, Source: &memSource{data: make([]byte, 8)}}}}
 }
 
-func viewNames(t *testing.T, c *ckpt.Checkpoint, opts PlanOptions) []string {
+// newCheckpoint is a checkpoint of in-memory tensors whose directory (for
+// sidecars) is dir.
+func newCheckpoint(t *testing.T, dir string, tensors ...*ckpt.Tensor) *ckpt.Checkpoint {
+	t.Helper()
+	tree, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	files := ckpt.NewFileSet(tree)
+	files.Adopt(tree)
+	t.Cleanup(func() { files.Close() })
+	return &ckpt.Checkpoint{Dir: dir, Files: files, Tensors: tensors}
+}
+
+func viewNames(t *testing.T, c *ckpt.Checkpoint, opts PlanOptions) ([]string, []Omission) {
 	t.Helper()
 	v, err := Plan(c, opts)
 	require.NoError(t, err)
@@ -26,43 +39,148 @@ func viewNames(t *testing.T, c *ckpt.Checkpoint, opts PlanOptions) []string {
 	for _, p := range v.Tensors {
 		names = append(names, p.Name)
 	}
-	return names
+	return names, v.Omitted
 }
 
-func TestSelect(t *testing.T) {
-	nested := &ckpt.Checkpoint{Dir: t.TempDir(), Tensors: []*ckpt.Tensor{
+// TestSelectionRules: what a view holds comes from the saved nesting, never
+// from the look of a name, and every tensor left out is listed with why.
+func TestSelectionRules(t *testing.T) {
+	// dcp.save({"model": sd, "optimizer": osd, "extra": {...}}): planner_data
+	// records the nesting.
+	nested := []*ckpt.Tensor{
 		scalar("model.l1.weight", "model", "l1.weight"),
 		scalar("model.layers.0.w", "model", "layers", "0", "w"),
 		scalar("optimizer.state.l1.weight.exp_avg", "optimizer", "state", "l1.weight", "exp_avg"),
 		scalar("extra.t", "extra", "t"),
-	}}
-	require.Equal(t, []string{"l1.weight", "layers.0.w"}, viewNames(t, nested, PlanOptions{}))
-	require.Equal(t, []string{"t"}, viewNames(t, nested, PlanOptions{Select: "extra"}))
-	require.Equal(t, []string{"0.w"}, viewNames(t, nested, PlanOptions{Select: "model.layers"}))
-	_, err := Plan(nested, PlanOptions{Select: "nope"})
-	require.ErrorContains(t, err, `"nope" matches no tensor`)
-
-	// A flat module state dict whose keys happen to start with "model.":
-	// planner_data says there is no nesting, so nothing is stripped.
-	flat := &ckpt.Checkpoint{Dir: t.TempDir(), Tensors: []*ckpt.Tensor{
-		scalar("model.embed.weight", "model.embed.weight"),
+	}
+	// KempnerForge / torchtitan-style {"model": get_model_state_dict(m),
+	// "optimizer": get_optimizer_state_dict(m, opt)}: the model's flat keys
+	// are one level under "model".
+	kempner := []*ckpt.Tensor{
+		scalar("model.layers.0.attention.wq.weight", "model", "layers.0.attention.wq.weight"),
+		scalar("model.output.weight", "model", "output.weight"),
+		scalar("optimizer.state.layers.0.attention.wq.weight.exp_avg", "optimizer", "state", "layers.0.attention.wq.weight", "exp_avg"),
+	}
+	// dcp.save(get_model_state_dict(LlamaForCausalLM)): flat keys that
+	// happen to start with "model.", saved at the top level.
+	flatDCP := []*ckpt.Tensor{
+		scalar("model.embed_tokens.weight", "model.embed_tokens.weight"),
+		scalar("model.norm.weight", "model.norm.weight"),
 		scalar("lm_head.weight", "lm_head.weight"),
-	}}
-	require.Equal(t, []string{"model.embed.weight", "lm_head.weight"}, viewNames(t, flat, PlanOptions{}))
+	}
+	// torchtitan: model keys flattened to the top level, optimizer nested.
+	titan := []*ckpt.Tensor{
+		scalar("tok_embeddings.weight", "tok_embeddings.weight"),
+		scalar("output.weight", "output.weight"),
+		scalar("optimizer.state.output.weight.exp_avg", "optimizer", "state", "output.weight", "exp_avg"),
+	}
+	// HF-sharded / plain safetensors: no nesting information at all.
+	hf := []*ckpt.Tensor{
+		scalar("model.embed_tokens.weight"),
+		scalar("model.layers.0.mlp.up_proj.weight"),
+		scalar("lm_head.weight"),
+	}
+	optimizer := Omission{Name: "optimizer.state.l1.weight.exp_avg", Reason: "optimizer state", Optimizer: true}
+	cases := []struct {
+		name    string
+		tensors []*ckpt.Tensor
+		sel     string
+		want    []string
+		omitted []Omission
+		err     string
+	}{
+		{name: "nested: the model subtree", tensors: nested, want: []string{"l1.weight", "layers.0.w"},
+			omitted: []Omission{optimizer, {Name: "extra.t", Reason: `saved outside the "model" subtree (under "extra")`}}},
+		{name: "nested: --select extra", tensors: nested, sel: "extra", want: []string{"t"},
+			omitted: []Omission{
+				{Name: "model.l1.weight", Reason: `not under --select "extra"`},
+				{Name: "model.layers.0.w", Reason: `not under --select "extra"`},
+				optimizer}},
+		{name: "nested: --select model.layers", tensors: nested, sel: "model.layers", want: []string{"0.w"}},
+		{name: "nested: --select . shows all under saved names", tensors: nested, sel: SelectAll,
+			want: []string{"model.l1.weight", "model.layers.0.w", "optimizer.state.l1.weight.exp_avg", "extra.t"}},
+		{name: "nested: --select nope", tensors: nested, sel: "nope", err: `--select "nope" matches no tensor`},
+		{name: "KempnerForge model+optimizer", tensors: kempner,
+			want:    []string{"layers.0.attention.wq.weight", "output.weight"},
+			omitted: []Omission{{Name: "optimizer.state.layers.0.attention.wq.weight.exp_avg", Reason: "optimizer state", Optimizer: true}}},
+		{name: "flat DCP whose keys start with model.", tensors: flatDCP,
+			want: []string{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}},
+		{name: "flat DCP: explicit --select model strips the prefix it names", tensors: flatDCP, sel: "model",
+			want:    []string{"embed_tokens.weight", "norm.weight"},
+			omitted: []Omission{{Name: "lm_head.weight", Reason: `not under --select "model"`}}},
+		{name: "torchtitan: top-level model, nested optimizer", tensors: titan,
+			want:    []string{"tok_embeddings.weight", "output.weight"},
+			omitted: []Omission{{Name: "optimizer.state.output.weight.exp_avg", Reason: "optimizer state", Optimizer: true}}},
+		{name: "HF-sharded: every tensor as saved, lm_head kept", tensors: hf,
+			want: []string{"model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight"}},
+		{name: "no nesting: an optimizer-looking name is not guessed at", tensors: []*ckpt.Tensor{scalar("optimizer.x")},
+			want: []string{"optimizer.x"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCheckpoint(t, t.TempDir(), tc.tensors...)
+			if tc.err != "" {
+				_, err := Plan(c, PlanOptions{Select: tc.sel})
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			names, omitted := viewNames(t, c, PlanOptions{Select: tc.sel})
+			require.Equal(t, tc.want, names)
+			if tc.omitted != nil || tc.sel == "" {
+				require.Equal(t, tc.omitted, omitted)
+			}
+		})
+	}
+}
 
-	// No nesting information (Megatron, HF-sharded): optimizer keys are dropped by name.
-	megatron := &ckpt.Checkpoint{Dir: t.TempDir(), Tensors: []*ckpt.Tensor{
-		scalar("decoder.layers.w"),
-		scalar("optimizer.state.exp_avg.decoder.layers.w"),
-	}}
-	require.Equal(t, []string{"decoder.layers.w"}, viewNames(t, megatron, PlanOptions{}))
+// A checkpoint of optimizer state only (NeMo's optim/) has no view files
+// and says why; one whose every tensor is left out for another reason is an
+// error, never an empty model.
+func TestOptimizerOnly(t *testing.T) {
+	c := newCheckpoint(t, t.TempDir(),
+		scalar("optim.state.w.exp_avg", "optim", "state", "w", "exp_avg"),
+		scalar("optim.state.w.exp_avg_sq", "optim", "state", "w", "exp_avg_sq"))
+	v, err := Plan(c, PlanOptions{})
+	require.NoError(t, err)
+	require.Empty(t, v.Files)
+	require.Contains(t, v.Note, "no model weights to show: the checkpoint holds 2 tensors of optimizer state")
+	require.Len(t, v.Omitted, 2)
+	require.Empty(t, v.LeavesOutWeights())
+
+	c = newCheckpoint(t, t.TempDir(), scalar("extra.t", "extra", "t"), scalar("model.w", "model", "w"))
+	_, err = Plan(c, PlanOptions{Select: "other"})
+	require.ErrorContains(t, err, "matches no tensor")
+}
+
+// Tied output weights: a trainer saves lm_head.weight beside the embeddings
+// even when the config ties them; save_pretrained leaves it out, so does the
+// view. Untied, it is shown.
+func TestTiedOutput(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		want   []string
+	}{
+		{`{"tie_word_embeddings": true}`, []string{"model.embed_tokens.weight"}},
+		{`{"tie_word_embeddings": false}`, []string{"model.embed_tokens.weight", "lm_head.weight"}},
+		{`{}`, []string{"model.embed_tokens.weight", "lm_head.weight"}},
+	} {
+		dir := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(tc.config), 0o644))
+		c := newCheckpoint(t, dir, scalar("model.embed_tokens.weight"), scalar("lm_head.weight"))
+		names, omitted := viewNames(t, c, PlanOptions{})
+		require.Equal(t, tc.want, names, tc.config)
+		if len(tc.want) == 1 {
+			require.Len(t, omitted, 1)
+			require.Contains(t, omitted[0].Reason, "tied to the input embeddings")
+		}
+	}
 }
 
 func TestSplitAndIndex(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"a":1}`), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "train_state.pt"), []byte(`x`), 0o644))
-	c := &ckpt.Checkpoint{Dir: dir}
+	c := newCheckpoint(t, dir)
 	for _, n := range []string{"a", "b", "c", "d", "e"} {
 		c.Tensors = append(c.Tensors, scalar(n, n))
 	}
@@ -112,7 +230,7 @@ func TestHFConfigFallback(t *testing.T) {
 	cfg := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(cfg, "config.json"), []byte(`{}`), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(cfg, "tokenizer.json"), []byte(`{}`), 0o644))
-	c := &ckpt.Checkpoint{Dir: t.TempDir(), Tensors: []*ckpt.Tensor{scalar("a", "a")}}
+	c := newCheckpoint(t, t.TempDir(), scalar("a", "a"))
 	v, err := Plan(c, PlanOptions{HFConfigDir: cfg})
 	require.NoError(t, err)
 	require.NotNil(t, v.Lookup("config.json"))

@@ -14,6 +14,10 @@ type Report struct {
 	Skipped  []ckpt.Skipped `json:"skipped,omitempty"`
 	Files    []FileReport   `json:"view_files"`
 	Selected int            `json:"tensors_in_view"`
+	// Omitted lists every tensor left out of the view, and why.
+	Omitted []Omission `json:"left_out,omitempty"`
+	// Note says why a view holds no tensors (optimizer state only).
+	Note string `json:"note,omitempty"`
 }
 
 // TensorReport describes one stored tensor.
@@ -48,6 +52,7 @@ func NewReport(c *ckpt.Checkpoint, v *View) Report {
 			r.Files = append(r.Files, FileReport{Name: f.Name, Size: f.Size, Tensors: len(f.placements), Source: f.Path})
 		}
 		r.Selected = len(v.Tensors)
+		r.Omitted, r.Note = v.Omitted, v.Note
 	}
 	for _, t := range c.Tensors {
 		tr := TensorReport{

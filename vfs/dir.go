@@ -3,6 +3,7 @@ package vfs
 import (
 	"context"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -12,9 +13,10 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
 // Dir is a directory of the source tree. Whether it is a checkpoint (and so
@@ -24,27 +26,36 @@ import (
 type Dir struct {
 	fs.Inode
 	fsys *FS
-	real string // path in the source tree
-	rel  string // path inside the mount
+	real string // local path of the source directory (the write path uses it)
+	rel  string // path inside the mount: its name in the source tree
 
 	mu      sync.Mutex
-	format  layout.Format // GUARDED_BY(mu); set once the directory is seen to be a checkpoint
-	checked time.Time     // GUARDED_BY(mu); when it was last seen not to be one
+	format  ckpt.Reader // GUARDED_BY(mu); set once the directory is seen to be a checkpoint
+	checked time.Time   // GUARDED_BY(mu); when it was last seen not to be one
 }
 
-// detect reports whether d is a checkpoint. Once it is, it stays one; a
-// negative answer is trusted for a second (the entry timeout), so the
-// lookups of one `ls -l` do not each re-examine the directory.
-func (d *Dir) detect() (layout.Format, bool) {
+// name is the directory's name in the source tree.
+func (d *Dir) name() string {
+	if d.rel == "" {
+		return "."
+	}
+	return d.rel
+}
+
+// detect reports whether d is a checkpoint, and of which format. Once it
+// is, it stays one; a negative answer is trusted for a second (the entry
+// timeout), so the lookups of one `ls -l` do not each re-examine the
+// directory.
+func (d *Dir) detect() (ckpt.Reader, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.format != "" {
+	if d.format != nil {
 		return d.format, true
 	}
 	if time.Since(d.checked) < time.Second {
-		return "", false
+		return nil, false
 	}
-	f, ok := layout.Detect(d.real)
+	f, ok := d.fsys.detect(d.name())
 	if ok {
 		d.format = f
 	} else {
@@ -88,18 +99,24 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	if d.rel == "" {
 		add(entry{name: statsName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &statsFile{fsys: d.fsys} }})
 	}
-	var format layout.Format
+	var format ckpt.Reader // hides its internals
 	t := d.fsys.targetOf(d.real)
 	if t != nil {
-		format = ckpt.FormatTorchDCP // its internals stay hidden, even before the first .metadata
+		format = torchdcp.Reader // its internals stay hidden, even before the first .metadata
 		d.targetChildren(t, add)
 	} else if f, ok := d.detect(); ok {
 		format = f
-		e := d.fsys.view(d.real)
-		if e.err != nil {
+		e := d.fsys.view(d.name())
+		switch {
+		case e.err != nil:
 			msg := []byte("ckptfs could not show this checkpoint:\n" + e.err.Error() + "\n")
 			add(entry{name: errorName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
-		} else {
+		case e.view.Note != "":
+			// Nothing to show as a model: the files are shown as they are.
+			format = nil
+			msg := []byte(e.view.Note + "\n")
+			add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
+		default:
 			for _, vf := range e.view.Files {
 				vf, id := vf, e.ids[vf.Name]
 				add(entry{name: vf.Name, mode: syscall.S_IFREG, view: true, make: func() fs.InodeEmbedder {
@@ -108,51 +125,61 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 			}
 		}
 	}
-	names := []string{only} // a missing name fails the Stat below
-	if only == "" {
-		ents, err := os.ReadDir(d.real)
-		if err != nil {
-			return nil, toErrno(d.fsys.log, "readdir "+d.real, err)
-		}
-		names = names[:0]
-		for _, de := range ents {
-			names = append(names, de.Name())
-		}
+	ents, errno := d.sourceEntries(only)
+	if errno != 0 {
+		return nil, errno
 	}
-	for _, name := range names {
+	for _, info := range ents {
+		name := info.Name
 		if name == hfwrite.SpoolDir {
 			if t == nil {
 				d.fsys.cleanStale(d.real)
 			}
 			continue
 		}
-		if format != "" && hiddenInView(format, name) || t != nil && name == dcpMetadataTmp {
+		if format != nil && format.Internal(name) {
 			continue
 		}
 		real := filepath.Join(d.real, name)
 		if real == d.fsys.mountpoint {
 			continue
 		}
-		fi, err := os.Stat(real) // follow symlinks: `latest` shows as the step it names
-		if err != nil {
-			continue // dangling symlink
-		}
-		rel := filepath.Join(d.rel, name)
+		rel := path.Join(d.rel, name)
 		switch {
-		case fi.IsDir():
+		case info.IsDir():
 			add(entry{name: name, mode: syscall.S_IFDIR, make: func() fs.InodeEmbedder {
 				return &Dir{fsys: d.fsys, real: real, rel: rel}
 			}})
-		case fi.Mode().IsRegular():
+		case info.IsRegular():
 			add(entry{name: name, mode: syscall.S_IFREG, volatile: t != nil, make: func() fs.InodeEmbedder {
 				if t != nil {
-					return &sidecarNode{PassFile: PassFile{fsys: d.fsys, real: real}, t: t, name: name}
+					return &sidecarNode{PassFile: PassFile{fsys: d.fsys, rel: rel}, t: t, name: name}
 				}
-				return &PassFile{fsys: d.fsys, real: real}
+				return &PassFile{fsys: d.fsys, rel: rel}
 			}})
 		}
 	}
 	return out, 0
+}
+
+// sourceEntries lists the source directory, or with only != "" just that
+// entry (a lookup costs one stat, not a listing). Symlinks show as what
+// they point to; links that leave the source, and FIFOs, sockets and
+// devices, are not shown.
+func (d *Dir) sourceEntries(only string) ([]source.Info, syscall.Errno) {
+	if only != "" {
+		info, err := d.fsys.tree.Stat(path.Join(d.name(), only))
+		if err != nil {
+			return nil, 0 // a missing name is ENOENT for the caller
+		}
+		info.Name = only
+		return []source.Info{info}, 0
+	}
+	ents, err := d.fsys.tree.ReadDir(d.name())
+	if err != nil {
+		return nil, toErrno(d.fsys.log, "readdir "+d.real, err)
+	}
+	return ents, 0
 }
 
 func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -213,7 +240,7 @@ func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 }
 
 func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	fi, err := os.Stat(d.real)
+	info, err := d.fsys.tree.Stat(d.name())
 	if err != nil {
 		return toErrno(d.fsys.log, "stat "+d.real, err)
 	}
@@ -221,7 +248,7 @@ func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) 
 	if d.writable() {
 		perm = 0o755
 	}
-	setAttr(&out.Attr, fi.ModTime(), 0, syscall.S_IFDIR|perm)
+	setAttr(&out.Attr, info.ModTime, 0, syscall.S_IFDIR|perm)
 	out.Nlink = 2
 	out.SetTimeout(time.Second)
 	return 0

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"os"
 	"syscall"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 const (
@@ -21,6 +21,9 @@ const (
 	statsName = ".ckptfs"
 	// errorName appears in a checkpoint directory that could not be opened.
 	errorName = "CKPTFS_ERROR.txt"
+	// infoName appears in a checkpoint directory that has no model to show
+	// (optimizer state only), saying so; its files are shown as they are.
+	infoName = "CKPTFS_INFO.txt"
 )
 
 // ViewFile is a file of an HF view, served through the block cache.
@@ -103,7 +106,7 @@ func (h *viewHandle) Release(ctx context.Context) syscall.Errno {
 type PassFile struct {
 	fs.Inode
 	fsys *FS
-	real string
+	rel  string // name in the source tree
 }
 
 var (
@@ -112,11 +115,11 @@ var (
 )
 
 func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	fi, err := os.Stat(f.real)
+	info, err := f.fsys.tree.Stat(f.rel)
 	if err != nil {
-		return toErrno(f.fsys.log, "stat "+f.real, err)
+		return toErrno(f.fsys.log, "stat "+f.fsys.tree.Path(f.rel), err)
 	}
-	setAttr(&out.Attr, fi.ModTime(), fi.Size(), syscall.S_IFREG|0o444)
+	setAttr(&out.Attr, info.ModTime, info.Size, syscall.S_IFREG|0o444)
 	out.SetTimeout(time.Second)
 	return 0
 }
@@ -125,16 +128,17 @@ func (f *PassFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	fd, err := os.Open(f.real)
+	fd, err := f.fsys.tree.Open(f.rel)
 	if err != nil {
-		return nil, 0, toErrno(f.fsys.log, "open "+f.real, err)
+		return nil, 0, toErrno(f.fsys.log, "open "+f.fsys.tree.Path(f.rel), err)
 	}
-	return &passHandle{fsys: f.fsys, fd: fd}, 0, 0
+	return &passHandle{fsys: f.fsys, fd: fd, name: f.fsys.tree.Path(f.rel)}, 0, 0
 }
 
 type passHandle struct {
 	fsys *FS
-	fd   *os.File
+	fd   source.File
+	name string
 }
 
 var (
@@ -145,7 +149,7 @@ var (
 func (h *passHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n, err := h.fd.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, toErrno(h.fsys.log, "read "+h.fd.Name(), err)
+		return nil, toErrno(h.fsys.log, "read "+h.name, err)
 	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
@@ -249,8 +253,8 @@ func (f *FS) Stats() Stats {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for dir, e := range f.views {
-		vs := ViewStats{Dir: dir}
+	for _, e := range f.views {
+		vs := ViewStats{Dir: e.dir}
 		switch {
 		case e.err != nil:
 			vs.Error = e.err.Error()

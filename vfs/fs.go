@@ -22,6 +22,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // Options configure a ckptfs tree.
@@ -50,7 +51,8 @@ type Options struct {
 type FS struct {
 	opts Options
 	log  *slog.Logger
-	root string // cleaned absolute source path
+	root string        // cleaned absolute source path
+	tree *source.Local // the source, confined: every read goes through it
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -60,7 +62,7 @@ type FS struct {
 
 	// Lock order: target.mu, then mu.
 	mu      sync.Mutex
-	views   map[string]*viewEntry // GUARDED_BY(mu); by real (symlink-resolved) path
+	views   map[string]*viewEntry // GUARDED_BY(mu); by source.Info.ID of the directory
 	targets map[string]*target    // GUARDED_BY(mu); write targets, by real path
 	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
 	closed  bool                  // GUARDED_BY(mu)
@@ -74,6 +76,7 @@ type FS struct {
 // viewEntry is the view of one checkpoint directory, built once on first use.
 type viewEntry struct {
 	once  sync.Once
+	dir   string // the directory's name in the source, for stats and logs
 	view  *layout.View
 	ids   map[string]uint64 // view file name → cache id
 	err   error
@@ -102,41 +105,55 @@ func New(opts Options) (*FS, error) {
 	if opts.ViewTimeout == 0 {
 		opts.ViewTimeout = time.Hour
 	}
-	return &FS{opts: opts, log: opts.Logger, root: root, views: map[string]*viewEntry{},
+	tree, err := source.OpenLocal(root)
+	if err != nil {
+		return nil, err
+	}
+	return &FS{opts: opts, log: opts.Logger, root: root, tree: tree, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}}, nil
 }
 
 // Root returns the root directory node.
 func (f *FS) Root() *Dir { return &Dir{fsys: f, real: f.root, rel: ""} }
 
-// isCheckpoint reports whether dir holds a checkpoint (cheap: a few stats
-// and at most one small header read).
-func (f *FS) isCheckpoint(dir string) bool {
-	_, ok := layout.Detect(dir)
-	return ok
+// detect returns the format of the checkpoint in the source directory dir.
+func (f *FS) detect(dir string) (ckpt.Reader, bool) {
+	sub, err := source.Sub(f.tree, dir)
+	if err != nil {
+		return nil, false
+	}
+	return layout.Detect(sub)
 }
 
-// view returns the view of the checkpoint in dir, opening it on first use.
-// Symlinked paths share one view (and so one set of cached blocks).
+// view returns the view of the checkpoint in the source directory dir,
+// opening it on first use. Paths to one directory (a `latest` symlink and
+// the step it names) share one view, and so one set of cached blocks.
 func (f *FS) view(dir string) *viewEntry {
 	key := dir
-	if resolved, err := filepath.EvalSymlinks(dir); err == nil {
-		key = resolved
+	if info, err := f.tree.Stat(dir); err == nil && info.ID != "" {
+		key = info.ID
 	}
 	f.mu.Lock()
 	e, ok := f.views[key]
 	if !ok {
-		e = &viewEntry{}
+		e = &viewEntry{dir: dir}
 		f.views[key] = e
 	}
 	f.mu.Unlock()
-	e.once.Do(func() { f.build(e, key) })
+	e.once.Do(func() { f.build(e, dir) })
 	return e
 }
 
-// build opens the checkpoint in dir and plans its view into e.
+// build opens the checkpoint in the source directory dir and plans its
+// view into e. A view that leaves out tensors which are not optimizer
+// state gets one log line: a loader would get them freshly initialised.
 func (f *FS) build(e *viewEntry, dir string) {
-	c, err := layout.Open(dir)
+	e.dir = dir
+	sub, err := source.Sub(f.tree, dir)
+	var c *layout.Checkpoint
+	if err == nil {
+		c, err = layout.OpenTree(sub)
+	}
 	if err == nil {
 		e.view, err = layout.Plan(c, f.opts.Plan)
 		if err != nil {
@@ -145,28 +162,18 @@ func (f *FS) build(e *viewEntry, dir string) {
 	}
 	if err != nil {
 		e.err = err
-		f.log.Error("checkpoint cannot be shown", "dir", dir, "err", err)
+		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 		return
+	}
+	if left := e.view.LeavesOutWeights(); len(left) > 0 {
+		f.log.Warn("view leaves out tensors that are not optimizer state (ckptfs inspect lists them)",
+			"dir", f.tree.Path(dir), "count", len(left), "first", left[0].Name, "reason", left[0].Reason)
 	}
 	e.ids = map[string]uint64{}
 	for _, vf := range e.view.Files {
 		e.ids[vf.Name] = f.nextID.Add(1)
 	}
 	e.built = time.Now()
-}
-
-// hiddenInView reports whether a source file of a checkpoint directory is a
-// format internal that the HF view replaces.
-func hiddenInView(format ckpt.Format, name string) bool {
-	switch {
-	case name == ".metadata", filepath.Ext(name) == ".distcp":
-		return true
-	case format == ckpt.FormatHFSharded && filepath.Ext(name) == ".safetensors":
-		return true
-	case name == layout.IndexName:
-		return true
-	}
-	return false
 }
 
 // inode derives a stable inode number from the path inside the mount, so
@@ -196,14 +203,15 @@ func (f *FS) Close() {
 	}
 	for _, t := range targets {
 		if e := t.takeView(); e != nil && e.view != nil {
-			e.view.Checkpoint.Close()
+			e.view.Close()
 		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, e := range f.views {
 		if e.view != nil {
-			e.view.Checkpoint.Close()
+			e.view.Close()
 		}
 	}
+	f.tree.Close()
 }

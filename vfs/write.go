@@ -120,7 +120,7 @@ func (d *Dir) writable() bool {
 	if d.fsys.targetOf(d.real) != nil {
 		return true
 	}
-	_, isCkpt := layout.Detect(d.real)
+	_, isCkpt := d.detect()
 	return !isCkpt
 }
 
@@ -140,7 +140,7 @@ func (t *target) currentView(f *FS) (*viewEntry, uint64) {
 	// The outdated view is dropped: nodes and handles that still use it keep
 	// it alive, and its shard files are closed when it is collected.
 	e := &viewEntry{}
-	f.build(e, t.dir)
+	f.build(e, t.rel)
 	t.view, t.viewGen, t.stale = e, gen, false
 	t.serial++
 	return e, t.serial
@@ -700,7 +700,7 @@ func (f *targetViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fus
 		return h.Getattr(ctx, out)
 	}
 	errno := f.ViewFile.Getattr(ctx, fh, out)
-	if f.file.Kind == layout.KindSidecar {
+	if f.file.Kind == layout.KindPassthrough {
 		out.Mode = syscall.S_IFREG | 0o644 // a stored file: it may be rewritten
 	}
 	out.SetTimeout(volatileTimeout)

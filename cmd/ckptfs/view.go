@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -21,9 +23,15 @@ type viewFlags struct {
 	hfConfig     string
 }
 
+// selectHelp is the help of --select, shared by every command.
+const selectHelp = "which tensors to show: KEY shows the subtree saved under KEY (e.g. model) without its prefix; " +
+	"'.' shows every tensor, optimizer state included, under its saved name; " +
+	"default: the \"model\" subtree when the state was saved nested as {\"model\": ..., \"optimizer\": ...}, " +
+	"else every tensor but optimizer state, under its saved name"
+
 func (v *viewFlags) register(fs *flag.FlagSet) {
 	v.maxShardSize = layout.DefaultMaxShardSize
-	fs.StringVar(&v.sel, "select", "", "show the subtree under this key (e.g. model); default: the \"model\" subtree if the state was saved nested, else all non-optimizer tensors")
+	fs.StringVar(&v.sel, "select", "", selectHelp)
 	fs.Var(&v.maxShardSize, "max-shard-size", "split view files at this many bytes of tensor data (e.g. 5GB, 500MB)")
 	fs.StringVar(&v.hfConfig, "hf-config", "", "directory with config.json/tokenizer files to show when the checkpoint has none")
 }
@@ -70,8 +78,10 @@ func parseByteSize(s string) (int64, error) {
 	return int64(f * float64(mult)), nil
 }
 
-func openView(src string, vf viewFlags) (*layout.Checkpoint, *layout.View, error) {
-	c, err := layout.Open(src)
+// openView opens the checkpoint in src, confined to root (src itself when
+// root is ""), and plans its view.
+func openView(src, root string, vf viewFlags) (*layout.Checkpoint, *layout.View, error) {
+	c, err := openCheckpoint(src, root)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -82,20 +92,45 @@ func openView(src string, vf viewFlags) (*layout.Checkpoint, *layout.View, error
 	return c, v, nil
 }
 
+// closeView releases what openView opened.
+func closeView(c *layout.Checkpoint, v *layout.View) {
+	if v != nil {
+		v.Close()
+	} else if c != nil {
+		c.Close()
+	}
+}
+
+// openCheckpoint opens src as a tree of its own, or as a directory of the
+// wider tree root (an HF hub cache, whose snapshots link into ../../blobs).
+func openCheckpoint(src, root string) (*layout.Checkpoint, error) {
+	if root == "" {
+		return layout.Open(src)
+	}
+	rel, err := filepath.Rel(root, src)
+	if err != nil || !filepath.IsLocal(rel) && rel != "." {
+		return nil, fmt.Errorf("%s is not inside --root %s", src, root)
+	}
+	return layout.OpenIn(root, filepath.ToSlash(rel))
+}
+
+const rootHelp = "read nothing outside this directory (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/"
+
 func runInspect(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("inspect", "SRC", "Show the format, tensors (dtype, shape, chunks, sharded dims), non-tensor items and the planned HF view of the checkpoint in SRC.", stderr)
 	var vf viewFlags
 	vf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	root := fs.String("root", "", rootHelp)
 	pos, err := parse(fs, args, 1)
 	if err != nil {
 		return err
 	}
-	c, v, planErr := openView(pos[0], vf)
+	c, v, planErr := openView(pos[0], *root, vf)
 	if c == nil {
 		return planErr
 	}
-	defer c.Close()
+	defer closeView(c, v)
 	report := layout.NewReport(c, v)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -110,11 +145,21 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 }
 
 func printReport(w io.Writer, r layout.Report) {
-	fmt.Fprintf(w, "%s: %s, %d tensors, %d in view\n\n", r.Dir, r.Format, len(r.Tensors), r.Selected)
+	fmt.Fprintf(w, "%s: %s, %d tensors, %d in view, %d left out\n\n", r.Dir, r.Format, len(r.Tensors), r.Selected, len(r.Omitted))
+	if r.Note != "" {
+		fmt.Fprintf(w, "%s\n\n", r.Note)
+	}
+	why := map[string]string{}
+	for _, o := range r.Omitted {
+		why[o.Name] = o.Reason
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENSOR\tDTYPE\tSHAPE\tCHUNKS\tSHARDED DIMS\tBYTES\tVIEW")
 	for _, t := range r.Tensors {
 		view := "-"
+		if reason, ok := why[t.Name]; ok {
+			view = "left out: " + reason
+		}
 		if t.ViewFile != "" {
 			view = t.ViewFile
 			if t.ViewName != t.Name {
@@ -171,15 +216,19 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	vf.register(fs)
 	quiet := fs.Bool("quiet", false, "no progress bar")
 	workers := fs.Int("workers", 4, "blocks read in parallel")
+	root := fs.String("root", "", rootHelp)
 	pos, err := parse(fs, args, 2)
 	if err != nil {
 		return err
 	}
-	c, v, err := openView(pos[0], vf)
+	c, v, err := openView(pos[0], *root, vf)
+	defer closeView(c, v)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	if v.Note != "" {
+		return errors.New(v.Note)
+	}
 	opts := layout.ExportOptions{Workers: *workers}
 	var bar *progressBar
 	if !*quiet && isTerminal(stderr) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"sort"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -20,7 +21,24 @@ const (
 	FormatTorchDCP  Format = "torch-dcp"
 	FormatHFSharded Format = "hf-sharded-safetensors"
 	FormatMegatron  Format = "megatron-torch_dist"
+	FormatPlainHF   Format = "hf-safetensors"
+	FormatStages    Format = "pipeline-stages"
 )
+
+// Reader is one checkpoint format: how to recognise a directory of it and
+// how to open one.
+type Reader interface {
+	Format() Format
+	// Detect reports whether dir holds a checkpoint of this format, looking
+	// at names and at most a few small files: cheap enough to run on every
+	// directory lookup of a mount. A checkpoint it accepts may still fail to
+	// open (a corrupt file), which Open then reports.
+	Detect(dir source.Tree) bool
+	Open(dir source.Tree) (*Checkpoint, error)
+	// Internal reports whether an entry of a checkpoint directory is part of
+	// the format itself (shards, indexes), which an HF view replaces.
+	Internal(name string) bool
+}
 
 // ErrInvalid is the sentinel for checkpoints whose metadata contradicts itself
 // or the files on disk (holes, overlaps, out-of-bounds chunks, short files).
@@ -28,6 +46,7 @@ var ErrInvalid = errors.New("ckpt: invalid checkpoint")
 
 // Checkpoint is one opened checkpoint directory.
 type Checkpoint struct {
+	// Dir names the directory in messages (a path or URL).
 	Dir    string
 	Format Format
 	// Tensors in checkpoint order (the order of the format's own index).
@@ -40,19 +59,35 @@ type Checkpoint struct {
 	// Files owns the open shard files; Close releases them.
 	Files *FileSet
 	// Sidecars are extra files (config.json, tokenizer files, ...) that belong
-	// in the HF view, by view name → absolute path.
+	// in the HF view, by view name → name in Files.
 	Sidecars map[string]string
 	// FileIndex, when the checkpoint carries one (NeMo's
 	// fqn_to_file_index_mapping.json), maps tensor name → 1-based file index.
 	FileIndex map[string]int
+	// Passthrough, when set, lists files that are the HF view as they are
+	// (a plain HF directory): the view shows them instead of generated files.
+	Passthrough []string
+	// Parts are checkpoints this one merges (pipeline stages), closed with it.
+	Parts []*Checkpoint
 }
 
 // Close releases every open shard file.
 func (c *Checkpoint) Close() error {
-	if c == nil || c.Files == nil {
+	if c == nil {
 		return nil
 	}
-	return c.Files.Close()
+	var first error
+	for _, p := range c.Parts {
+		if err := p.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if c.Files != nil {
+		if err := c.Files.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // Tensor is a global tensor assembled from chunks.
@@ -260,4 +295,20 @@ func boxesOverlap(a, b Chunk) bool {
 		}
 	}
 	return true
+}
+
+// OpenLocal opens the local directory dir as a confined tree and the
+// checkpoint in it with open; the checkpoint owns the tree.
+func OpenLocal(dir string, open func(source.Tree) (*Checkpoint, error)) (*Checkpoint, error) {
+	tree, err := source.OpenLocal(dir)
+	if err != nil {
+		return nil, err
+	}
+	c, err := open(tree)
+	if err != nil {
+		tree.Close()
+		return nil, err
+	}
+	c.Files.Adopt(tree)
+	return c, nil
 }

@@ -4,64 +4,84 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
-	"path/filepath"
+	"path"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // ErrSourceChanged is returned when a shard file no longer matches what was
 // seen when the checkpoint was opened: serving it could give wrong bytes.
-var ErrSourceChanged = errors.New("ckpt: source file changed since the checkpoint was opened")
+var ErrSourceChanged = source.ErrChanged
 
-// FileSet hands out shared, lazily opened handles to the shard files of one
-// checkpoint directory. Every path is confined to the directory.
+// FileSet hands out shared, lazily opened handles to the files of one
+// checkpoint. Every name is opened through the checkpoint's source tree, so
+// nothing outside the source can be read.
 type FileSet struct {
-	dir string
+	tree source.Tree
 
 	mu      sync.Mutex
 	files   map[string]*File // GUARDED_BY(mu)
 	adopted []io.Closer      // GUARDED_BY(mu); closed with the set
 }
 
-// NewFileSet returns a FileSet rooted at dir.
-func NewFileSet(dir string) *FileSet {
-	return &FileSet{dir: dir, files: map[string]*File{}}
+// NewFileSet returns a FileSet over the checkpoint directory tree.
+func NewFileSet(tree source.Tree) *FileSet {
+	return &FileSet{tree: tree, files: map[string]*File{}}
 }
 
-// Dir is the checkpoint directory.
-func (s *FileSet) Dir() string { return s.dir }
+// Tree is the checkpoint directory the set reads from.
+func (s *FileSet) Tree() source.Tree { return s.tree }
 
-// Get returns the file at rel (relative to the directory), stat'ing it on
-// first use. The size and mtime seen then are what every later read checks
-// against. rel must not escape the directory.
+// Get returns the regular file at rel (relative to the checkpoint), stat'ing
+// it on first use. What is seen then (inode, size, mtime, ctime) is what
+// every later read checks against.
 func (s *FileSet) Get(rel string) (*File, error) {
-	clean, err := confine(rel)
+	rel, err := confine(rel)
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f, ok := s.files[clean]; ok {
+	if f, ok := s.files[rel]; ok {
 		return f, nil
 	}
-	path := filepath.Join(s.dir, clean)
-	fi, err := os.Stat(path)
+	info, err := s.tree.Stat(rel)
+	if errors.Is(err, source.ErrEscapes) {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, path)
+	if !info.IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, s.tree.Path(rel))
 	}
-	f := &File{Path: path, Rel: clean, size: fi.Size(), mtime: fi.ModTime(), ino: inode(fi)}
-	s.files[clean] = f
+	f := &File{Path: s.tree.Path(rel), Rel: rel, info: info, tree: s.tree}
+	s.files[rel] = f
 	return f, nil
 }
 
-// Adopt hands c (a scratch file a reader made, say) to the set, to be
-// closed with it.
+// confine cleans a name from a checkpoint's own index, which formats define
+// as relative to the checkpoint directory, and rejects anything absolute or
+// climbing out of it. (The tree also refuses escapes, symlinks included;
+// this names the offending entry.)
+func confine(rel string) (string, error) {
+	if rel == "" || path.IsAbs(rel) || strings.ContainsRune(rel, 0) {
+		return "", fmt.Errorf("%w: file path %q is not relative to the checkpoint directory", ErrInvalid, rel)
+	}
+	clean := path.Clean(rel)
+	if clean == "." || !fs.ValidPath(clean) {
+		return "", fmt.Errorf("%w: file path %q escapes the checkpoint directory", ErrInvalid, rel)
+	}
+	return clean, nil
+}
+
+// Adopt hands c (a scratch file a reader made, a tree the checkpoint owns)
+// to the set, to be closed with it.
 func (s *FileSet) Adopt(c io.Closer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -78,8 +98,8 @@ func (s *FileSet) Close() error {
 			first = err
 		}
 	}
-	for _, c := range s.adopted {
-		if err := c.Close(); err != nil && first == nil {
+	for i := len(s.adopted) - 1; i >= 0; i-- {
+		if err := s.adopted[i].Close(); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -87,49 +107,45 @@ func (s *FileSet) Close() error {
 	return first
 }
 
-// confine cleans a relative path and rejects anything that is absolute or
-// climbs out of the checkpoint directory.
-func confine(rel string) (string, error) {
-	if rel == "" || filepath.IsAbs(rel) || strings.ContainsRune(rel, 0) {
-		return "", fmt.Errorf("%w: file path %q is not relative to the checkpoint directory", ErrInvalid, rel)
-	}
-	clean := filepath.Clean(rel)
-	if clean == ".." || strings.HasPrefix(clean, "../") || clean == "." {
-		return "", fmt.Errorf("%w: file path %q escapes the checkpoint directory", ErrInvalid, rel)
-	}
-	return clean, nil
-}
-
-// File is one shard file. ReadAt checks, before reading, that the file on disk
-// is still the one seen at open time (same inode, size and mtime); a changed,
-// replaced or vanished file gives ErrSourceChanged, never stale bytes.
+// File is one file of a checkpoint. It is opened on first read; the open
+// file must be the one stat'ed when the checkpoint was opened, and every read
+// is checked afterwards against an in-place change (fstat: size, mtime,
+// ctime), so a changed file gives ErrSourceChanged, never mixed bytes. A file
+// renamed over or removed after its first read keeps serving the content it
+// had, which is the content the checkpoint's index describes.
 type File struct {
-	Path string
-	Rel  string
+	Path string // for messages: the full path (or URL)
+	Rel  string // name in the checkpoint directory
 
-	size  int64
-	mtime time.Time
-	ino   uint64
+	info source.Info
+	tree source.Tree
 
 	mu sync.Mutex
-	fd *os.File // GUARDED_BY(mu); opened on first read
+	fd source.File // GUARDED_BY(mu); opened on first read
 }
 
 // Size is the file size seen at open time.
-func (f *File) Size() int64 { return f.size }
+func (f *File) Size() int64 { return f.info.Size }
 
 // ModTime is the modification time seen at open time.
-func (f *File) ModTime() time.Time { return f.mtime }
+func (f *File) ModTime() time.Time { return f.info.ModTime }
 
-func (f *File) handle() (*os.File, error) {
+func (f *File) handle() (source.File, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fd != nil {
 		return f.fd, nil
 	}
-	fd, err := os.Open(f.Path)
+	fd, err := f.tree.Open(f.Rel)
 	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, fmt.Errorf("%w: %s vanished", ErrSourceChanged, f.Path)
+		}
 		return nil, err
+	}
+	if fd.Info().Version != f.info.Version {
+		fd.Close()
+		return nil, fmt.Errorf("%w: %s (size %d→%d)", ErrSourceChanged, f.Path, f.info.Size, fd.Info().Size)
 	}
 	f.fd = fd
 	return fd, nil
@@ -146,48 +162,36 @@ func (f *File) close() error {
 	return err
 }
 
-// CheckFresh stats the path and compares it with what was seen at open time.
+// CheckFresh reports whether the file still is what was seen at open time.
 func (f *File) CheckFresh() error {
-	fi, err := os.Stat(f.Path)
+	fd, err := f.handle()
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%w: %s vanished", ErrSourceChanged, f.Path)
-		}
 		return err
 	}
-	if fi.Size() != f.size || !fi.ModTime().Equal(f.mtime) || inode(fi) != f.ino {
-		return fmt.Errorf("%w: %s (size %d→%d)", ErrSourceChanged, f.Path, f.size, fi.Size())
-	}
-	return nil
+	return fd.Check()
 }
 
 // ReadAt reads len(p) bytes at off. A read past the size seen at open time is
 // an error naming the file, because a shard shorter than its index says is a
 // truncated checkpoint.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 || off > f.size || int64(len(p)) > f.size-off {
+	if off < 0 || off > f.info.Size || int64(len(p)) > f.info.Size-off {
 		return 0, fmt.Errorf("%w: %s: read [%d, %d) past end of file (size %d)",
-			ErrInvalid, f.Path, off, off+int64(len(p)), f.size)
-	}
-	if err := f.CheckFresh(); err != nil {
-		return 0, err
+			ErrInvalid, f.Path, off, off+int64(len(p)), f.info.Size)
 	}
 	fd, err := f.handle()
 	if err != nil {
 		return 0, err
 	}
 	n, err := fd.ReadAt(p, off)
-	if err == io.EOF && n < len(p) {
-		return n, fmt.Errorf("%w: %s truncated at %d", ErrSourceChanged, f.Path, off+int64(n))
+	if err != nil && err != io.EOF {
+		return n, err
+	}
+	// Checked after the read: a change before or during it shows here.
+	if cerr := fd.Check(); cerr != nil {
+		return 0, cerr
 	}
 	return n, err
-}
-
-func inode(fi os.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Ino
-	}
-	return 0
 }
 
 // Section is a Source over a plain byte range of a file (raw safetensors data,

@@ -10,13 +10,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"io/fs"
 	"regexp"
 	"sort"
 	"strconv"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -25,35 +25,32 @@ const ShardingInfoKey = "DCP_SHARDING_INFO"
 
 var shardName = regexp.MustCompile(`^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$`)
 
-// Detect reports whether dir holds sharded safetensors with DCP sharding
-// info. It reads only the headers of files named like torch's distributed
-// writer names them, so it is cheap enough for directory lookups.
-func Detect(dir string) bool {
-	files, _ := shardFiles(dir)
-	if len(files) == 0 {
-		return false
-	}
-	f, err := os.Open(filepath.Join(dir, files[0]))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return false
-	}
-	h, err := safetensors.ReadHeader(f, fi.Size())
-	if err != nil {
-		return false
-	}
-	_, ok := h.Metadata[ShardingInfoKey]
-	return ok
+// Reader is the HF-sharded safetensors format.
+var Reader ckpt.Reader = reader{}
+
+type reader struct{}
+
+func (reader) Format() ckpt.Format { return ckpt.FormatHFSharded }
+
+// Detect reports whether dir holds files named as torch's distributed HF
+// writer names them. It looks at names only: a shard that turns out to be
+// corrupt is an error of Open, which names it, not a silent "no checkpoint".
+func (reader) Detect(dir source.Tree) bool {
+	names, err := shardFiles(dir)
+	return err == nil && len(names) > 0
 }
 
-// shardFiles lists the *.safetensors files of dir that carry a shard number,
-// sorted by (model file index, shard index).
-func shardFiles(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
+func (reader) Internal(name string) bool { return IsInternal(name) }
+
+func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir) }
+
+// IsInternal reports whether name is a shard file, which the view replaces.
+func IsInternal(name string) bool { return shardName.MatchString(name) }
+
+// shardFiles lists the regular files (or links to them inside the source) of
+// dir that are named like shards, sorted by (model file index, shard index).
+func shardFiles(dir source.Tree) ([]string, error) {
+	entries, err := dir.ReadDir(".")
 	if err != nil {
 		return nil, err
 	}
@@ -61,14 +58,14 @@ func shardFiles(dir string) ([]string, error) {
 	keys := map[string]key{}
 	var names []string
 	for _, e := range entries {
-		m := shardName.FindStringSubmatch(e.Name())
-		if m == nil || !e.Type().IsRegular() {
+		m := shardName.FindStringSubmatch(e.Name)
+		if m == nil || !e.IsRegular() {
 			continue
 		}
 		shard, _ := strconv.Atoi(m[1])
 		model, _ := strconv.Atoi(m[2])
-		keys[e.Name()] = key{model, shard}
-		names = append(names, e.Name())
+		keys[e.Name] = key{model, shard}
+		names = append(names, e.Name)
 	}
 	sort.Slice(names, func(i, j int) bool {
 		a, b := keys[names[i]], keys[names[j]]
@@ -80,17 +77,21 @@ func shardFiles(dir string) ([]string, error) {
 	return names, nil
 }
 
-// Open reads every shard header of dir and builds the checkpoint. No tensor
-// data is read.
-func Open(dir string) (*ckpt.Checkpoint, error) {
+// Open opens the checkpoint in the local directory dir.
+func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
+
+// OpenTree reads every shard header of dir and builds the checkpoint. No
+// tensor data is read.
+func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	names, err := shardFiles(dir)
 	if err != nil {
 		return nil, fmt.Errorf("hfsharded: %w", err)
 	}
 	if len(names) == 0 {
-		return nil, fmt.Errorf("hfsharded: %s: no shard-*-model-*.safetensors files", dir)
+		return nil, fmt.Errorf("hfsharded: %s: no shard-*-model-*.safetensors files", dir.Path("."))
 	}
-	c := &ckpt.Checkpoint{Dir: dir, Format: ckpt.FormatHFSharded, Files: ckpt.NewFileSet(dir), FileIndex: map[string]int{}}
+	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: ckpt.FormatHFSharded, Files: ckpt.NewFileSet(dir),
+		FileIndex: map[string]int{}}
 	byName := map[string]*ckpt.Tensor{}
 	for _, name := range names {
 		if err := addShard(c, byName, name); err != nil {
@@ -105,7 +106,7 @@ func Open(dir string) (*ckpt.Checkpoint, error) {
 	for _, t := range c.Tensors {
 		if err := t.Validate(); err != nil {
 			c.Close()
-			return nil, fmt.Errorf("hfsharded: %s: %w", dir, err)
+			return nil, fmt.Errorf("hfsharded: %s: %w", c.Dir, err)
 		}
 	}
 	return c, nil
@@ -164,20 +165,26 @@ func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, name string) e
 	return nil
 }
 
-// loadNeMoFileIndex applies .hf_metadata/fqn_to_file_index_mapping.json, the
-// file split NeMo AutoModel records, over the split the file names imply.
+// FileIndexName is where NeMo AutoModel records the file split of a model.
+const FileIndexName = ".hf_metadata/fqn_to_file_index_mapping.json"
+
+// maxFileIndexBytes bounds the file index (one short line per tensor).
+const maxFileIndexBytes = 64 << 20
+
+// loadNeMoFileIndex applies NeMo's file index, the split NeMo AutoModel
+// records, over the split the file names imply.
 func loadNeMoFileIndex(c *ckpt.Checkpoint) error {
-	path := filepath.Join(c.Dir, ".hf_metadata", "fqn_to_file_index_mapping.json")
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+	tree := c.Files.Tree()
+	if _, err := tree.Stat(FileIndexName); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
+	data, err := source.ReadFile(tree, FileIndexName, maxFileIndexBytes)
 	if err != nil {
 		return fmt.Errorf("hfsharded: %w", err)
 	}
 	var m map[string]int
 	if err := json.Unmarshal(data, &m); err != nil {
-		return fmt.Errorf("hfsharded: %s: %w", path, err)
+		return fmt.Errorf("hfsharded: %s: %w", tree.Path(FileIndexName), err)
 	}
 	for k, v := range m {
 		c.FileIndex[k] = v

@@ -6,9 +6,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -20,9 +22,18 @@ func fixture(t *testing.T) string {
 	return dst
 }
 
+// detect runs the format's Detect on a local directory.
+func detect(t *testing.T, dir string) bool {
+	t.Helper()
+	tree, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	defer tree.Close()
+	return Reader.Detect(tree)
+}
+
 func TestOpenTorchWrittenShards(t *testing.T) {
 	dir := fixture(t)
-	require.True(t, Detect(dir))
+	require.True(t, detect(t, dir))
 	c, err := Open(dir)
 	require.NoError(t, err)
 	defer c.Close()
@@ -34,10 +45,12 @@ func TestOpenTorchWrittenShards(t *testing.T) {
 	}
 }
 
-func TestDetectIgnoresPlainSafetensors(t *testing.T) {
+// Detection is by name; a file named like a shard but without
+// DCP_SHARDING_INFO holds whole tensors (offsets 0), as torch's reader takes
+// it.
+func TestShardWithoutShardingInfo(t *testing.T) {
 	dir := t.TempDir()
-	require.False(t, Detect(dir))
-	// an ordinary HF file (no DCP_SHARDING_INFO) named like a shard
+	require.False(t, detect(t, dir))
 	f, err := os.Create(filepath.Join(dir, "shard-00001-model-00001-of-00001.safetensors"))
 	require.NoError(t, err)
 	w, err := safetensors.NewWriter(f, nil, safetensors.Layout([]safetensors.TensorInfo{{Name: "a", DType: safetensors.F32, Shape: []int64{1}}}))
@@ -46,7 +59,12 @@ func TestDetectIgnoresPlainSafetensors(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w.Close())
 	require.NoError(t, f.Close())
-	require.False(t, Detect(dir))
+	require.True(t, detect(t, dir))
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	require.Len(t, c.Tensors, 1)
+	assert.Equal(t, []int64{1}, c.Tensors[0].Shape)
 }
 
 // rewriteShardInfo replaces one shard's DCP_SHARDING_INFO.
@@ -117,7 +135,10 @@ func TestBadShards(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			dir := fixture(t)
-			shards, err := shardFiles(dir)
+			tree, err := source.OpenLocal(dir)
+			require.NoError(t, err)
+			shards, err := shardFiles(tree)
+			tree.Close()
 			require.NoError(t, err)
 			for i := range shards {
 				shards[i] = filepath.Join(dir, shards[i])

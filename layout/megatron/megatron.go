@@ -8,16 +8,18 @@ package megatron
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
+	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
 // ConfigFile is Megatron's checkpoint config (CheckpointingConfig as JSON).
 const ConfigFile = "metadata.json"
+
+// CommonFile is the non-sharded state of older Megatron-Core versions.
+const CommonFile = "common.pt"
 
 // maxConfigBytes bounds metadata.json; the real one is ~150 bytes.
 const maxConfigBytes = 1 << 20
@@ -28,44 +30,70 @@ type Config struct {
 }
 
 // ReadConfig reads dir/metadata.json.
-func ReadConfig(dir string) (Config, error) {
+func ReadConfig(dir source.Tree) (Config, error) {
 	var c Config
-	f, err := os.Open(filepath.Join(dir, ConfigFile))
+	b, err := source.ReadFile(dir, ConfigFile, maxConfigBytes)
 	if err != nil {
 		return c, fmt.Errorf("megatron: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
-	if err != nil {
-		return c, fmt.Errorf("megatron: %w", err)
-	}
-	if len(b) > maxConfigBytes {
-		return c, fmt.Errorf("megatron: %s larger than %d bytes", f.Name(), maxConfigBytes)
 	}
 	if err := json.Unmarshal(b, &c); err != nil {
-		return c, fmt.Errorf("megatron: %s: %w", f.Name(), err)
+		return c, fmt.Errorf("megatron: %s: %w", dir.Path(ConfigFile), err)
 	}
 	return c, nil
 }
 
-// Detect reports whether dir is a Megatron torch_dist checkpoint: its
-// metadata.json names the torch_dist sharded backend. (KempnerForge also
-// writes a metadata.json beside DCP files, but without sharded_backend.)
-func Detect(dir string) bool {
+// Reader is the Megatron-Core torch_dist format.
+var Reader ckpt.Reader = reader{}
+
+type reader struct{}
+
+func (reader) Format() ckpt.Format { return ckpt.FormatMegatron }
+
+// Detect reports whether dir is a Megatron torch_dist checkpoint: a DCP
+// .metadata beside a metadata.json that names a sharded backend.
+// (KempnerForge also writes a metadata.json beside DCP files, but without
+// sharded_backend.)
+func (reader) Detect(dir source.Tree) bool {
+	if !torchdcp.Detect(dir) {
+		return false
+	}
 	c, err := ReadConfig(dir)
-	return err == nil && c.ShardedBackend == "torch_dist"
+	return err == nil && c.ShardedBackend != ""
 }
 
-// Open opens the checkpoint in dir: the DCP reader with Format
-// ckpt.FormatMegatron. Keys stay as stored.
-func Open(dir string) (*ckpt.Checkpoint, error) {
+func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir) }
+
+// Internal: the DCP files and the pickled common state.
+func (reader) Internal(name string) bool { return torchdcp.IsInternal(name) || name == CommonFile }
+
+// Open opens the checkpoint in the local directory dir.
+func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
+
+// OpenTree opens the checkpoint in the directory tree dir: the DCP reader
+// with Format ckpt.FormatMegatron. Keys stay as stored. Megatron writes
+// optimizer state under "optimizer." keys (dist_checkpointing/optimizer.py);
+// that nesting is recorded in each tensor's Path, so views leave it out.
+func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	c, err := ReadConfig(dir)
 	if err != nil {
 		return nil, err
 	}
 	if c.ShardedBackend != "torch_dist" {
 		return nil, fmt.Errorf("megatron: %s: sharded backend %q is not supported (only torch_dist)",
-			filepath.Join(dir, ConfigFile), c.ShardedBackend)
+			dir.Path(ConfigFile), c.ShardedBackend)
 	}
-	return torchdcp.OpenWith(dir, torchdcp.Options{Format: ckpt.FormatMegatron})
+	ck, err := torchdcp.OpenTree(dir, torchdcp.Options{Format: ckpt.FormatMegatron})
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ck.Tensors {
+		if rest, ok := strings.CutPrefix(t.Name, optimizerPrefix); ok && t.Path == nil {
+			t.Path = []string{"optimizer", rest}
+		}
+	}
+	return ck, nil
 }
+
+// optimizerPrefix starts every optimizer-state key Megatron-Core saves
+// (optimizer.state.<exp_avg|exp_avg_sq|fp32_param>.<param key>).
+const optimizerPrefix = "optimizer."

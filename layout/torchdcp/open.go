@@ -9,12 +9,13 @@
 package torchdcp
 
 import (
+	"bytes"
 	"fmt"
-	"os"
-	"path/filepath"
+	"path"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // MetadataFile is the name of the global metadata file.
@@ -31,46 +32,69 @@ type Options struct {
 	MaxMetadataBytes int64
 }
 
+// Reader is the torch DCP format.
+var Reader ckpt.Reader = reader{}
+
+type reader struct{}
+
+func (reader) Format() ckpt.Format { return ckpt.FormatTorchDCP }
+
 // Detect reports whether dir looks like a DCP checkpoint: it has a .metadata
 // file.
-func Detect(dir string) bool {
-	fi, err := os.Stat(filepath.Join(dir, MetadataFile))
-	return err == nil && fi.Mode().IsRegular()
+func (reader) Detect(dir source.Tree) bool { return Detect(dir) }
+
+func (reader) Internal(name string) bool { return IsInternal(name) }
+
+func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir, Options{}) }
+
+// Detect reports whether dir has a .metadata file.
+func Detect(dir source.Tree) bool {
+	info, err := dir.Stat(MetadataFile)
+	return err == nil && info.IsRegular()
 }
 
-// Open opens the DCP checkpoint in dir.
+// IsInternal reports whether name is a file of the DCP format itself (the
+// index, shards, the index being written), which an HF view replaces.
+func IsInternal(name string) bool {
+	return name == MetadataFile || name == MetadataFile+".tmp" || path.Ext(name) == ".distcp"
+}
+
+// Open opens the DCP checkpoint in the local directory dir.
 func Open(dir string) (*ckpt.Checkpoint, error) { return OpenWith(dir, Options{}) }
 
-// OpenWith opens the DCP checkpoint in dir with options.
+// OpenWith opens the DCP checkpoint in the local directory dir with options.
+func OpenWith(dir string, opts Options) (*ckpt.Checkpoint, error) {
+	return ckpt.OpenLocal(dir, func(t source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(t, opts) })
+}
+
+// OpenTree opens the DCP checkpoint in the directory tree dir.
 //
 // Rank-local checkpoints (dcp.save(use_collectives=False): one
 // __<rank>.metadata per rank and no .metadata) are not supported: each file
 // describes only its rank's part.
-func OpenWith(dir string, opts Options) (*ckpt.Checkpoint, error) {
+func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	if opts.Format == "" {
 		opts.Format = ckpt.FormatTorchDCP
 	}
 	if opts.MaxMetadataBytes <= 0 {
 		opts.MaxMetadataBytes = DefaultMaxMetadataBytes
 	}
-	path := filepath.Join(dir, MetadataFile)
-	f, err := os.Open(path)
+	b, err := source.ReadFile(dir, MetadataFile, opts.MaxMetadataBytes)
 	if err != nil {
 		return nil, fmt.Errorf("torchdcp: %w", err)
 	}
-	defer f.Close()
-	m, err := decodeMetadata(f, opts.MaxMetadataBytes)
+	m, err := decodeMetadata(bytes.NewReader(b), opts.MaxMetadataBytes)
 	if err != nil {
-		return nil, fmt.Errorf("torchdcp: %s: %w", path, err)
+		return nil, fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 	}
 	return build(dir, m, opts)
 }
 
 // build turns decoded metadata into a checkpoint, checking it against the
 // files in dir.
-func build(dir string, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
-	where := filepath.Join(dir, MetadataFile)
-	c := &ckpt.Checkpoint{Dir: dir, Format: opts.Format, Files: ckpt.NewFileSet(dir)}
+func build(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
+	where := dir.Path(MetadataFile)
+	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: opts.Format, Files: ckpt.NewFileSet(dir)}
 	b := builder{m: m, c: c, opts: opts}
 	for _, it := range m.Items {
 		var err error

@@ -14,13 +14,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 func TestDetect(t *testing.T) {
-	assert.True(t, Detect(filepath.Join("testdata", "plain")))
-	assert.False(t, Detect("testdata"))
-	assert.False(t, Detect(filepath.Join("testdata", "nope")))
+	tree, err := source.OpenLocal("testdata")
+	require.NoError(t, err)
+	defer tree.Close()
+	plain, err := source.Sub(tree, "plain")
+	require.NoError(t, err)
+	assert.True(t, Detect(plain))
+	assert.False(t, Detect(tree))
+	nope, err := source.Sub(tree, "nope")
+	require.NoError(t, err)
+	assert.False(t, Detect(nope))
 }
 
 func TestOpenFixtures(t *testing.T) {
@@ -401,7 +409,10 @@ func TestOpenBad(t *testing.T) {
 				m, derr := decodeFile(t, filepath.Join(dir, MetadataFile))
 				require.NoError(t, derr)
 				tc.md(t, m)
-				c, err = build(dir, m, Options{Format: ckpt.FormatTorchDCP})
+				tree, terr := source.OpenLocal(dir)
+				require.NoError(t, terr)
+				t.Cleanup(func() { tree.Close() })
+				c, err = build(tree, m, Options{Format: ckpt.FormatTorchDCP})
 			} else {
 				c, err = Open(dir)
 			}

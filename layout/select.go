@@ -1,0 +1,175 @@
+package layout
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+)
+
+// Which tensors a view shows, and under which names, comes from what the
+// checkpoint says, never from the look of a name:
+//
+//   - A tensor's saved nesting (Tensor.Path: DCP planner_data, or what a
+//     format's writer is known to do) tells whether the state was saved as
+//     {"model": ..., "optimizer": ...}. Only then is a subtree picked by
+//     default: the "model" one, shown without its prefix.
+//   - Flat names (HF-sharded, plain safetensors, flat DCP) are shown as
+//     saved: "model.embed_tokens.weight" stays that, and "lm_head.weight"
+//     is shown beside it.
+//   - Optimizer state (a saved subtree under "optimizer", "optim", ...) is
+//     never shown as weights.
+//   - Every tensor left out is listed with the reason (View.Omitted).
+
+// optimizerRoots are top-level keys whose subtrees are optimizer state.
+var optimizerRoots = map[string]bool{"optimizer": true, "optim": true, "optimizers": true, "opt": true}
+
+// modelRoot is the key a model is saved under in a nested state.
+const modelRoot = "model"
+
+// named is a tensor with the name it has in the view.
+type named struct {
+	name   string
+	tensor *ckpt.Tensor
+}
+
+// savedRoot returns the top-level key a tensor was saved under, when its
+// saved nesting is known and has more than one level.
+func savedRoot(t *ckpt.Tensor) (string, bool) {
+	if len(t.Path) >= 2 {
+		return t.Path[0], true
+	}
+	return "", false
+}
+
+func isOptimizerState(t *ckpt.Tensor) bool {
+	root, ok := savedRoot(t)
+	return ok && optimizerRoots[root]
+}
+
+// savedNestedUnder reports whether some tensor was saved nested under key.
+func savedNestedUnder(c *ckpt.Checkpoint, key string) bool {
+	for _, t := range c.Tensors {
+		if root, ok := savedRoot(t); ok && root == key {
+			return true
+		}
+	}
+	return false
+}
+
+// selectTensors picks the tensors of the view and their view names, and
+// lists the others with the reason.
+func selectTensors(c *ckpt.Checkpoint, sel string) ([]named, []Omission, error) {
+	auto := sel == ""
+	if auto && savedNestedUnder(c, modelRoot) {
+		sel = modelRoot
+	}
+	var out []named
+	var omitted []Omission
+	seen := map[string]bool{}
+	for _, t := range c.Tensors {
+		name, reason := t.Name, ""
+		switch {
+		case sel == SelectAll:
+		case sel == "":
+			if isOptimizerState(t) {
+				reason = "optimizer state"
+			}
+		default:
+			rest, ok := under(t, sel)
+			switch {
+			case ok:
+				name = rest
+			case isOptimizerState(t):
+				reason = "optimizer state"
+			case auto:
+				root, _ := savedRoot(t)
+				reason = fmt.Sprintf("saved outside the %q subtree (under %q)", modelRoot, root)
+				if root == "" {
+					reason = fmt.Sprintf("saved outside the %q subtree (at the top level)", modelRoot)
+				}
+			default:
+				reason = fmt.Sprintf("not under --select %q", sel)
+			}
+		}
+		if reason != "" {
+			omitted = append(omitted, Omission{Name: t.Name, Reason: reason, Optimizer: reason == "optimizer state"})
+			continue
+		}
+		if seen[name] {
+			return nil, nil, fmt.Errorf("layout: %s: two tensors map to view name %q", c.Dir, name)
+		}
+		seen[name] = true
+		out = append(out, named{name, t})
+	}
+	return out, omitted, nil
+}
+
+// under reports whether t lies in the subtree sel and returns its name
+// relative to sel. A tensor whose saved nesting is known is matched against
+// whole nesting levels; a flat name, against its dotted prefix (the user
+// asked for that prefix by name).
+func under(t *ckpt.Tensor, sel string) (string, bool) {
+	if len(t.Path) <= 1 {
+		rest, ok := strings.CutPrefix(t.Name, sel+".")
+		return rest, ok && rest != ""
+	}
+	prefix := ""
+	for i, part := range t.Path[:len(t.Path)-1] {
+		if i > 0 {
+			prefix += "."
+		}
+		prefix += part
+		if prefix == sel {
+			return strings.Join(t.Path[i+1:], "."), true
+		}
+		if !strings.HasPrefix(sel, prefix+".") {
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// tiedOutput is the output projection save_pretrained leaves out of a model
+// whose config ties it to the input embeddings.
+const tiedOutput = "lm_head.weight"
+
+// maxConfigBytes bounds the config.json read to learn about tying.
+const maxConfigBytes = 16 << 20
+
+// dropTied leaves out lm_head.weight when the view's config.json says
+// tie_word_embeddings is true, so the view matches what save_pretrained
+// writes for that config (trainers save the tied tensor under both names).
+func dropTied(selected []named, omitted []Omission, sidecars []*File) ([]named, []Omission) {
+	if !tiesEmbeddings(sidecars) {
+		return selected, omitted
+	}
+	for i, t := range selected {
+		if t.name == tiedOutput {
+			omitted = append(omitted, Omission{Name: t.tensor.Name,
+				Reason: "tied to the input embeddings (config.json tie_word_embeddings: true), as save_pretrained leaves it out"})
+			return append(selected[:i:i], selected[i+1:]...), omitted
+		}
+	}
+	return selected, omitted
+}
+
+// tiesEmbeddings reports whether the view's config.json sets
+// tie_word_embeddings to true.
+func tiesEmbeddings(sidecars []*File) bool {
+	for _, f := range sidecars {
+		if f.Name != "config.json" || f.Size > maxConfigBytes {
+			continue
+		}
+		b := make([]byte, f.Size)
+		if err := readFull(f, b, 0); err != nil {
+			return false
+		}
+		var cfg struct {
+			Tie *bool `json:"tie_word_embeddings"`
+		}
+		return json.Unmarshal(b, &cfg) == nil && cfg.Tie != nil && *cfg.Tie
+	}
+	return false
+}

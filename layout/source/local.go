@@ -1,0 +1,259 @@
+package source
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Local is a directory of the local filesystem, confined with os.Root.
+type Local struct {
+	root *os.Root
+	dir  string // absolute, symlink-resolved
+	name string // as given, for messages
+}
+
+var _ Tree = (*Local)(nil)
+
+// OpenLocal opens the directory dir as a tree.
+func OpenLocal(dir string) (*Local, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	if resolved, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = resolved
+	}
+	root, err := os.OpenRoot(abs)
+	if err != nil {
+		return nil, err
+	}
+	return &Local{root: root, dir: abs, name: filepath.Clean(dir)}, nil
+}
+
+// Dir is the absolute, symlink-resolved path of the tree's top.
+func (l *Local) Dir() string { return l.dir }
+
+// Close releases the tree's directory handle.
+func (l *Local) Close() error { return l.root.Close() }
+
+// Path is the local path of name, under the directory as it was given.
+func (l *Local) Path(name string) string { return filepath.Join(l.name, filepath.FromSlash(name)) }
+
+// Open opens a regular file. It opens non-blocking and checks the type with
+// fstat before any read, so a FIFO planted where a shard or a small JSON is
+// expected fails at once instead of hanging the caller.
+func (l *Local) Open(name string) (File, error) {
+	name, err := l.resolve(name)
+	if err != nil {
+		return nil, err
+	}
+	f, err := l.root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, l.pathError("open", name, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, l.pathError("open", name, err)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, l.Path(name), typeName(fi.Mode()))
+	}
+	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi)}, nil
+}
+
+func (l *Local) Stat(name string) (Info, error) {
+	name, err := l.resolve(name)
+	if err != nil {
+		return Info{}, err
+	}
+	fi, err := l.root.Stat(name)
+	if err != nil {
+		return Info{}, l.pathError("stat", name, err)
+	}
+	return infoOf(path.Base(name), fi), nil
+}
+
+func (l *Local) ReadDir(name string) ([]Info, error) {
+	name, err := l.resolve(name)
+	if err != nil {
+		return nil, err
+	}
+	d, err := l.root.Open(name)
+	if err != nil {
+		return nil, l.pathError("readdir", name, err)
+	}
+	defer d.Close()
+	ents, err := d.ReadDir(-1)
+	if err != nil {
+		return nil, l.pathError("readdir", name, err)
+	}
+	out := make([]Info, 0, len(ents))
+	for _, e := range ents {
+		if e.Type()&fs.ModeSymlink != 0 {
+			if info, err := l.Stat(path.Join(name, e.Name())); err == nil {
+				info.Name = e.Name()
+				out = append(out, info)
+			}
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed while listing
+		}
+		out = append(out, infoOf(e.Name(), fi))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// pathError names the file by its full path. os.Root reports a name that
+// resolves outside the tree with an unexported error, the only one of its
+// errors that is not an errno; it becomes ErrEscapes.
+func (l *Local) pathError(op, name string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) && !errors.Is(err, ErrEscapes) {
+		err = fmt.Errorf("%w (%v)", ErrEscapes, err)
+	}
+	return &fs.PathError{Op: op, Path: l.Path(name), Err: err}
+}
+
+// maxLinks bounds symlink hops while resolving a name, as the kernel does.
+const maxLinks = 40
+
+// resolve cleans name and rewrites absolute symlinks that point inside the
+// tree into tree-relative ones, which os.Root refuses to follow otherwise
+// (DVC and some mirrors write absolute links). Everything is still opened
+// through os.Root, so a link that leaves the tree fails there.
+func (l *Local) resolve(name string) (string, error) {
+	name, err := clean(name)
+	if err != nil {
+		return "", err
+	}
+	if !l.hasAbsoluteLink(name) {
+		return name, nil
+	}
+	parts := strings.Split(name, "/")
+	done := "."
+	for hops := 0; len(parts) > 0; {
+		next := path.Join(done, parts[0])
+		parts = parts[1:]
+		fi, err := l.root.Lstat(next)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			done = next
+			continue
+		}
+		if hops++; hops > maxLinks {
+			return "", &fs.PathError{Op: "open", Path: l.Path(name), Err: syscall.ELOOP}
+		}
+		target, err := l.root.Readlink(next)
+		if err != nil {
+			return "", l.pathError("readlink", next, err)
+		}
+		if filepath.IsAbs(target) {
+			rel, err := filepath.Rel(l.dir, filepath.Clean(target))
+			if err != nil || !filepath.IsLocal(rel) && rel != "." {
+				return "", &fs.PathError{Op: "open", Path: l.Path(name), Err: ErrEscapes}
+			}
+			target, done = filepath.ToSlash(rel), "."
+		}
+		rest, err := clean(path.Join(done, target))
+		if err != nil {
+			return "", &fs.PathError{Op: "open", Path: l.Path(name), Err: ErrEscapes}
+		}
+		parts = append(strings.Split(rest, "/"), parts...)
+		done = "."
+	}
+	return done, nil
+}
+
+// hasAbsoluteLink reports whether name fails to resolve because one of its
+// components is a symlink with an absolute target. Names that resolve (or
+// simply do not exist) cost one Stat.
+func (l *Local) hasAbsoluteLink(name string) bool {
+	if name == "." {
+		return false
+	}
+	if _, err := l.root.Stat(name); err == nil || errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	for p := name; p != "."; p = path.Dir(p) {
+		if target, err := l.root.Readlink(p); err == nil && filepath.IsAbs(target) {
+			return true
+		}
+	}
+	return false
+}
+
+type localFile struct {
+	f    *os.File
+	path string
+	info Info
+}
+
+func (f *localFile) Info() Info   { return f.info }
+func (f *localFile) Close() error { return f.f.Close() }
+
+// ReadAt reads at off; a file found shorter than when it was opened is
+// ErrChanged (a truncated shard), not a short read.
+func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
+	n, err := f.f.ReadAt(p, off)
+	if err == io.EOF && off+int64(n) < f.info.Size {
+		return n, fmt.Errorf("%w: %s truncated at %d (was %d bytes)", ErrChanged, f.path, off+int64(n), f.info.Size)
+	}
+	return n, err
+}
+
+// Check compares the open file's inode attributes with those at open: an
+// in-place rewrite changes ctime even when mtime is restored (rsync
+// --inplace -t), so it is caught.
+func (f *localFile) Check() error {
+	fi, err := f.f.Stat()
+	if err != nil {
+		return fmt.Errorf("source: %s: %w", f.path, err)
+	}
+	if now := infoOf(f.info.Name, fi); now.Version != f.info.Version {
+		return fmt.Errorf("%w: %s was modified (size %d→%d)", ErrChanged, f.path, f.info.Size, now.Size)
+	}
+	return nil
+}
+
+func infoOf(name string, fi fs.FileInfo) Info {
+	info := Info{Name: name, Size: fi.Size(), ModTime: fi.ModTime(), Mode: fi.Mode().Type()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		info.ID = fmt.Sprintf("%x:%x", st.Dev, st.Ino)
+		info.Version = fmt.Sprintf("%s:%x:%x:%x", info.ID, st.Size,
+			time.Unix(st.Mtim.Unix()).UnixNano(), time.Unix(st.Ctim.Unix()).UnixNano())
+	}
+	return info
+}
+
+func typeName(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeDevice != 0, m&fs.ModeCharDevice != 0:
+		return "device"
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	}
+	return "non-regular file"
+}

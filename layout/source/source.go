@@ -1,0 +1,184 @@
+// Package source is where checkpoint bytes come from: a read-only tree of
+// files that every format reader opens, stats and lists through, and that
+// nothing can be read outside of. A local tree is confined with os.Root, so
+// symlinks and ".." that resolve outside the tree are refused by the kernel
+// walk, not by a textual check; links that stay inside (an HF hub cache's
+// snapshots/ → blobs/) work.
+//
+// Names are slash-separated and relative to the tree ("." is its top), as in
+// io/fs. Only regular files can be opened: a FIFO, socket or device where a
+// file is expected is an error, never a read that blocks.
+package source
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"time"
+)
+
+// ErrNotRegular is returned when a name that must be a regular file is not.
+var ErrNotRegular = errors.New("source: not a regular file")
+
+// ErrTooLarge is returned by ReadFile when a file exceeds its size bound.
+var ErrTooLarge = errors.New("source: file too large")
+
+// Tree is a confined, read-only tree of files.
+type Tree interface {
+	// Open opens the regular file name for ranged reads.
+	Open(name string) (File, error)
+	// Stat describes name, following symlinks that stay inside the tree.
+	Stat(name string) (Info, error)
+	// ReadDir lists the directory name, sorted by name. Symlinks are
+	// resolved: an entry describes what it points to; links that leave the
+	// tree or dangle are left out.
+	ReadDir(name string) ([]Info, error)
+	// Path names a file for messages and logs (a local path, a URL).
+	Path(name string) string
+}
+
+// File is an open regular file of a tree.
+type File interface {
+	io.ReaderAt
+	io.Closer
+	// Info is the file as it was when opened.
+	Info() Info
+	// Check reports whether the open file still has the content it had
+	// when opened (ErrChanged if not).
+	Check() error
+}
+
+// ErrChanged is returned when a file's content may differ from when it was
+// first seen: serving it could mix old and new bytes.
+var ErrChanged = errors.New("source: file changed")
+
+// Info describes one name of a tree.
+type Info struct {
+	Name    string // base name
+	Size    int64
+	ModTime time.Time
+	Mode    fs.FileMode // the type bits: ModeDir, 0 (regular) or another type
+	// ID identifies the file or directory itself, whatever path reaches it
+	// (device and inode; an object's key): two names with one ID are one
+	// file.
+	ID string
+	// Version changes whenever the content may have changed: for a local
+	// file the inode, size, mtime and ctime (which a restored mtime does not
+	// hide); for an object its ETag.
+	Version string
+}
+
+// IsDir reports whether the name is a directory.
+func (i Info) IsDir() bool { return i.Mode.IsDir() }
+
+// IsRegular reports whether the name is a regular file.
+func (i Info) IsRegular() bool { return i.Mode.IsRegular() }
+
+// ReadFile reads the whole regular file name, refusing files larger than
+// limit bytes. Small documents (JSON sidecars, .metadata) are read with it.
+func ReadFile(t Tree, name string, limit int64) ([]byte, error) {
+	f, err := t.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	size := f.Info().Size
+	if size > limit {
+		return nil, fmt.Errorf("%w: %s is %d bytes (limit %d)", ErrTooLarge, t.Path(name), size, limit)
+	}
+	b := make([]byte, size)
+	if n, err := f.ReadAt(b, 0); n < len(b) {
+		if err == nil || err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("source: %s: %w", t.Path(name), err)
+	}
+	return b, nil
+}
+
+// Sub is the subtree of t under dir. Names are joined to dir and must be
+// local (no "..", not absolute); confinement stays that of t, so a symlink
+// in the subtree may point anywhere inside t.
+func Sub(t Tree, dir string) (Tree, error) {
+	dir, err := clean(dir)
+	if err != nil {
+		return nil, err
+	}
+	if dir == "." {
+		return t, nil
+	}
+	if s, ok := t.(*sub); ok {
+		return &sub{base: s.base, dir: path.Join(s.dir, dir)}, nil
+	}
+	return &sub{base: t, dir: dir}, nil
+}
+
+// Base returns the tree t is a subtree of and the directory it is rooted at
+// ("." when t is not a subtree).
+func Base(t Tree) (Tree, string) {
+	if s, ok := t.(*sub); ok {
+		return s.base, s.dir
+	}
+	return t, "."
+}
+
+type sub struct {
+	base Tree
+	dir  string
+}
+
+func (s *sub) join(name string) (string, error) {
+	name, err := clean(name)
+	if err != nil {
+		return "", err
+	}
+	return path.Join(s.dir, name), nil
+}
+
+func (s *sub) Open(name string) (File, error) {
+	n, err := s.join(name)
+	if err != nil {
+		return nil, err
+	}
+	return s.base.Open(n)
+}
+
+func (s *sub) Stat(name string) (Info, error) {
+	n, err := s.join(name)
+	if err != nil {
+		return Info{}, err
+	}
+	return s.base.Stat(n)
+}
+
+func (s *sub) ReadDir(name string) ([]Info, error) {
+	n, err := s.join(name)
+	if err != nil {
+		return nil, err
+	}
+	return s.base.ReadDir(n)
+}
+
+func (s *sub) Path(name string) string {
+	if n, err := s.join(name); err == nil {
+		return s.base.Path(n)
+	}
+	return s.base.Path(s.dir) + "/" + name
+}
+
+// clean checks that name is a local slash-separated path and cleans it.
+func clean(name string) (string, error) {
+	if name == "" {
+		return ".", nil
+	}
+	if !fs.ValidPath(path.Clean(name)) {
+		return "", &fs.PathError{Op: "open", Path: name, Err: ErrEscapes}
+	}
+	return path.Clean(name), nil
+}
+
+// ErrEscapes is returned for a name, or a symlink on its way, that leads
+// outside the tree.
+var ErrEscapes = errors.New("source: path escapes the source tree")
