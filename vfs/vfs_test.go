@@ -302,3 +302,40 @@ func TestMountPointInsideSourceIsHidden(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, server.Unmount()) })
 	require.Equal(t, []string{".ckptfs", "case.json", "ckpt", "expected.safetensors"}, listDir(t, mnt))
 }
+
+// The mount shows nothing from outside its source: links that leave it are
+// not listed and cannot be looked up, links inside work (`latest`), and a
+// FIFO planted in a checkpoint neither hangs a listing nor shows.
+func TestMountStaysInsideSource(t *testing.T) {
+	top := t.TempDir()
+	secret := filepath.Join(top, "secret")
+	require.NoError(t, os.MkdirAll(secret, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(secret, "passwd"), []byte("root:x"), 0o600))
+	src := filepath.Join(top, "src")
+	require.NoError(t, os.CopyFS(filepath.Join(src, "step_1"), os.DirFS(filepath.Join(fixture(t, "sample"), "ckpt"))))
+	require.NoError(t, os.Symlink("step_1", filepath.Join(src, "latest")))
+	require.NoError(t, os.Symlink(secret, filepath.Join(src, "etc")))
+	require.NoError(t, os.Symlink("../../secret/passwd", filepath.Join(src, "step_1", "tokenizer.json")))
+	require.NoError(t, os.Symlink(filepath.Join(secret, "passwd"), filepath.Join(src, "step_1", "notes.txt")))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(src, "step_1", "generation_config.json"), 0o644))
+
+	mnt := testMount(t, newFS(t, src))
+	done := make(chan []string)
+	go func() { done <- listDir(t, filepath.Join(mnt, "step_1")) }()
+	select {
+	case names := <-done:
+		require.Equal(t, []string{"config.json", "model.safetensors", "model.safetensors.index.json"}, names)
+	case <-time.After(10 * time.Second):
+		t.Fatal("listing a checkpoint with a FIFO in it hung")
+	}
+	require.Equal(t, []string{".ckptfs", "latest", "step_1"}, listDir(t, mnt))
+	for _, p := range []string{"etc/passwd", "step_1/tokenizer.json", "step_1/notes.txt"} {
+		_, err := os.ReadFile(filepath.Join(mnt, p))
+		require.True(t, errors.Is(err, os.ErrNotExist), "%s: %v", p, err)
+	}
+	a, err := os.ReadFile(filepath.Join(mnt, "latest", "model.safetensors"))
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(mnt, "step_1", "model.safetensors"))
+	require.NoError(t, err)
+	require.Equal(t, a, b)
+}

@@ -47,8 +47,9 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 // IsInternal reports whether name is a shard file, which the view replaces.
 func IsInternal(name string) bool { return shardName.MatchString(name) }
 
-// shardFiles lists the regular files (or links to them inside the source) of
-// dir that are named like shards, sorted by (model file index, shard index).
+// shardFiles lists the entries of dir named like shards, sorted by (model
+// file index, shard index): regular files, links to them inside the source,
+// and links that cannot be followed (which Open then reports).
 func shardFiles(dir source.Tree) ([]string, error) {
 	entries, err := dir.ReadDir(".")
 	if err != nil {
@@ -59,7 +60,7 @@ func shardFiles(dir source.Tree) ([]string, error) {
 	var names []string
 	for _, e := range entries {
 		m := shardName.FindStringSubmatch(e.Name)
-		if m == nil || !e.IsRegular() {
+		if m == nil || e.IsDir() {
 			continue
 		}
 		shard, _ := strconv.Atoi(m[1])

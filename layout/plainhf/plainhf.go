@@ -38,12 +38,7 @@ func (reader) Format() ckpt.Format { return ckpt.FormatPlainHF }
 
 // Detect reports whether dir has an index or a model.safetensors.
 func (reader) Detect(dir source.Tree) bool {
-	for _, name := range []string{IndexFile, SingleFile} {
-		if info, err := dir.Stat(name); err == nil && info.IsRegular() {
-			return true
-		}
-	}
-	return false
+	return source.Exists(dir, IndexFile) || source.Exists(dir, SingleFile)
 }
 
 func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir) }

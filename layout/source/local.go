@@ -101,10 +101,14 @@ func (l *Local) ReadDir(name string) ([]Info, error) {
 	out := make([]Info, 0, len(ents))
 	for _, e := range ents {
 		if e.Type()&fs.ModeSymlink != 0 {
-			if info, err := l.Stat(path.Join(name, e.Name())); err == nil {
-				info.Name = e.Name()
-				out = append(out, info)
+			info, err := l.Stat(path.Join(name, e.Name()))
+			if err != nil {
+				// Dangling, or leading outside: listed as a link that
+				// cannot be followed, so a reader can say why.
+				info = Info{Mode: fs.ModeSymlink}
 			}
+			info.Name = e.Name()
+			out = append(out, info)
 			continue
 		}
 		fi, err := e.Info()

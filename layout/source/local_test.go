@@ -116,7 +116,7 @@ func TestLocalErrorsNameTheFile(t *testing.T) {
 	assert.ErrorContains(t, err, filepath.Join(dir, "missing"))
 }
 
-func TestLocalReadDirResolvesInsideLinksOnly(t *testing.T) {
+func TestLocalReadDirResolvesInsideLinks(t *testing.T) {
 	tree, _ := newTree(t)
 	ents, err := tree.ReadDir("snap")
 	require.NoError(t, err)
@@ -135,10 +135,16 @@ func TestLocalReadDirResolvesInsideLinksOnly(t *testing.T) {
 	ents, err = tree.ReadDir(".")
 	require.NoError(t, err)
 	names = nil
+	var broken []string
 	for _, e := range ents {
 		names = append(names, e.Name)
+		if e.IsBrokenLink() {
+			broken = append(broken, e.Name)
+			assert.Zero(t, e.Size)
+		}
 	}
-	assert.Equal(t, []string{"a.txt", "blobs", "fifo", "snap"}, names)
+	assert.Equal(t, []string{"a.txt", "absescape", "blobs", "dangling", "dirlink", "escape", "fifo", "snap"}, names)
+	assert.Equal(t, []string{"absescape", "dangling", "dirlink", "escape"}, broken)
 }
 
 func TestReadFileBound(t *testing.T) {

@@ -32,8 +32,8 @@ type Tree interface {
 	// Stat describes name, following symlinks that stay inside the tree.
 	Stat(name string) (Info, error)
 	// ReadDir lists the directory name, sorted by name. Symlinks are
-	// resolved: an entry describes what it points to; links that leave the
-	// tree or dangle are left out.
+	// resolved: an entry describes what it points to; a link that leaves
+	// the tree or dangles is listed with Mode fs.ModeSymlink.
 	ReadDir(name string) ([]Info, error)
 	// Path names a file for messages and logs (a local path, a URL).
 	Path(name string) string
@@ -75,6 +75,18 @@ func (i Info) IsDir() bool { return i.Mode.IsDir() }
 
 // IsRegular reports whether the name is a regular file.
 func (i Info) IsRegular() bool { return i.Mode.IsRegular() }
+
+// IsBrokenLink reports whether the name is a symlink that cannot be
+// followed: it dangles or leads outside the tree.
+func (i Info) IsBrokenLink() bool { return i.Mode&fs.ModeSymlink != 0 }
+
+// Exists reports whether Stat found name or found a link at name that
+// leads outside the tree: either way a reader that expects a file there
+// should try it and report what it finds.
+func Exists(t Tree, name string) bool {
+	_, err := t.Stat(name)
+	return err == nil || errors.Is(err, ErrEscapes)
+}
 
 // ReadFile reads the whole regular file name, refusing files larger than
 // limit bytes. Small documents (JSON sidecars, .metadata) are read with it.

@@ -47,11 +47,9 @@ func (reader) Internal(name string) bool { return IsInternal(name) }
 
 func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir, Options{}) }
 
-// Detect reports whether dir has a .metadata file.
-func Detect(dir source.Tree) bool {
-	info, err := dir.Stat(MetadataFile)
-	return err == nil && info.IsRegular()
-}
+// Detect reports whether dir has a .metadata (a link to one that leads
+// outside the source counts, so that Open reports it).
+func Detect(dir source.Tree) bool { return source.Exists(dir, MetadataFile) }
 
 // IsInternal reports whether name is a file of the DCP format itself (the
 // index, shards, the index being written), which an HF view replaces.

@@ -1,0 +1,83 @@
+package stages
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
+)
+
+// stepDir lays out step_N/ with one torch-written DCP fixture per stage.
+func stepDir(t *testing.T, stages map[string]string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "step_3")
+	for stage, fixture := range stages {
+		src := filepath.Join("..", "..", "testdata", fixture, "ckpt")
+		require.NoError(t, os.CopyFS(filepath.Join(dir, stage), os.DirFS(src)))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "train_state.pt"), []byte("x"), 0o644))
+	return dir
+}
+
+func detect(t *testing.T, dir string) bool {
+	t.Helper()
+	tree, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	defer tree.Close()
+	return Reader.Detect(tree)
+}
+
+func TestStagesMerge(t *testing.T) {
+	dir := stepDir(t, map[string]string{"pp0": "fsdp2_4ranks", "pp1": "tp_shard1"})
+	require.True(t, detect(t, dir))
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Equal(t, ckpt.FormatStages, c.Format)
+	var names []string
+	for _, tn := range c.Tensors {
+		names = append(names, tn.Name)
+	}
+	assert.Equal(t, []string{"emb.weight", "fc1.weight", "fc1.bias", "fc2.weight", "norm.weight", "norm.bias",
+		"col_6x12", "col_4x10", "col_3x2", "row_7x3", "row_8", "rep_2x3", "plain_5"}, names)
+	assert.Len(t, c.Parts, 2)
+	assert.True(t, Reader.Internal("pp1"))
+	assert.False(t, Reader.Internal("train_state.pt"))
+
+	// the stages' bytes are served from their own shard files
+	for _, tn := range c.Tensors {
+		for _, ch := range tn.Chunks {
+			n, err := ckpt.NumElements(ch.Sizes)
+			require.NoError(t, err)
+			buf := make([]byte, n*int64(tn.DType.Size()))
+			got, err := ch.Source.ReadAt(buf, 0)
+			require.NoError(t, err, tn.Name)
+			require.Equal(t, len(buf), got)
+		}
+	}
+}
+
+func TestStagesErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		stages map[string]string
+		err    string
+	}{
+		{"a gap", map[string]string{"pp0": "fsdp2_4ranks", "pp2": "tp_shard1"}, "pipeline stage pp1 is missing (found pp0, pp2)"},
+		{"overlap", map[string]string{"pp0": "fsdp2_4ranks", "pp1": "fsdp2_3ranks"}, `tensor "emb.weight" is saved by both pp0 and pp1`},
+		{"a stage that is not DCP", map[string]string{"pp0": "fsdp2_4ranks", "pp1": "hf_sharded"}, "pp1/.metadata"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Open(stepDir(t, tc.stages))
+			require.Error(t, err)
+			assert.ErrorContains(t, err, tc.err)
+		})
+	}
+	// No pp0: not this format.
+	assert.False(t, detect(t, stepDir(t, map[string]string{"pp1": "fsdp2_4ranks"})))
+}
