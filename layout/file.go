@@ -52,11 +52,38 @@ type Placement struct {
 // Tensor returns the checkpoint tensor behind the placement.
 func (p Placement) Tensor() string { return p.geom.tensor.Name }
 
+// Sources lists the checkpoint files the view file's bytes come from.
+func (f *File) Sources() []*ckpt.File {
+	if f.src != nil {
+		return []*ckpt.File{f.src}
+	}
+	seen := map[*ckpt.File]bool{}
+	var out []*ckpt.File
+	for _, p := range f.placements {
+		for _, c := range p.geom.chunks {
+			if b, ok := c.src.(ckpt.Backed); ok && !seen[b.Backing()] {
+				seen[b.Backing()] = true
+				out = append(out, b.Backing())
+			}
+		}
+	}
+	return out
+}
+
+// CheckFresh reports whether every file the view file's bytes come from is
+// still the one seen when the checkpoint was opened (ckpt.ErrSourceChanged
+// if not): a stat per file, cheap enough to run at each open.
+func (f *File) CheckFresh() error {
+	for _, s := range f.Sources() {
+		if err := s.CheckFresh(); err != nil {
+			return fmt.Errorf("layout: %s: %w", f.Name, err)
+		}
+	}
+	return nil
+}
+
 // Placements lists the tensors of a safetensors view file in file order.
 func (f *File) Placements() []Placement { return f.placements }
-
-// HeaderSize is the length of the generated safetensors header, prefix included.
-func (f *File) HeaderSize() int64 { return int64(len(f.header)) }
 
 func newTensorFile(name string, ts []named, mtime time.Time) (*File, error) {
 	infos := make([]safetensors.TensorInfo, len(ts))

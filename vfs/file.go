@@ -46,9 +46,16 @@ func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 	return 0
 }
 
+// Open checks that the files the view's bytes come from are still those
+// the view was built from (a stat each): after a source changed, opens fail
+// with EIO instead of serving blocks cached from the old content.
 func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
+	}
+	if err := f.file.CheckFresh(); err != nil {
+		f.fsys.readErrors.Add(1)
+		return nil, 0, toErrno(f.fsys.log, "open "+f.file.Name, err)
 	}
 	h := &viewHandle{fsys: f.fsys, file: f.file, h: f.fsys.opts.Cache.Open(f.id, f.file, f.file.Size)}
 	// The bytes never change for the life of the mount: let the kernel keep

@@ -239,6 +239,49 @@ func TestSourceReplacedGivesEIO(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EIO)
 }
 
+// A shard rewritten in place with the same size and its mtime put back
+// (rsync --inplace -t) is caught through ctime: bytes already cached are
+// not served to a new open, and an uncached read through an open handle
+// fails, never mixing old and new bytes.
+func TestInPlaceRewriteGivesEIO(t *testing.T) {
+	src := copyTree(t, fixture(t, "fsdp2_4ranks"))
+	mnt := testMount(t, newFS(t, src))
+	path := filepath.Join(mnt, "ckpt", "model.safetensors")
+	before, err := os.ReadFile(path) // fills the block cache
+	require.NoError(t, err)
+	held, err := os.Open(path)
+	require.NoError(t, err)
+	defer held.Close()
+
+	shards, err := filepath.Glob(filepath.Join(src, "ckpt", "*.distcp"))
+	require.NoError(t, err)
+	for _, s := range shards {
+		fi, err := os.Stat(s)
+		require.NoError(t, err)
+		data, err := os.ReadFile(s)
+		require.NoError(t, err)
+		data[len(data)/2] ^= 0xff
+		f, err := os.OpenFile(s, os.O_WRONLY, 0)
+		require.NoError(t, err)
+		_, err = f.WriteAt(data, 0)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+		require.NoError(t, os.Chtimes(s, fi.ModTime(), fi.ModTime()))
+	}
+	_, err = os.Open(path)
+	require.ErrorIs(t, err, syscall.EIO, "a new open sees the change")
+	// An open handle gets the old bytes (all cached here) or EIO, never a mix.
+	got := make([]byte, len(before))
+	if _, err := held.ReadAt(got, 0); err == nil {
+		require.Equal(t, before, got)
+	} else {
+		require.ErrorIs(t, err, syscall.EIO)
+	}
+	// A fresh mount is a snapshot of the new content.
+	_, err = os.ReadFile(filepath.Join(testMount(t, newFS(t, src)), "ckpt", "model.safetensors"))
+	require.NoError(t, err)
+}
+
 func TestTrainingRootShowsThrough(t *testing.T) {
 	root := t.TempDir()
 	require.NoError(t, os.CopyFS(filepath.Join(root, "step_1"), os.DirFS(filepath.Join(fixture(t, "sample"), "ckpt"))))

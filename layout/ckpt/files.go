@@ -109,10 +109,10 @@ func (s *FileSet) Close() error {
 
 // File is one file of a checkpoint. It is opened on first read; the open
 // file must be the one stat'ed when the checkpoint was opened, and every read
-// is checked afterwards against an in-place change (fstat: size, mtime,
-// ctime), so a changed file gives ErrSourceChanged, never mixed bytes. A file
-// renamed over or removed after its first read keeps serving the content it
-// had, which is the content the checkpoint's index describes.
+// is checked afterwards with fstat (size, mtime, ctime), so a file rewritten
+// in place, even with its mtime put back, gives ErrSourceChanged, never
+// mixed bytes. Replacing or removing the file changes the open inode's ctime
+// too (its link count drops), so that is caught as well.
 type File struct {
 	Path string // for messages: the full path (or URL)
 	Rel  string // name in the checkpoint directory
@@ -162,13 +162,32 @@ func (f *File) close() error {
 	return err
 }
 
-// CheckFresh reports whether the file still is what was seen at open time.
+// CheckFresh reports whether the file at the checkpoint's path still is
+// the one seen when the checkpoint was opened, unchanged: a file replaced,
+// removed or rewritten since gives ErrSourceChanged.
 func (f *File) CheckFresh() error {
-	fd, err := f.handle()
+	info, err := f.tree.Stat(f.Rel)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %s vanished", ErrSourceChanged, f.Path)
+	}
 	if err != nil {
 		return err
 	}
-	return fd.Check()
+	if info.Version != f.info.Version {
+		return fmt.Errorf("%w: %s was replaced or modified (size %d→%d)", ErrSourceChanged, f.Path, f.info.Size, info.Size)
+	}
+	f.mu.Lock()
+	fd := f.fd
+	f.mu.Unlock()
+	if fd != nil {
+		return fd.Check()
+	}
+	return nil
+}
+
+// Backed is a Source whose bytes come from one file of the checkpoint.
+type Backed interface {
+	Backing() *File
 }
 
 // ReadAt reads len(p) bytes at off. A read past the size seen at open time is
@@ -217,6 +236,9 @@ func (s *Section) ReadAt(p []byte, off int64) (int, error) {
 	}
 	return n, err
 }
+
+// Backing is the file the section lies in.
+func (s *Section) Backing() *File { return s.File }
 
 func (s *Section) String() string {
 	return fmt.Sprintf("%s@%d+%d", s.File.Rel, s.Offset, s.Length)

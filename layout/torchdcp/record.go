@@ -359,6 +359,9 @@ type recordSource struct {
 
 var _ ckpt.Source = (*recordSource)(nil)
 
+// Backing is the shard file holding the record.
+func (s *recordSource) Backing() *ckpt.File { return s.file }
+
 func (s *recordSource) String() string {
 	z := ""
 	if s.zstd {
