@@ -42,6 +42,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/ckptfs/ckptfs/layout/box"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -697,79 +698,35 @@ func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []i
 		_, err := w.Write(b)
 		return err
 	}
-	n, _ := ckpt.NumElements(sizes)
-	if n == 0 {
-		return 0, nil
+	g, err := box.New(shape, es, box.Box{Offsets: offsets, Sizes: sizes})
+	if err != nil || g.Bytes() == 0 {
+		return 0, err
 	}
-	rank := len(shape)
-	stride := make([]int64, rank)
-	st := es
-	for d := rank - 1; d >= 0; d-- {
-		stride[d] = st
-		st *= shape[d]
-	}
-	k := -1 // last dim the box does not cover fully
-	for d := rank - 1; d >= 0; d-- {
-		if sizes[d] != shape[d] {
-			k = d
-			break
-		}
-	}
-	if k < 0 {
-		return crc, copyRange(src, base, n*es, buf, emit)
-	}
-	runLen := sizes[k] * stride[k]
-	idx := append([]int64(nil), offsets[:k]...)
-	runStart := func() int64 {
-		off := base + offsets[k]*stride[k]
-		for d := 0; d < k; d++ {
-			off += idx[d] * stride[d]
-		}
-		return off
-	}
-	// next advances idx to the next run; false when done.
-	next := func() bool {
-		for d := k - 1; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < offsets[d]+sizes[d] {
-				return true
-			}
-			idx[d] = offsets[d]
-		}
-		return false
-	}
-	bufLen := int64(len(buf))
-	more := true
-	for more {
-		first := runStart()
+	runLen, runs, bufLen := g.RunLen(), g.Runs(), int64(len(buf))
+	for r := int64(0); r < runs; {
+		first := g.RunStart(r)
 		if runLen > bufLen {
-			if err := copyRange(src, first, runLen, buf, emit); err != nil {
+			if err := copyRange(src, base+first, runLen, buf, emit); err != nil {
 				return 0, err
 			}
-			more = next()
+			r++
 			continue
 		}
-		// Collect the runs whose span from first fits in buf.
-		starts := []int64{first}
-		for {
-			if more = next(); !more {
-				break
-			}
-			s := runStart()
-			if s+runLen-first > bufLen {
-				break
-			}
-			starts = append(starts, s)
+		// Runs r..k-1: those whose span from first fits in buf.
+		k := r + 1
+		for k < runs && g.RunStart(k)+runLen-first <= bufLen {
+			k++
 		}
-		span := starts[len(starts)-1] + runLen - first
-		if err := readFull(src, buf[:span], first); err != nil {
+		if err := readFull(src, buf[:g.RunStart(k-1)+runLen-first], base+first); err != nil {
 			return 0, err
 		}
-		for _, s := range starts {
-			if err := emit(buf[s-first : s-first+runLen]); err != nil {
+		for i := r; i < k; i++ {
+			at := g.RunStart(i) - first
+			if err := emit(buf[at : at+runLen]); err != nil {
 				return 0, err
 			}
 		}
+		r = k
 	}
 	return crc, nil
 }

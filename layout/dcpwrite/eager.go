@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/box"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -255,11 +255,15 @@ func (e *Eager) work(files map[int]*rankOut, infos map[string]torchdcp.StorageIn
 			if stop.Load() {
 				return errStopped
 			}
-			if err := e.src.Wait(base + boxEnd(p.info.Shape, c.Offsets, c.Sizes, p.es)); err != nil {
+			g, err := box.New(p.info.Shape, p.es, box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
+			if err != nil {
+				return err
+			}
+			if err := e.src.Wait(base + g.End()); err != nil {
 				return err
 			}
 			w.reset(rf.f, rf.pos)
-			err := writeChunk(w, e.src, base, p, c, buf)
+			err = writeChunk(w, e.src, base, p, c, buf)
 			if err == nil {
 				err = w.Flush()
 			}
@@ -326,21 +330,6 @@ func (e *Eager) Discard() {
 	}
 	e.finished = true
 	e.d.cleanup(e.created, e.n, nil)
-}
-
-// boxEnd is the offset, from the start of a C-order tensor's bytes, just
-// past the last byte of the box (offsets, sizes); 0 for an empty box.
-func boxEnd(shape, offsets, sizes []int64, es int64) int64 {
-	n, err := ckpt.NumElements(sizes)
-	if err != nil || n == 0 {
-		return 0
-	}
-	end, stride := es, es
-	for d := len(shape) - 1; d >= 0; d-- {
-		end += (offsets[d] + sizes[d] - 1) * stride
-		stride *= shape[d]
-	}
-	return end
 }
 
 // recWriter writes the record of one chunk to a shard file through a
