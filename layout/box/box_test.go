@@ -48,14 +48,14 @@ func TestGeometryAgreesWithNaive(t *testing.T) {
 		box   Box
 		runs  int64 // expected number of runs
 	}{
-		{[]int64{6, 4}, 4, Box{[]int64{2, 0}, []int64{3, 4}}, 1},    // whole rows: one run
-		{[]int64{6, 4}, 4, Box{[]int64{0, 1}, []int64{6, 2}}, 6},    // a column block: a run per row
+		{[]int64{6, 4}, 4, Box{[]int64{2, 0}, []int64{3, 4}}, 1}, // whole rows: one run
+		{[]int64{6, 4}, 4, Box{[]int64{0, 1}, []int64{6, 2}}, 6}, // a column block: a run per row
 		{[]int64{3, 5, 7}, 2, Box{[]int64{1, 2, 0}, []int64{1, 3, 7}}, 1},
 		{[]int64{3, 5, 7}, 2, Box{[]int64{0, 1, 3}, []int64{3, 2, 4}}, 6},
 		{[]int64{4, 6}, 1, Box{[]int64{0, 0}, []int64{4, 6}}, 1}, // the whole tensor
-		{[]int64{}, 8, Box{[]int64{}, []int64{}}, 1},              // 0-dim
-		{[]int64{5, 3}, 4, Box{[]int64{5, 0}, []int64{0, 3}}, 0},  // empty at the end
-		{[]int64{2, 0}, 4, Box{[]int64{0, 0}, []int64{2, 0}}, 0},  // zero-size tensor
+		{[]int64{}, 8, Box{[]int64{}, []int64{}}, 1},             // 0-dim
+		{[]int64{5, 3}, 4, Box{[]int64{5, 0}, []int64{0, 3}}, 0}, // empty at the end
+		{[]int64{2, 0}, 4, Box{[]int64{0, 0}, []int64{2, 0}}, 0}, // zero-size tensor
 	}
 	for _, tc := range cases {
 		g, err := New(tc.shape, tc.es, tc.box)
