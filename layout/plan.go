@@ -116,9 +116,6 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 	}
 	selected, omitted, err := selectTensors(c, opts.Select)
 	if err == nil {
-		if len(c.Passthrough) == 0 {
-			selected, omitted = dropTied(selected, omitted, sidecars)
-		}
 		v.Omitted = omitted
 		err = v.layoutTensors(selected, opts)
 	}

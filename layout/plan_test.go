@@ -152,30 +152,6 @@ func TestOptimizerOnly(t *testing.T) {
 	require.ErrorContains(t, err, "matches no tensor")
 }
 
-// Tied output weights: a trainer saves lm_head.weight beside the embeddings
-// even when the config ties them; save_pretrained leaves it out, so does the
-// view. Untied, it is shown.
-func TestTiedOutput(t *testing.T) {
-	for _, tc := range []struct {
-		config string
-		want   []string
-	}{
-		{`{"tie_word_embeddings": true}`, []string{"model.embed_tokens.weight"}},
-		{`{"tie_word_embeddings": false}`, []string{"model.embed_tokens.weight", "lm_head.weight"}},
-		{`{}`, []string{"model.embed_tokens.weight", "lm_head.weight"}},
-	} {
-		dir := t.TempDir()
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(tc.config), 0o644))
-		c := newCheckpoint(t, dir, scalar("model.embed_tokens.weight"), scalar("lm_head.weight"))
-		names, omitted := viewNames(t, c, PlanOptions{})
-		require.Equal(t, tc.want, names, tc.config)
-		if len(tc.want) == 1 {
-			require.Len(t, omitted, 1)
-			require.Contains(t, omitted[0].Reason, "tied to the input embeddings")
-		}
-	}
-}
-
 func TestSplitAndIndex(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"a":1}`), 0o644))

@@ -1,7 +1,6 @@
 package layout
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -129,47 +128,4 @@ func under(t *ckpt.Tensor, sel string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// tiedOutput is the output projection save_pretrained leaves out of a model
-// whose config ties it to the input embeddings.
-const tiedOutput = "lm_head.weight"
-
-// maxConfigBytes bounds the config.json read to learn about tying.
-const maxConfigBytes = 16 << 20
-
-// dropTied leaves out lm_head.weight when the view's config.json says
-// tie_word_embeddings is true, so the view matches what save_pretrained
-// writes for that config (trainers save the tied tensor under both names).
-func dropTied(selected []named, omitted []Omission, sidecars []*File) ([]named, []Omission) {
-	if !tiesEmbeddings(sidecars) {
-		return selected, omitted
-	}
-	for i, t := range selected {
-		if t.name == tiedOutput {
-			omitted = append(omitted, Omission{Name: t.tensor.Name,
-				Reason: "tied to the input embeddings (config.json tie_word_embeddings: true), as save_pretrained leaves it out"})
-			return append(selected[:i:i], selected[i+1:]...), omitted
-		}
-	}
-	return selected, omitted
-}
-
-// tiesEmbeddings reports whether the view's config.json sets
-// tie_word_embeddings to true.
-func tiesEmbeddings(sidecars []*File) bool {
-	for _, f := range sidecars {
-		if f.Name != "config.json" || f.Size > maxConfigBytes {
-			continue
-		}
-		b := make([]byte, f.Size)
-		if err := readFull(f, b, 0); err != nil {
-			return false
-		}
-		var cfg struct {
-			Tie *bool `json:"tie_word_embeddings"`
-		}
-		return json.Unmarshal(b, &cfg) == nil && cfg.Tie != nil && *cfg.Tie
-	}
-	return false
 }

@@ -28,10 +28,22 @@ type reader struct{}
 
 func (reader) Format() ckpt.Format { return ckpt.FormatStages }
 
-// Detect reports whether dir has a pp0/ that is a DCP checkpoint.
+// Detect reports whether dir has a stage directory (pp0/, pp1/, ...) that
+// is a DCP checkpoint: any stage, so that a missing pp0/ is reported by Open
+// rather than hiding the others.
 func (reader) Detect(dir source.Tree) bool {
-	first, err := source.Sub(dir, "pp0")
-	return err == nil && torchdcp.Detect(first)
+	ents, err := dir.ReadDir(".")
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if stageName.MatchString(e.Name) && e.IsDir() {
+			if sub, err := source.Sub(dir, e.Name); err == nil && torchdcp.Detect(sub) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (reader) Internal(name string) bool { return IsInternal(name) }

@@ -78,6 +78,10 @@ func TestStagesErrors(t *testing.T) {
 			assert.ErrorContains(t, err, tc.err)
 		})
 	}
-	// No pp0: not this format.
-	assert.False(t, detect(t, stepDir(t, map[string]string{"pp1": "fsdp2_4ranks"})))
+	// No pp0: still this format, and Open says what is missing.
+	dir := stepDir(t, map[string]string{"pp1": "fsdp2_4ranks"})
+	assert.True(t, detect(t, dir))
+	_, err := Open(dir)
+	assert.ErrorContains(t, err, "pipeline stage pp0 is missing (found pp1)")
+	assert.False(t, detect(t, t.TempDir()))
 }

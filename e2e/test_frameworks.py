@@ -1,0 +1,88 @@
+"""Checkpoints written by the frameworks' own save code (torch's
+HuggingFaceStorageWriter, save_pretrained, NeMo AutoModel, a KempnerForge
+pipeline-parallel layout) load in transformers through the mount: no
+missing or unexpected keys, and the original model's fp32 logits to the
+bit."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import TESTDATA, case_info, ckptfs, fixture_cases
+
+
+def hf_loadable():
+    """(case, view dir) for every fixture view transformers can load as it
+    is: the case has logits and a config, and its names are HF names."""
+    out = []
+    for case in fixture_cases():
+        info = case_info(case)
+        if "logits" not in info or "config_json" not in info or "hf_key_map" in info:
+            continue
+        for v in info.get("views") or [{"dir": "ckpt"}]:
+            out.append(pytest.param(case, v["dir"], id=f"{case}/{v['dir']}"))
+    return out
+
+
+def load(path):
+    from transformers import AutoModelForCausalLM
+
+    model, loading = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    return model.eval(), loading
+
+
+@pytest.mark.parametrize("case,view", hf_loadable())
+def test_from_pretrained_through_mount_is_bitwise(case, view, mount):
+    info = case_info(case)
+    config = TESTDATA / case / info["config_json"]
+    flags = []
+    # A framework that writes no config.json beside the weights gets one
+    # from --hf-config (the README's recipe).
+    if config.parent != TESTDATA / case / view and config.parent.name != ".hf_metadata":
+        flags = ["--hf-config", config.parent]
+    m = mount(TESTDATA / case, *flags)
+    model, loading = load(m.mnt / view)
+    assert not loading["missing_keys"], loading
+    assert not loading["unexpected_keys"], loading
+    ref = load_file(str(TESTDATA / case / info["logits"]))
+    with torch.no_grad():
+        got = model(ref["input_ids"]).logits
+    assert got.dtype == torch.float32
+    assert torch.equal(got, ref["logits"])
+
+
+def test_training_roots_show_each_checkpoint(mount):
+    """NeMo's step directory: model/ is the HF view, optim/ (optimizer state
+    only) shows its files and one note; KempnerForge's step_N/ is one model
+    from its pipeline stages, and latest/LATEST links show the same."""
+    m = mount(TESTDATA / "nemo_automodel_sharded")
+    step = m.mnt / "ckpt" / "epoch_0_step_1"
+    assert "model.safetensors" in os.listdir(step / "model")
+    optim = sorted(os.listdir(step / "optim"))
+    assert optim == [".metadata", "CKPTFS_INFO.txt", "__0_0.distcp", "__1_0.distcp"]
+    note = (step / "optim" / "CKPTFS_INFO.txt").read_text()
+    assert "optimizer state" in note and note.count("\n") == 1
+    assert (m.mnt / "ckpt" / "LATEST" / "model" / "model.safetensors").read_bytes() == \
+        (step / "model" / "model.safetensors").read_bytes()
+
+    k = mount(TESTDATA / "kempnerforge_pp")
+    names = sorted(os.listdir(k.mnt / "ckpt" / "step_1"))
+    assert names == ["metadata.json", "model.safetensors", "model.safetensors.index.json", "train_state.pt"]
+    index = json.loads((k.mnt / "ckpt" / "step_1" / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == sorted(load_file(str(TESTDATA / "kempnerforge_pp" / "expected.safetensors")))
+
+
+def test_inspect_names_stage_errors(tmp_path):
+    """A missing pipeline stage is an error naming it, never a partial model."""
+    import shutil
+
+    root = tmp_path / "step_1"
+    shutil.copytree(TESTDATA / "kempnerforge_pp" / "ckpt" / "step_1", root, symlinks=True)
+    shutil.move(root / "pp0", root / "pp2")
+    r = ckptfs("inspect", root, check=False)
+    assert r.returncode != 0
+    assert "pipeline stage pp0 is missing (found pp1, pp2)" in r.stderr
+    assert r.stderr.count("\n") == 1
