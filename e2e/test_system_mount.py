@@ -129,7 +129,7 @@ def test_fstab_line(ns, tmp_path):
     r = ns.run("mount", "--fstab", fstab, ns.mnt)
     assert r.returncode == 0, r.stderr
     check_view_and_unmount(ns)
-    assert '"msg":"serving"' in log.read_text()
+    assert '"msg":"mounting"' in log.read_text()
 
 
 def test_bad_option_fails_the_mount(ns):

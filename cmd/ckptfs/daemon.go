@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -65,7 +66,8 @@ func daemonize(args []string) error {
 // never will: the process that daemonised it (a pipe) and systemd
 // (sd_notify, for Type=notify units).
 type readiness struct {
-	pipe     *os.File // nil unless daemonised
+	pipe     *os.File     // nil unless daemonised
+	log      *slog.Logger // where a failed sd_notify is logged, once there is a logger
 	stopOnce sync.Once
 }
 
@@ -84,9 +86,9 @@ func takeReadiness() *readiness {
 }
 
 // ready reports that the mount answers.
-func (r *readiness) ready() error {
+func (r *readiness) ready() {
 	r.report("ready")
-	return sdNotify("READY=1")
+	r.notify("READY=1")
 }
 
 // failed reports that the mount will never answer.
@@ -94,10 +96,15 @@ func (r *readiness) failed(err error) {
 	r.report("error: " + strings.ReplaceAll(err.Error(), "\n", " "))
 }
 
-// stopping tells systemd that the mount is going away (once).
-func (r *readiness) stopping() (err error) {
-	r.stopOnce.Do(func() { err = sdNotify("STOPPING=1") })
-	return err
+// stopping tells systemd, once, that the mount is going away.
+func (r *readiness) stopping() {
+	r.stopOnce.Do(func() { r.notify("STOPPING=1") })
+}
+
+func (r *readiness) notify(state string) {
+	if err := sdNotify(state); err != nil && r.log != nil {
+		r.log.Warn("service manager not notified", "state", state, "err", err)
+	}
 }
 
 func (r *readiness) report(line string) {

@@ -43,8 +43,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &usage):
 		fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd.CommandPath(), usage.err, cmd.CommandPath())
 		return 2
-	case errors.Is(err, errReported):
-		return 1
 	default:
 		fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)
 		return 1
@@ -110,9 +108,6 @@ type usageError struct{ err error }
 
 func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
-
-// errReported is an error whose message was already printed.
-var errReported = errors.New("reported")
 
 // positional checks the number of positional arguments; names are listed in
 // the error ("SRC MNT").

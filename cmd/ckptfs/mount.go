@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -119,6 +120,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 	defer closeLog()
+	ready.log = log
 
 	// The cache is nearly all of the heap: a soft limit a little above it
 	// makes the GC return evicted blocks before the heap doubles (GOGC).
@@ -153,6 +155,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if err != nil {
 		return err
 	}
+	// Logged before the mount appears, so whoever waits for the mount sees it.
+	attrs := []any{"source", src, "mountpoint", mnt, "mode", f.write.describe(), "cache", human(f.cacheSize.Int64())}
+	if f.metricsAddr != "" {
+		attrs = append(attrs, "metrics", "http://"+f.metricsAddr+"/metrics")
+	}
+	log.Info("mounting", attrs...)
 	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(f.readAhead.Int64() >> 10),
 		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel})
 	if err != nil {
@@ -165,46 +173,40 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 
+	defer unmountOnSignal(server, mnt, log, ready)()
+	ready.ready()
+	server.Wait()
+	ready.stopping()
+	return nil
+}
+
+// unmountOnSignal unmounts on SIGINT, SIGTERM or SIGHUP until stop is called.
+// A busy mount (files open or mapped) is detached and served until its files
+// close, unless a second signal asks to exit now.
+func unmountOnSignal(server *fuse.Server, mnt string, log *slog.Logger, ready *readiness) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer func() {
-		signal.Stop(sigs)
-		close(sigs) // ends the goroutine below; no signal is sent after Stop
-	}()
 	go func() {
 		s, ok := <-sigs
 		if !ok {
 			return
 		}
 		log.Info("unmounting", "signal", s.String())
-		if err := ready.stopping(); err != nil {
-			log.Warn("service manager not notified", "err", err)
-		}
+		ready.stopping()
 		if err := server.Unmount(); err != nil {
-			// Files are still open or mapped: detach now, keep serving
-			// them until they are closed, unless asked again.
 			log.Warn("busy: detached, serving open files until they close (signal again to exit now)", "mountpoint", mnt)
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
 			if _, ok := <-sigs; !ok {
-				return // the last file closed: runMount is returning
+				return // the last file closed: the mount is returning
 			}
 			log.Error("exiting with files still open", "mountpoint", mnt)
 			os.Exit(1)
 		}
 	}()
-	attrs := []any{"source", src, "mountpoint", mnt, "mode", f.write.describe(), "cache", human(f.cacheSize.Int64())}
-	if f.metricsAddr != "" {
-		attrs = append(attrs, "metrics", "http://"+f.metricsAddr+"/metrics")
+	return func() {
+		signal.Stop(sigs)
+		close(sigs) // ends the goroutine; no signal is sent after Stop
 	}
-	log.Info("serving", attrs...)
-	if err := ready.ready(); err != nil {
-		log.Warn("service manager not notified", "err", err)
-	}
-	server.Wait()
-	if err := ready.stopping(); err != nil {
-		log.Warn("service manager not notified", "err", err)
-	}
-	return nil
 }
 
 // waitAnswers returns once the mount at mnt answers a stat of its root (a
