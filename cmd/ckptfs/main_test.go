@@ -35,6 +35,27 @@ func TestParseByteSize(t *testing.T) {
 	}
 }
 
+// FuzzParseByteSize: a size that parses is not negative and prints as a
+// string that parses back to it.
+func FuzzParseByteSize(f *testing.F) {
+	for _, seed := range []string{"5GB", "512MiB", "1048576", "4m", "1.5GiB", " 20 KB ", "0", "-1MB", "1e3", "9EiB"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseByteSize(s)
+		if err != nil {
+			return
+		}
+		if n < 0 {
+			t.Fatalf("%q parsed as %d", s, n)
+		}
+		back, err := parseByteSize(formatByteSize(n))
+		if err != nil || back != n {
+			t.Fatalf("%q = %d prints as %q, which parses as %d, %v", s, n, formatByteSize(n), back, err)
+		}
+	})
+}
+
 func TestByteSizeFlag(t *testing.T) {
 	for _, n := range []int64{512 << 20, 4 << 20, 5_000_000_000, 1 << 20, 1234567, 1, 3 << 29} {
 		s := formatByteSize(n)

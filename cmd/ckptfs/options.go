@@ -94,7 +94,7 @@ func setFlagOption(flags *pflag.FlagSet, name, val string, hasVal bool) error {
 		val = "true"
 	}
 	if err := flags.Set(flagName, val); err != nil {
-		return fmt.Errorf("mount option %s=%s: %w", name, val, unwrapFlagErr(err))
+		return fmt.Errorf("mount option %q: %w", name+"="+val, unwrapFlagErr(err))
 	}
 	return nil
 }

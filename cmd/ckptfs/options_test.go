@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,9 +43,9 @@ func TestApplyOptions(t *testing.T) {
 		{name: "unknown with value", options: []string{"frob=1"}, err: `unknown mount option "frob"`},
 		{name: "-o cannot set -o", options: []string{"option=ro"}, err: `unknown mount option "option"`},
 		{name: "help is no option", options: []string{"help"}, err: `unknown mount option "help"`},
-		{name: "bad size", options: []string{"cache_size=lots"}, err: `mount option cache_size=lots: invalid size "lots"`},
+		{name: "bad size", options: []string{"cache_size=lots"}, err: `mount option "cache_size=lots": invalid size "lots"`},
 		{name: "zero cache", options: []string{"cache_size=0"}, err: `must be more than 0`},
-		{name: "bad int", options: []string{"prefetch=many"}, err: "mount option prefetch=many: strconv.ParseInt"},
+		{name: "bad int", options: []string{"prefetch=many"}, err: `mount option "prefetch=many": strconv.ParseInt`},
 		{name: "needs a value", options: []string{"cache_size"}, err: `mount option "cache_size" needs a value`},
 		{name: "standard option with a value", options: []string{"ro=1"}, err: `mount option "ro" takes no value`},
 		{name: "foreground with a value", options: []string{"foreground=yes"}, err: `mount option "foreground" takes no value`},
@@ -78,4 +79,19 @@ func TestSplitOptions(t *testing.T) {
 	} {
 		require.Equal(t, want, splitOptions(in), in)
 	}
+}
+
+// FuzzApplyOptions: any -o string is applied or refused with a one-line
+// error; it never panics.
+func FuzzApplyOptions(f *testing.F) {
+	for _, seed := range []string{"ro,cache_size=1GiB,allow_other", `hf_config=/a\,b`, "x-systemd.automount,nofail",
+		"writable,ro", "prefetch=-1", "cache_size", "=", ",,", "option=ro", "log_format=json\n"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		_, err := applyOptions(newMountCmd(new([]string)).Flags(), []string{s})
+		if err != nil && strings.Contains(err.Error(), "\n") {
+			t.Fatalf("error of more than one line: %q", err)
+		}
+	})
 }
