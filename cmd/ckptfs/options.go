@@ -48,7 +48,7 @@ var notOptions = map[string]bool{"option": true, "help": true}
 // true. Unknown options are an error naming them.
 func applyOptions(flags *pflag.FlagSet, values []string) (mountOptions, error) {
 	var o mountOptions
-	var readOnly, writable bool
+	var readOnly bool
 	for _, value := range values {
 		for _, opt := range splitOptions(value) {
 			name, val, hasVal := strings.Cut(opt, "=")
@@ -57,7 +57,6 @@ func applyOptions(flags *pflag.FlagSet, values []string) (mountOptions, error) {
 			case name == "foreground" && !hasVal:
 				o.foreground = true
 			case name == "writable" && !hasVal:
-				writable = true
 				if err := flags.Set("rw", "true"); err != nil {
 					return o, err
 				}
@@ -74,8 +73,8 @@ func applyOptions(flags *pflag.FlagSet, values []string) (mountOptions, error) {
 			}
 		}
 	}
-	if readOnly && writable {
-		return o, errors.New("mount options ro and writable contradict each other")
+	if rw := flags.Lookup("rw"); readOnly && rw.Value.String() == "true" {
+		return o, errors.New("mount option ro contradicts --rw (-o writable)")
 	}
 	return o, nil
 }

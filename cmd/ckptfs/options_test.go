@@ -10,6 +10,7 @@ import (
 func TestApplyOptions(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
+		args       []string // flags given besides -o
 		options    []string
 		flags      map[string]string // flag -> value after applying
 		kernel     []string
@@ -27,6 +28,7 @@ func TestApplyOptions(t *testing.T) {
 		{name: "string and int flags", options: []string{"select=model,prefetch=8,metrics_addr=127.0.0.1:9100,log_format=json"},
 			flags: map[string]string{"select": "model", "prefetch": "8", "metrics-addr": "127.0.0.1:9100", "log-format": "json"}},
 		{name: "several -o, later wins", options: []string{"prefetch=1", "prefetch=2"}, flags: map[string]string{"prefetch": "2"}},
+		{name: "-o over a flag", args: []string{"--prefetch", "1"}, options: []string{"prefetch=3"}, flags: map[string]string{"prefetch": "3"}},
 		{name: "escaped comma in a value", options: []string{`hf_config=/a\,b,ro`}, flags: map[string]string{"hf-config": "/a,b"}, kernel: []string{"ro"}},
 		{name: "what mount.fuse3 passes", options: []string{"rw,nosuid,nodev,noexec,relatime,dev,suid"},
 			kernel: []string{"nosuid", "nodev", "noexec", "dev", "suid"}, flags: map[string]string{"rw": "false"}},
@@ -49,10 +51,12 @@ func TestApplyOptions(t *testing.T) {
 		{name: "needs a value", options: []string{"cache_size"}, err: `mount option "cache_size" needs a value`},
 		{name: "standard option with a value", options: []string{"ro=1"}, err: `mount option "ro" takes no value`},
 		{name: "foreground with a value", options: []string{"foreground=yes"}, err: `mount option "foreground" takes no value`},
-		{name: "ro and writable", options: []string{"writable,ro"}, err: "mount options ro and writable contradict each other"},
+		{name: "ro and --rw", args: []string{"--rw"}, options: []string{"ro"}, err: "mount option ro contradicts --rw"},
+		{name: "ro and writable", options: []string{"writable,ro"}, err: "mount option ro contradicts --rw (-o writable)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			flags := newMountCmd(new([]string)).Flags()
+			require.NoError(t, flags.Parse(tc.args))
 			o, err := applyOptions(flags, tc.options)
 			if tc.err != "" {
 				require.ErrorContains(t, err, tc.err)
