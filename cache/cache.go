@@ -36,6 +36,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dgraph-io/ristretto/v2"
 	"golang.org/x/sync/singleflight"
@@ -72,6 +73,10 @@ type Options struct {
 	// blocks just prefetched) do not refill a block ristretto rejected
 	// (default 2 × (ReadAhead + Workers), at least 4).
 	Staging int
+	// FillObserver, when set, is called after every fill (foreground or
+	// prefetch, failed or not) with the time its Source read took: the
+	// fill-latency histogram of the metrics endpoint.
+	FillObserver func(took time.Duration, err error)
 }
 
 // DefaultOptions returns the documented defaults, read-ahead included.
@@ -364,12 +369,16 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (*block, error) {
 		off := idx * c.opts.BlockSize
 		n := f.blockLen(idx, c.opts.BlockSize)
 		buf := make([]byte, n) // fresh per fill, never recycled: see package doc
+		start := time.Now()
 		got, err := f.src.ReadAt(buf, off)
 		switch {
 		case int64(got) == n:
 			err = nil
 		case err == nil || errors.Is(err, io.EOF):
 			err = io.ErrUnexpectedEOF
+		}
+		if observe := c.opts.FillObserver; observe != nil {
+			observe(time.Since(start), err)
 		}
 		if err != nil {
 			c.fillErrors.Add(1)

@@ -45,6 +45,10 @@ type Options struct {
 	Writable bool
 	// Target is the layout written into new directories.
 	Target dcpwrite.Target
+	// CommitObserver, when set, is called after every commit of a written
+	// file with how long it took and its error: the commit-duration
+	// histogram of the metrics endpoint.
+	CommitObserver func(took time.Duration, err error)
 }
 
 // FS is the state shared by all nodes of one mount.

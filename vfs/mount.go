@@ -23,6 +23,10 @@ type MountOptions struct {
 	AllowOther bool
 	// Debug logs every FUSE request.
 	Debug bool
+	// Options are standard mount options for the kernel, as fstab and
+	// mount -o give them: ro, dev/nodev, suid/nosuid, exec/noexec,
+	// default_permissions.
+	Options []string
 }
 
 // Mount mounts the tree of fsys at mnt and returns the running server.
@@ -42,6 +46,7 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			DirectMount:  true,
 			AllowOther:   mo.AllowOther,
 			Debug:        mo.Debug,
+			Options:      mo.Options,
 			// Views are immutable; the kernel may cache everything it reads.
 			ExplicitDataCacheControl: false,
 			// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a

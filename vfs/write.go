@@ -500,6 +500,9 @@ func (u *upload) commit() error {
 		u.finished = true
 		start := time.Now()
 		err := u.file.Commit()
+		if observe := u.fsys.opts.CommitObserver; observe != nil {
+			observe(time.Since(start), err)
+		}
 		u.t.forget(u)
 		if err != nil {
 			u.fsys.commitErrors.Add(1)

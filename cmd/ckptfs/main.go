@@ -4,143 +4,148 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"runtime/debug"
 	"strings"
+
+	"github.com/spf13/cobra"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = ""
 
-type command struct {
-	name    string
-	summary string
-	run     func(args []string, stdout, stderr io.Writer) error
-}
-
-func commands() []command {
-	return []command{
-		{"mount", "mount SRC at MNT: every checkpoint under SRC appears as an HF directory", runMount},
-		{"umount", "unmount a ckptfs mount", runUmount},
-		{"inspect", "show what a checkpoint holds and the HF view planned from it", runInspect},
-		{"export", "write the HF view of a checkpoint to a directory (no FUSE needed)", runExport},
-		{"version", "print the version", runVersion},
-	}
-}
-
-func usage(w io.Writer) {
-	fmt.Fprintf(w, "ckptfs shows training checkpoints as HuggingFace model directories, without copying them.\n\n")
-	fmt.Fprintf(w, "Usage:\n  ckptfs <command> [flags] [args]\n\nCommands:\n")
-	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintf(w, "\nRun 'ckptfs <command> --help' for the flags of a command.\n")
-}
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run is the whole command line: it returns the exit status, 2 for bad usage.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stdout)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
-	}
-	if args[0] == watchdogCmd {
-		if err := runWatchdog(args[1:], stdout, stderr); err != nil {
+	if len(args) > 0 && args[0] == watchdogCmd {
+		if err := runWatchdog(args[1:]); err != nil {
 			return 1
 		}
 		return 0
 	}
-	for _, c := range commands() {
-		if c.name == args[0] {
-			err := c.run(args[1:], stdout, stderr)
-			switch {
-			case err == nil:
-				return 0
-			case errors.Is(err, flag.ErrHelp):
-				return 0
-			case errors.Is(err, errUsage):
-				return 2
-			default:
-				fmt.Fprintf(stderr, "ckptfs %s: %v\n", c.name, err)
-				return 1
+	root, helper := newRootCmd(stdout, stderr)
+	if isHelperForm(root, args) {
+		// mount -t fuse.ckptfs (and fstab) run "ckptfs SRC MNT -o OPTS".
+		*helper = args
+		args = append([]string{"mount"}, args...)
+	}
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	var usage *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd.CommandPath(), usage.err, cmd.CommandPath())
+		return 2
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)
+		return 1
+	}
+}
+
+// newRootCmd builds the command tree. helper is set to the original
+// arguments when they are in the mount helper form.
+func newRootCmd(stdout, stderr io.Writer) (*cobra.Command, *[]string) {
+	helper := new([]string)
+	root := &cobra.Command{
+		Use:   "ckptfs SRC MNT -o OPTION[,OPTION...]",
+		Short: "Show training checkpoints as HuggingFace model directories",
+		Long: `ckptfs shows training checkpoints as HuggingFace model directories, without copying them.
+
+"ckptfs SRC MNT -o OPTIONS" is how mount -t fuse.ckptfs and /etc/fstab run it:
+"ckptfs mount SRC MNT -o OPTIONS" that returns once the mount answers, leaving
+it served in the background (unless -o foreground).`,
+		DisableFlagsInUseLine:      true,
+		SuggestionsMinimumDistance: 2,
+		Version:                    versionString(),
+		Args:                       unknownCommand,
+		RunE:                       func(cmd *cobra.Command, args []string) error { return &usageError{errors.New("a command is needed")} },
+		SilenceErrors:              true,
+		SilenceUsage:               true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetVersionTemplate("ckptfs {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	root.AddCommand(newMountCmd(helper), newUmountCmd(), newInspectCmd(), newExportCmd(), newVersionCmd())
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	return root, helper
+}
+
+// isHelperForm reports whether args are "SRC MNT ..." rather than a command:
+// the first argument is no command and names an existing path or has a '/'.
+func isHelperForm(root *cobra.Command, args []string) bool {
+	if len(args) < 2 || strings.HasPrefix(args[0], "-") || strings.HasPrefix(args[0], "__") {
+		return false
+	}
+	if cmd, _, err := root.Find(args[:1]); err == nil && cmd != root {
+		return false
+	}
+	_, err := os.Stat(args[0])
+	return err == nil || strings.Contains(args[0], "/")
+}
+
+func unknownCommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	err := fmt.Errorf("unknown command %q", args[0])
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		err = fmt.Errorf("%w; did you mean %q?", err, s[0])
+	}
+	return &usageError{err}
+}
+
+// usageError is bad arguments: exit status 2 and a pointer to --help.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// positional checks the number of positional arguments; names are listed in
+// the error ("SRC MNT").
+func positional(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != len(names) {
+			want := strings.Join(names, " ")
+			if want == "" {
+				want = "no arguments"
+			}
+			return &usageError{fmt.Errorf("want %s, got %d argument(s)", want, len(args))}
+		}
+		return nil
+	}
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fmt.Fprintf(cmd.OutOrStdout(), "ckptfs %s\n", versionString())
+			return nil
+		},
+	}
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				return "devel-" + s.Value[:12]
 			}
 		}
 	}
-	fmt.Fprintf(stderr, "ckptfs: unknown command %q\n\n", args[0])
-	usage(stderr)
-	return 2
-}
-
-// errUsage reports bad arguments whose message was already printed.
-var errUsage = errors.New("usage")
-
-// newFlagSet returns a flag set whose --help prints the command's usage line
-// and flags.
-func newFlagSet(name, args, about string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("ckptfs "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: ckptfs %s [flags] %s\n\n%s\n", name, args, about)
-		var any bool
-		fs.VisitAll(func(*flag.Flag) { any = true })
-		if any {
-			fmt.Fprintf(fs.Output(), "\nFlags:\n")
-			fs.PrintDefaults()
-		}
-	}
-	return fs
-}
-
-// parse parses flags that may come before or after the positional arguments,
-// and checks the number of positionals.
-func parse(fs *flag.FlagSet, args []string, nargs int) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, errUsage
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			break
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
-	if len(pos) != nargs {
-		fmt.Fprintf(fs.Output(), "expected %d argument(s), got %d: %s\n\n", nargs, len(pos), strings.Join(pos, " "))
-		fs.Usage()
-		return nil, errUsage
-	}
-	return pos, nil
-}
-
-func runVersion(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("version", "", "Print the ckptfs version.", stderr)
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
-	}
-	v := version
-	if v == "" {
-		v = "devel"
-		if info, ok := debug.ReadBuildInfo(); ok {
-			for _, s := range info.Settings {
-				if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-					v = "devel-" + s.Value[:12]
-				}
-			}
-		}
-	}
-	fmt.Fprintf(stdout, "ckptfs %s\n", v)
-	return nil
+	return "devel"
 }

@@ -2,20 +2,27 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/metrics"
 	"github.com/ckptfs/ckptfs/vfs"
 )
 
@@ -25,84 +32,240 @@ const watchdogCmd = "__unmount-on-exit"
 // blocks in flight, FUSE buffers, parsed metadata.
 const memoryHeadroom = 48 << 20
 
-func runMount(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("mount", "SRC MNT", `Mount SRC at MNT, read-only. Every checkpoint directory under SRC (DCP, HF-sharded
+// mountFlags are the flags of the mount command; each is also a -o option.
+type mountFlags struct {
+	view        viewFlags
+	write       writeFlags
+	cacheSize   *byteSize
+	blockSize   *byteSize
+	readAhead   *byteSize
+	prefetch    int
+	allowOther  bool
+	fuseDebug   bool
+	verbose     bool
+	metricsAddr string
+	logFormat   string
+	logFile     string
+	options     []string // -o, applied onto the flags above by applyOptions
+}
+
+func (f *mountFlags) register(fs *pflag.FlagSet) {
+	f.view.register(fs)
+	f.cacheSize = newByteSize(cache.DefaultSize, false)
+	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
+	f.readAhead = newByteSize(1<<20, true)
+	fs.Var(f.cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
+	fs.Var(f.blockSize, "block-size", "cache block size: the unit shards are read in")
+	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, "`N` blocks read ahead on sequential access (0 disables)")
+	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
+	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
+	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request")
+	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log debug messages too")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics (the counters of .ckptfs, fill and commit latencies)")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT`: text or json")
+	fs.StringVar(&f.logFile, "log-file", "", "append logs to `FILE` instead of stderr (a mount started by mount(8) has no stderr)")
+	f.write.register(fs)
+	fs.StringArrayVarP(&f.options, "option", "o", nil, "mount `OPTIONS` as in fstab, comma-separated: any flag of this command with _ or - (cache_size=1GiB,allow_other),\nwritable (= --rw), ro, foreground, and the standard ones (see README)")
+}
+
+func newMountCmd(helper *[]string) *cobra.Command {
+	var f mountFlags
+	cmd := &cobra.Command{
+		Use:   "mount [flags] SRC MNT",
+		Short: "Mount SRC at MNT: every checkpoint under SRC appears as an HF directory",
+		Long: `Mount SRC at MNT, read-only. Every checkpoint directory under SRC (DCP, HF-sharded
 safetensors, Megatron torch_dist) appears at the same relative path as an HF model
 directory; other files and folders show through. Runs in the foreground; Ctrl-C or
 SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).
+Under systemd (Type=notify) it reports READY=1 once the mount answers.
 
 With --rw, a directory created in the mount (mkdir, save_pretrained) is a write
 target: each *.safetensors file closed there is resharded into a DCP checkpoint
 (laid out by --world-size, --plan, --like, --prefix); close() fails with EIO and
 nothing is committed when it cannot be. Other files are stored as-is. Existing
-checkpoints stay read-only.`, stderr)
-	var vf viewFlags
-	vf.register(fs)
-	cacheSize := byteSize(512 << 20)
-	blockSize := byteSize(4 << 20)
-	readAhead := byteSize(1 << 20)
-	fs.Var(&cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
-	fs.Var(&blockSize, "block-size", "cache block size: the unit shards are read in")
-	prefetch := fs.Int("prefetch", 4, "blocks read ahead on sequential access (0 disables)")
-	fs.Var(&readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
-	allowOther := fs.Bool("allow-other", false, "let other users access the mount")
-	fuseDebug := fs.Bool("debug", false, "log every FUSE request")
-	verbose := fs.Bool("v", false, "verbose logging")
-	var wf writeFlags
-	wf.register(fs)
-	pos, err := parse(fs, args, 2)
+checkpoints stay read-only.`,
+		Args: positional("SRC", "MNT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts, err := applyOptions(cmd.Flags(), f.options)
+			if err != nil {
+				return &usageError{err}
+			}
+			if *helper != nil && !opts.foreground && !isDaemonChild() {
+				return daemonize(*helper)
+			}
+			return runMount(cmd.ErrOrStderr(), args[0], args[1], &f, opts)
+		},
+	}
+	f.register(cmd.Flags())
+	completeDirs(cmd, "like", "hf-config")
+	cmd.ValidArgsFunction = dirArgs
+	cmd.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions([]string{"text", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// runMount serves the mount until it is unmounted or signalled.
+func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) (err error) {
+	ready := takeReadiness()
+	defer func() {
+		if err != nil {
+			ready.failed(err)
+		}
+	}()
+	target, err := f.write.target()
 	if err != nil {
 		return err
 	}
-	target, err := wf.target()
+	log, closeLog, err := newLogger(stderr, f.logFile, f.logFormat, f.verbose)
 	if err != nil {
 		return err
 	}
-	src, mnt := pos[0], pos[1]
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	defer closeLog()
+	ready.log = log
 
 	// The cache is nearly all of the heap: a soft limit a little above it
 	// makes the GC return evicted blocks before the heap doubles (GOGC).
-	debug.SetMemoryLimit(int64(cacheSize) + memoryHeadroom)
-	c, err := cache.New(cache.Options{Size: int64(cacheSize), BlockSize: int64(blockSize), ReadAhead: *prefetch})
+	debug.SetMemoryLimit(f.cacheSize.Int64() + memoryHeadroom)
+	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
+	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target}
+	var m *metrics.Metrics
+	if f.metricsAddr != "" {
+		m = metrics.New()
+		copts.FillObserver, vopts.CommitObserver = m.ObserveFill, m.ObserveCommit
+	}
+	c, err := cache.New(copts)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	fsys, err := vfs.New(vfs.Options{Source: src, Plan: vf.options(), Cache: c, Logger: log, Writable: wf.rw, Target: target})
+	vopts.Cache = c
+	fsys, err := vfs.New(vopts)
 	if err != nil {
 		return err
 	}
 	defer fsys.Close()
-	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(readAhead) >> 10, AllowOther: *allowOther, Debug: *fuseDebug})
+	if m != nil {
+		m.Watch(fsys.Stats)
+		stop, err := serveMetrics(f.metricsAddr, m, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	before, err := os.Stat(mnt)
+	if err != nil {
+		return err
+	}
+	// Logged before the mount appears, so whoever waits for the mount sees it.
+	attrs := []any{"source", src, "mountpoint", mnt, "mode", f.write.describe(), "cache", human(f.cacheSize.Int64())}
+	if f.metricsAddr != "" {
+		attrs = append(attrs, "metrics", "http://"+f.metricsAddr+"/metrics")
+	}
+	log.Info("mounting", attrs...)
+	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(f.readAhead.Int64() >> 10),
+		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel})
 	if err != nil {
 		return err
 	}
 	stopWatchdog := startWatchdog(mnt, log)
 	defer stopWatchdog()
+	if err := waitAnswers(mnt, before); err != nil {
+		server.Unmount()
+		return err
+	}
 
+	defer unmountOnSignal(server, mnt, log, ready)()
+	ready.ready()
+	server.Wait()
+	ready.stopping()
+	return nil
+}
+
+// unmountOnSignal unmounts on SIGINT, SIGTERM or SIGHUP until stop is called.
+// A busy mount (files open or mapped) is detached and served until its files
+// close, unless a second signal asks to exit now.
+func unmountOnSignal(server *fuse.Server, mnt string, log *slog.Logger, ready *readiness) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
-		s := <-sigs
+		s, ok := <-sigs
+		if !ok {
+			return
+		}
 		log.Info("unmounting", "signal", s.String())
+		ready.stopping()
 		if err := server.Unmount(); err != nil {
-			// Files are still open or mapped: detach now, keep serving
-			// them until they are closed, unless asked again.
-			fmt.Fprintf(stderr, "ckptfs: %s is busy; detached, serving open files until they close (signal again to exit now)\n", mnt)
+			log.Warn("busy: detached, serving open files until they close (signal again to exit now)", "mountpoint", mnt)
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
-			<-sigs
-			fmt.Fprintf(stderr, "ckptfs: exiting with files still open\n")
+			if _, ok := <-sigs; !ok {
+				return // the last file closed: the mount is returning
+			}
+			log.Error("exiting with files still open", "mountpoint", mnt)
 			os.Exit(1)
 		}
 	}()
-	fmt.Fprintf(stderr, "ckptfs: serving %s at %s (%s, cache %s)\n", src, mnt, wf.describe(), human(int64(cacheSize)))
-	server.Wait()
-	return nil
+	return func() {
+		signal.Stop(sigs)
+		close(sigs) // ends the goroutine; no signal is sent after Stop
+	}
+}
+
+// waitAnswers returns once the mount at mnt answers a stat of its root (a
+// different device than the directory before), so readiness is never
+// reported for a mount that is not usable yet.
+func waitAnswers(mnt string, before os.FileInfo) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		fi, err := os.Stat(mnt)
+		if err == nil && !os.SameFile(fi, before) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("mount %s does not answer (stat: %v)", mnt, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// newLogger returns the mount's logger: text or JSON, to logFile if set.
+func newLogger(stderr io.Writer, logFile, format string, verbose bool) (*slog.Logger, func(), error) {
+	w, closeLog := stderr, func() {}
+	if logFile != "" {
+		f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--log-file: %w", err)
+		}
+		w, closeLog = f, func() { f.Close() }
+	}
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if verbose {
+		opts.Level = slog.LevelDebug
+	}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), closeLog, nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), closeLog, nil
+	}
+	closeLog()
+	return nil, nil, &usageError{fmt.Errorf("--log-format %q: want text or json", format)}
+}
+
+// serveMetrics serves m at addr until stop is called. The address is bound
+// before the mount, so a taken port fails the mount instead of a log line.
+func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "addr", addr, "err", err)
+		}
+	}()
+	return func() { srv.Close() }, nil
 }
 
 // writeFlags choose whether a mount is writable and the layout written.
@@ -114,12 +277,12 @@ type writeFlags struct {
 	prefix    string
 }
 
-func (w *writeFlags) register(fs *flag.FlagSet) {
+func (w *writeFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&w.rw, "rw", false, "writable mount: directories created in it become DCP checkpoints of the safetensors written into them")
-	fs.IntVar(&w.worldSize, "world-size", 1, "with --rw: ranks of the written checkpoint; tensors are sharded on dim 0 as FSDP2 does unless --plan or --like says otherwise")
-	fs.StringVar(&w.plan, "plan", "", "with --rw: per-tensor placement file, one \"REGEX DIM\" or \"REGEX replicate\" per line, first match wins (e.g. 'q_proj 0', 'o_proj 1', 'norm replicate')")
-	fs.StringVar(&w.like, "like", "", "with --rw: reuse the chunk layout of the checkpoint in this directory for the tensors it has")
-	fs.StringVar(&w.prefix, "prefix", "", "with --rw: store tensors under this key (e.g. model, as dcp.save of {\"model\": state_dict} does)")
+	fs.IntVar(&w.worldSize, "world-size", 1, "with --rw: `N` ranks in the written checkpoint; tensors are sharded on dim 0 as FSDP2 does unless --plan or --like says otherwise")
+	fs.StringVar(&w.plan, "plan", "", "with --rw: per-tensor placement `FILE`, one \"REGEX DIM\" or \"REGEX replicate\" per line, first match wins (e.g. 'q_proj 0', 'o_proj 1', 'norm replicate')")
+	fs.StringVar(&w.like, "like", "", "with --rw: reuse the chunk layout of the checkpoint in `DIR` for the tensors it has")
+	fs.StringVar(&w.prefix, "prefix", "", "with --rw: store tensors under `KEY` (e.g. model, as dcp.save of {\"model\": state_dict} does)")
 }
 
 // target builds the write layout, checking the flags.
@@ -203,9 +366,9 @@ func startWatchdog(mnt string, log *slog.Logger) func() {
 
 // runWatchdog is the helper's side: block until the mounting process is gone,
 // then detach the mount if it is still there.
-func runWatchdog(args []string, stdout, stderr io.Writer) error {
+func runWatchdog(args []string) error {
 	if len(args) != 1 {
-		return errUsage
+		return errors.New("usage: " + watchdogCmd + " MNT")
 	}
 	pipe := os.NewFile(3, "watchdog")
 	io.Copy(io.Discard, pipe)
@@ -223,20 +386,37 @@ func lazyUnmount(mnt string) error {
 	return nil
 }
 
-func runUmount(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("umount", "MNT", "Unmount a ckptfs mount (the serving process then exits).", stderr)
-	lazy := fs.Bool("lazy", false, "detach now even if files are open")
-	pos, err := parse(fs, args, 1)
-	if err != nil {
-		return err
+func newUmountCmd() *cobra.Command {
+	var lazy bool
+	cmd := &cobra.Command{
+		Use:   "umount [flags] MNT",
+		Short: "Unmount a ckptfs mount (the serving process then exits)",
+		Args:  positional("MNT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			mnt := args[0]
+			if lazy {
+				return lazyUnmount(mnt)
+			}
+			if err := syscall.Unmount(mnt, 0); err != nil {
+				if out, ferr := exec.Command("fusermount3", "-u", mnt).CombinedOutput(); ferr != nil {
+					return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
+				}
+			}
+			return nil
+		},
 	}
-	if *lazy {
-		return lazyUnmount(pos[0])
+	cmd.Flags().BoolVar(&lazy, "lazy", false, "detach now even if files are open")
+	cmd.ValidArgsFunction = dirArgs
+	return cmd
+}
+
+// dirArgs completes positional arguments with directories.
+func dirArgs(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return nil, cobra.ShellCompDirectiveFilterDirs
+}
+
+func completeDirs(cmd *cobra.Command, flags ...string) {
+	for _, name := range flags {
+		cmd.MarkFlagDirname(name)
 	}
-	if err := syscall.Unmount(pos[0], 0); err != nil {
-		if out, ferr := exec.Command("fusermount3", "-u", pos[0]).CombinedOutput(); ferr != nil {
-			return fmt.Errorf("unmount %s: %v; fusermount3: %s", pos[0], err, out)
-		}
-	}
-	return nil
 }

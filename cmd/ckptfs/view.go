@@ -3,15 +3,16 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ckptfs/ckptfs/layout"
 )
@@ -19,63 +20,23 @@ import (
 // viewFlags are the flags that shape a view, shared by mount, inspect and export.
 type viewFlags struct {
 	sel          string
-	maxShardSize byteSize
+	maxShardSize *byteSize
 	hfConfig     string
 }
 
 // selectHelp is the help of --select, shared by every command.
-const selectHelp = "which tensors to show: KEY shows the subtree saved under KEY (e.g. model) without its prefix; " +
-	"'.' shows every tensor, optimizer state included, under its saved name; " +
-	"default: the \"model\" subtree when the state was saved nested as {\"model\": ..., \"optimizer\": ...}, " +
-	"else every tensor but optimizer state, under its saved name"
+const selectHelp = "tensors to show: the subtree saved under `KEY`, prefix removed; '.' for every tensor under its saved name " +
+	"(optimizer state too); default: the \"model\" subtree if saved nested as {\"model\", \"optimizer\"}, else all but optimizer state"
 
-func (v *viewFlags) register(fs *flag.FlagSet) {
-	v.maxShardSize = layout.DefaultMaxShardSize
+func (v *viewFlags) register(fs *pflag.FlagSet) {
+	v.maxShardSize = newByteSize(layout.DefaultMaxShardSize, false)
 	fs.StringVar(&v.sel, "select", "", selectHelp)
-	fs.Var(&v.maxShardSize, "max-shard-size", "split view files at this many bytes of tensor data (e.g. 5GB, 500MB)")
-	fs.StringVar(&v.hfConfig, "hf-config", "", "directory with config.json/tokenizer files to show when the checkpoint has none")
+	fs.Var(v.maxShardSize, "max-shard-size", "split view files at this many bytes of tensor data (e.g. 5GB, 500MB)")
+	fs.StringVar(&v.hfConfig, "hf-config", "", "`DIR` with config.json/tokenizer files to show when the checkpoint has none")
 }
 
 func (v *viewFlags) options() layout.PlanOptions {
-	return layout.PlanOptions{Select: v.sel, MaxShardSize: int64(v.maxShardSize), HFConfigDir: v.hfConfig}
-}
-
-// byteSize is a flag value like "5GB", "512MiB" or "1048576".
-type byteSize int64
-
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
-
-func (b *byteSize) Set(s string) error {
-	n, err := parseByteSize(s)
-	if err != nil {
-		return err
-	}
-	*b = byteSize(n)
-	return nil
-}
-
-func parseByteSize(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{
-		{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"TIB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
-	}
-	u := strings.ToUpper(strings.TrimSpace(s))
-	mult := int64(1)
-	for _, unit := range units {
-		if strings.HasSuffix(u, unit.suffix) {
-			u, mult = strings.TrimSpace(strings.TrimSuffix(u, unit.suffix)), unit.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(u, 64)
-	if err != nil || f <= 0 {
-		return 0, fmt.Errorf("invalid size %q (want e.g. 5GB, 512MiB, 1048576)", s)
-	}
-	return int64(f * float64(mult)), nil
+	return layout.PlanOptions{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig}
 }
 
 // openView opens the checkpoint in src, confined to root (src itself when
@@ -114,25 +75,38 @@ func openCheckpoint(src, root string) (*layout.Checkpoint, error) {
 	return layout.OpenIn(root, filepath.ToSlash(rel))
 }
 
-const rootHelp = "read nothing outside this directory (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/"
+const rootHelp = "read nothing outside `DIR` (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/"
 
-func runInspect(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("inspect", "SRC", "Show the format, tensors (dtype, shape, chunks, sharded dims), non-tensor items and the planned HF view of the checkpoint in SRC.", stderr)
+func newInspectCmd() *cobra.Command {
 	var vf viewFlags
-	vf.register(fs)
-	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	root := fs.String("root", "", rootHelp)
-	pos, err := parse(fs, args, 1)
-	if err != nil {
-		return err
+	var asJSON bool
+	var root string
+	cmd := &cobra.Command{
+		Use:   "inspect [flags] SRC",
+		Short: "Show what a checkpoint holds and the HF view planned from it",
+		Long: "Show the format, tensors (dtype, shape, chunks, sharded dims), non-tensor items and the planned HF view of the checkpoint in SRC,\n" +
+			"and every tensor the view leaves out, with the reason.",
+		Args: positional("SRC"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runInspect(cmd.OutOrStdout(), args[0], root, vf, asJSON)
+		},
 	}
-	c, v, planErr := openView(pos[0], *root, vf)
+	vf.register(cmd.Flags())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.Flags().StringVar(&root, "root", "", rootHelp)
+	completeDirs(cmd, "hf-config", "root")
+	cmd.ValidArgsFunction = dirArgs
+	return cmd
+}
+
+func runInspect(stdout io.Writer, src, root string, vf viewFlags, asJSON bool) error {
+	c, v, planErr := openView(src, root, vf)
 	if c == nil {
 		return planErr
 	}
 	defer closeView(c, v)
 	report := layout.NewReport(c, v)
-	if *asJSON {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(report); err != nil {
@@ -197,31 +171,32 @@ func printReport(w io.Writer, r layout.Report) {
 	}
 }
 
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
+func newExportCmd() *cobra.Command {
+	var vf viewFlags
+	var quiet bool
+	var workers int
+	var root string
+	cmd := &cobra.Command{
+		Use:   "export [flags] SRC OUT",
+		Short: "Write the HF view of a checkpoint to a directory (no FUSE needed)",
+		Long: `Write the HF view of the checkpoint in SRC to the new directory OUT, streaming, without FUSE.
+OUT appears only when complete (written to a temporary directory, then renamed).`,
+		Args: positional("SRC", "OUT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runExport(cmd.ErrOrStderr(), args[0], root, args[1], vf, quiet, workers)
+		},
 	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+	vf.register(cmd.Flags())
+	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress bar")
+	cmd.Flags().IntVar(&workers, "workers", 4, "blocks read in parallel")
+	cmd.Flags().StringVar(&root, "root", "", rootHelp)
+	completeDirs(cmd, "hf-config", "root")
+	cmd.ValidArgsFunction = dirArgs
+	return cmd
 }
 
-func runExport(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("export", "SRC OUT", "Write the HF view of the checkpoint in SRC to the new directory OUT, streaming, without FUSE.\nOUT appears only when complete (written to a temporary directory, then renamed).", stderr)
-	var vf viewFlags
-	vf.register(fs)
-	quiet := fs.Bool("quiet", false, "no progress bar")
-	workers := fs.Int("workers", 4, "blocks read in parallel")
-	root := fs.String("root", "", rootHelp)
-	pos, err := parse(fs, args, 2)
-	if err != nil {
-		return err
-	}
-	c, v, err := openView(pos[0], *root, vf)
+func runExport(stderr io.Writer, src, root, out string, vf viewFlags, quiet bool, workers int) error {
+	c, v, err := openView(src, root, vf)
 	defer closeView(c, v)
 	if err != nil {
 		return err
@@ -229,24 +204,24 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if v.Note != "" {
 		return errors.New(v.Note)
 	}
-	opts := layout.ExportOptions{Workers: *workers}
+	opts := layout.ExportOptions{Workers: workers}
 	var bar *progressBar
-	if !*quiet && isTerminal(stderr) {
+	if !quiet && isTerminal(stderr) {
 		bar = newProgressBar(stderr, v.TotalSize())
 		opts.Progress = bar.update
 	}
 	start := time.Now()
-	err = layout.Export(v, pos[1], opts)
+	err = layout.Export(v, out, opts)
 	if bar != nil {
 		bar.finish()
 	}
 	if err != nil {
 		return err
 	}
-	if !*quiet {
+	if !quiet {
 		secs := time.Since(start).Seconds()
 		fmt.Fprintf(stderr, "exported %d tensors, %s in %d files to %s (%.1f MB/s)\n",
-			len(v.Tensors), human(v.TotalSize()), len(v.Files), pos[1], float64(v.TotalSize())/1e6/max(secs, 1e-9))
+			len(v.Tensors), human(v.TotalSize()), len(v.Files), out, float64(v.TotalSize())/1e6/max(secs, 1e-9))
 	}
 	return nil
 }

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var sample = filepath.Join("..", "..", "testdata", "sample")
+
+// logBuffer collects the log of a mount running in another goroutine.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func isMounted(t *testing.T, mnt string) bool {
+	b, err := os.ReadFile("/proc/self/mounts")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[1] == mnt {
+			return true
+		}
+	}
+	return false
+}
+
+// notifyListener is a fake service manager: the socket of NOTIFY_SOCKET.
+func notifyListener(t *testing.T, addr string) *net.UnixConn {
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: addr, Net: "unixgram"})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	t.Setenv("NOTIFY_SOCKET", addr)
+	return conn
+}
+
+func receive(t *testing.T, conn *net.UnixConn, timeout time.Duration) string {
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(timeout)))
+	buf := make([]byte, 4096)
+	n, err := conn.Read(buf)
+	require.NoError(t, err)
+	return string(buf[:n])
+}
+
+func TestSDNotify(t *testing.T) {
+	t.Run("unset", func(t *testing.T) {
+		t.Setenv("NOTIFY_SOCKET", "")
+		require.NoError(t, sdNotify("READY=1"))
+	})
+	t.Run("path", func(t *testing.T) {
+		conn := notifyListener(t, filepath.Join(t.TempDir(), "notify"))
+		require.NoError(t, sdNotify("READY=1"))
+		require.Equal(t, "READY=1", receive(t, conn, 5*time.Second))
+	})
+	t.Run("abstract", func(t *testing.T) {
+		conn := notifyListener(t, fmt.Sprintf("@ckptfs-test-%d", os.Getpid()))
+		require.NoError(t, sdNotify("STOPPING=1"))
+		require.Equal(t, "STOPPING=1", receive(t, conn, 5*time.Second))
+	})
+	t.Run("nobody listening", func(t *testing.T) {
+		t.Setenv("NOTIFY_SOCKET", filepath.Join(t.TempDir(), "gone"))
+		require.ErrorContains(t, sdNotify("READY=1"), "sd_notify")
+	})
+}
+
+// TestNotifyReadyWhenMountAnswers: a Type=notify unit is told READY=1 only
+// once the mount serves requests, and STOPPING=1 when it is unmounted.
+func TestNotifyReadyWhenMountAnswers(t *testing.T) {
+	conn := notifyListener(t, filepath.Join(t.TempDir(), "notify"))
+	mnt := t.TempDir()
+	var stderr logBuffer
+	done := make(chan int, 1)
+	go func() { done <- run([]string{"mount", "--cache-size", "16MiB", sample, mnt}, io.Discard, &stderr) }()
+	t.Cleanup(func() { lazyUnmount(mnt) })
+
+	require.Equal(t, "READY=1", receive(t, conn, 30*time.Second), stderr.String())
+	require.True(t, isMounted(t, mnt), "READY=1 before the mount exists")
+	stats, err := os.ReadFile(filepath.Join(mnt, ".ckptfs")) // served by the mount
+	require.NoError(t, err)
+	require.True(t, json.Valid(stats))
+
+	code, _, errs := runCLI("umount", mnt)
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, "STOPPING=1", receive(t, conn, 30*time.Second))
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("mount did not return after umount")
+	}
+	require.Contains(t, stderr.String(), "msg=mounting")
+	require.False(t, isMounted(t, mnt))
+}
+
+// TestHelperFormDaemonizes: "ckptfs SRC MNT -o ..." (what mount(8) runs)
+// returns once the mount answers, leaving it served by a detached process.
+func TestHelperFormDaemonizes(t *testing.T) {
+	mnt := t.TempDir()
+	logFile := filepath.Join(t.TempDir(), "ckptfs.log")
+	t.Cleanup(func() { lazyUnmount(mnt) })
+	code, out, errs := runCLI(sample, mnt, "-o", "ro,dev,suid,cache_size=16MiB,log_format=json,log_file="+logFile+",metrics_addr=127.0.0.1:0")
+	require.Equal(t, 0, code, errs)
+	require.Empty(t, out+errs)
+	// No waiting: the mount answers as soon as the helper returns.
+	require.True(t, isMounted(t, mnt))
+	entries, err := os.ReadDir(filepath.Join(mnt, "ckpt"))
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	require.ErrorContains(t, os.Mkdir(filepath.Join(mnt, "new"), 0o755), "read-only file system")
+
+	log, err := os.ReadFile(logFile)
+	require.NoError(t, err)
+	require.Contains(t, string(log), `"msg":"mounting"`, "the daemon logs JSON to --log-file")
+
+	code, _, errs = runCLI("umount", mnt)
+	require.Equal(t, 0, code, errs)
+}
+
+// TestHelperFormReportsTheDaemonsError: a daemonised mount that fails makes
+// the helper fail with its one-line error.
+func TestHelperFormReportsTheDaemonsError(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-such-mountpoint")
+	code, _, errs := runCLI(sample, missing, "-o", "cache_size=16MiB")
+	require.Equal(t, 1, code)
+	require.Equal(t, "ckptfs mount: stat "+missing+": no such file or directory\n", errs)
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	mnt := t.TempDir()
+	done := make(chan int, 1)
+	var stderr logBuffer
+	go func() {
+		done <- run([]string{"mount", "--metrics-addr", addr, "--block-size", "64KiB", "--prefetch", "0", sample, mnt}, io.Discard, &stderr)
+	}()
+	t.Cleanup(func() { lazyUnmount(mnt) })
+	view := filepath.Join(mnt, "ckpt", "model.safetensors")
+	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, stderr.String())
+
+	data, err := os.ReadFile(view)
+	require.NoError(t, err)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	blocks := (len(data) + 64<<10 - 1) / (64 << 10)
+	require.Contains(t, string(body), fmt.Sprintf("ckptfs_bytes_served_total %d\n", len(data)))
+	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fills_total %d\n", blocks))
+	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fill_duration_seconds_count %d\n", blocks))
+
+	code, _, errs := runCLI("umount", mnt)
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, 0, <-done, stderr.String())
+}

@@ -1,0 +1,150 @@
+// Package metrics exports the counters of a ckptfs mount to Prometheus.
+//
+// Counters and gauges are read at scrape time from the snapshot that the
+// .ckptfs file shows (vfs.FS.Stats), so the endpoint and the file never
+// disagree and nothing is counted twice. Only the latency histograms are fed
+// as events happen, through the observer hooks of the cache (fills) and the
+// vfs (commits); each observes every attempt, failed ones included, so a
+// histogram's _count settles at the matching counters once nothing is in
+// flight.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ckptfs/ckptfs/vfs"
+)
+
+const namespace = "ckptfs"
+
+// Metrics is the registry of one mount.
+type Metrics struct {
+	reg           *prometheus.Registry
+	fillSeconds   prometheus.Histogram
+	commitSeconds prometheus.Histogram
+}
+
+// New returns a registry holding the latency histograms and the Go runtime
+// and process collectors (RSS is the number to watch against --cache-size).
+// Call Watch once the mount's state exists.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		fillSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: "cache", Name: "fill_duration_seconds",
+			Help: "Time to read one cache block from its source (foreground and read-ahead fills, failed ones included).",
+			// 100 µs (page cache) to ~6 s (a slow object store).
+			Buckets: prometheus.ExponentialBuckets(100e-6, 4, 9),
+		}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "commit_duration_seconds",
+			Help: "Time to commit a file closed in a write target into DCP shards (failed commits included).",
+			// 10 ms to ~11 min: a reshard is bounded by disk bandwidth.
+			Buckets: prometheus.ExponentialBuckets(10e-3, 4, 9),
+		}),
+	}
+	m.reg.MustRegister(m.fillSeconds, m.commitSeconds,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// ObserveFill is a cache.Options.FillObserver.
+func (m *Metrics) ObserveFill(took time.Duration, _ error) { m.fillSeconds.Observe(took.Seconds()) }
+
+// ObserveCommit is a vfs.Options.CommitObserver.
+func (m *Metrics) ObserveCommit(took time.Duration, _ error) { m.commitSeconds.Observe(took.Seconds()) }
+
+// Watch registers the counters read from snapshot at every scrape.
+func (m *Metrics) Watch(snapshot func() vfs.Stats) {
+	m.reg.MustRegister(&statsCollector{snapshot: snapshot})
+}
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// stat is one exported value of a snapshot.
+type stat struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(s *vfs.Stats) int64
+	label string // the constant label value of desc's one variable label, if any
+}
+
+func newDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
+}
+
+var errorsDesc = newDesc("errors_total", "Failures by kind: read (a read returned an error to the caller), fill (a cache block could not be read from its source), commit (a written file could not be resharded).", "kind")
+
+// stats lists every value of vfs.Stats the endpoint exports, with the name
+// of the .ckptfs field it comes from in its help.
+var stats = []stat{
+	{newDesc("bytes_served_total", "Bytes returned to readers of view files (.ckptfs bytes_served)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.BytesServed }, ""},
+	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.ReadErrors }, "read"},
+	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.FillErrors }, "fill"},
+	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.CommitErrors }, "commit"},
+	{newDesc("commits_total", "Files closed in write targets and committed into DCP shards (.ckptfs commits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Commits }, ""},
+	{newDesc("open_handles", "Open view file handles (.ckptfs cache.open_handles)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.OpenHandles }, ""},
+	{newDesc("cache_hits_total", "Block lookups served from the cache (.ckptfs cache.hits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.Hits }, ""},
+	{newDesc("cache_staging_hits_total", "Of the hits, blocks found only among the recently filled ones (.ckptfs cache.staging_hits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.StagingHits }, ""},
+	{newDesc("cache_misses_total", "Block lookups that filled or joined a fill (.ckptfs cache.misses)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.Misses }, ""},
+	{newDesc("cache_fills_total", "Blocks read from their source, foreground and read-ahead (.ckptfs cache.fills)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.Fills }, ""},
+	{newDesc("cache_admissions_total", "Blocks admitted into the cache (.ckptfs cache.keys_added)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.KeysAdded }, ""},
+	{newDesc("cache_evictions_total", "Blocks evicted from the cache (.ckptfs cache.keys_evicted)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.KeysEvicted }, ""},
+	{newDesc("cache_sets_rejected_total", "Blocks the cache's admission policy refused (.ckptfs cache.sets_rejected)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.SetsRejected }, ""},
+	{newDesc("cache_sets_dropped_total", "Blocks dropped because the cache's set buffer was full (.ckptfs cache.sets_dropped)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.SetsDropped }, ""},
+	{newDesc("cache_bytes", "Bytes of blocks held in the cache now (.ckptfs cache.cached_bytes)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.CachedBytes }, ""},
+	{newDesc("read_ahead_issued_total", "Blocks queued for read-ahead (.ckptfs cache.read_ahead_issued)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadIssued }, ""},
+	{newDesc("read_ahead_hits_total", "Read-ahead blocks later used by a read (.ckptfs cache.read_ahead_hits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadHits }, ""},
+	{newDesc("read_ahead_dropped_total", "Read-ahead blocks dropped because the queue or the foreground was busy (.ckptfs cache.read_ahead_dropped)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadDropped }, ""},
+}
+
+var viewsDesc = newDesc("views", "Checkpoint directories opened by the mount, by state: ok, error (shown as CKPTFS_ERROR.txt), writing (write targets).", "state")
+
+// statsCollector turns one snapshot per scrape into metrics.
+type statsCollector struct {
+	snapshot func() vfs.Stats
+}
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	seen := map[*prometheus.Desc]bool{}
+	for _, s := range stats {
+		if !seen[s.desc] {
+			seen[s.desc] = true
+			ch <- s.desc
+		}
+	}
+	ch <- viewsDesc
+}
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	snap := c.snapshot()
+	for _, s := range stats {
+		var labels []string
+		if s.label != "" {
+			labels = []string{s.label}
+		}
+		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, float64(s.value(&snap)), labels...)
+	}
+	views := map[string]int{"ok": 0, "error": 0, "writing": 0}
+	for _, v := range snap.Views {
+		switch {
+		case v.Writing:
+			views["writing"]++
+		case v.Error != "":
+			views["error"]++
+		default:
+			views["ok"]++
+		}
+	}
+	for state, n := range views {
+		ch <- prometheus.MustNewConstMetric(viewsDesc, prometheus.GaugeValue, float64(n), state)
+	}
+}
