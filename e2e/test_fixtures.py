@@ -105,3 +105,18 @@ def test_cli_tools_on_mount(mount):
     assert str(header_len) in od
     stats = json.loads((m.mnt / ".ckptfs").read_text())
     assert stats["bytes_served"] >= 8 and stats["views"]
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_dtype_view_equals_torch_to(dtype, torch_dtype, tmp_path, mount):
+    """--dtype converts an fp32 checkpoint's floating tensors on read, bit for
+    bit as torch's Tensor.to does; other tensors are untouched."""
+    case = "hf_writer_llama"
+    want = {k: (v.to(torch_dtype) if v.is_floating_point() else v) for k, v in expected(case).items()}
+    out = tmp_path / "out"
+    ckptfs("export", "--quiet", "--dtype", dtype, TESTDATA / case / "ckpt", out)
+    m = mount(TESTDATA / case, "--dtype", dtype)
+    for got in (load_view(out), load_view(m.mnt / "ckpt")):
+        assert set(got) == set(want)
+        for k, t in want.items():
+            assert same_bytes(got[k], t), k

@@ -42,15 +42,15 @@ type File struct {
 
 // Placement is where one tensor's bytes sit in a view file.
 type Placement struct {
-	Name   string // name in the view
-	File   string
-	Offset int64 // absolute offset in the file
-	Size   int64
-	geom   *geometry
+	Name    string // name in the view
+	File    string
+	Offset  int64 // absolute offset in the file
+	Size    int64
+	content content
 }
 
-// Tensor returns the checkpoint tensor behind the placement.
-func (p Placement) Tensor() string { return p.geom.tensor.Name }
+// Origin says which checkpoint tensors the placement's bytes come from.
+func (p Placement) Origin() Origin { return p.content.origin() }
 
 // Sources lists the checkpoint files the view file's bytes come from.
 func (f *File) Sources() []*ckpt.File {
@@ -60,10 +60,10 @@ func (f *File) Sources() []*ckpt.File {
 	seen := map[*ckpt.File]bool{}
 	var out []*ckpt.File
 	for _, p := range f.placements {
-		for _, c := range p.geom.chunks {
-			if b, ok := c.src.(ckpt.Backed); ok && !seen[b.Backing()] {
-				seen[b.Backing()] = true
-				out = append(out, b.Backing())
+		for _, b := range p.content.backing() {
+			if !seen[b] {
+				seen[b] = true
+				out = append(out, b)
 			}
 		}
 	}
@@ -85,16 +85,10 @@ func (f *File) CheckFresh() error {
 // Placements lists the tensors of a safetensors view file in file order.
 func (f *File) Placements() []Placement { return f.placements }
 
-func newTensorFile(name string, ts []named, mtime time.Time) (*File, error) {
+func newTensorFile(name string, ts []viewTensor, mtime time.Time) (*File, error) {
 	infos := make([]safetensors.TensorInfo, len(ts))
-	geoms := make([]*geometry, len(ts))
 	for i, t := range ts {
-		g, err := newGeometry(t.tensor)
-		if err != nil {
-			return nil, err
-		}
-		geoms[i] = g
-		infos[i] = safetensors.TensorInfo{Name: t.name, DType: t.tensor.DType, Shape: t.tensor.Shape}
+		infos[i] = safetensors.TensorInfo{Name: t.name, DType: t.content.dtype(), Shape: t.content.shape()}
 	}
 	infos = safetensors.Layout(infos)
 	header, err := safetensors.EncodeHeader(map[string]string{"format": "pt"}, infos)
@@ -105,7 +99,7 @@ func newTensorFile(name string, ts []named, mtime time.Time) (*File, error) {
 	base := int64(len(header))
 	for i, info := range infos {
 		f.placements = append(f.placements, Placement{
-			Name: info.Name, File: name, Offset: base + info.Begin, Size: info.End - info.Begin, geom: geoms[i],
+			Name: info.Name, File: name, Offset: base + info.Begin, Size: info.End - info.Begin, content: ts[i].content,
 		})
 	}
 	f.Size = base
@@ -171,7 +165,7 @@ func (f *File) readTensors(p []byte, off int64) error {
 		}
 		lo := off - pl.Offset
 		n := min(pl.Size-lo, end-off)
-		if err := pl.geom.readAt(p[:n], lo); err != nil {
+		if err := pl.content.readAt(p[:n], lo); err != nil {
 			return err
 		}
 		p, off = p[n:], off+n

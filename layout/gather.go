@@ -17,7 +17,7 @@ import (
 // geometry is the precomputed layout of one tensor.
 type geometry struct {
 	tensor *ckpt.Tensor
-	size   int64 // total bytes
+	bytes  int64 // total bytes
 	chunks []chunkGeometry
 }
 
@@ -31,7 +31,7 @@ func newGeometry(t *ckpt.Tensor) (*geometry, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	g := &geometry{tensor: t, size: t.ByteSize()}
+	g := &geometry{tensor: t, bytes: t.ByteSize()}
 	for _, c := range t.Chunks {
 		b, err := box.New(t.Shape, int64(t.DType.Size()), box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
 		if err != nil {
@@ -44,19 +44,36 @@ func newGeometry(t *ckpt.Tensor) (*geometry, error) {
 	return g, nil
 }
 
-// bufPool recycles gather buffers so a read allocates nothing in the steady
-// state. Buffers larger than maxPooled are not kept.
+// bufPool recycles scratch buffers so a read allocates nothing in the
+// steady state. Buffers larger than maxPooled are not kept.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<20); return &b }}
 
 const maxPooled = 8 << 20
+
+// getBuf returns a scratch buffer of n bytes; putBuf gives it back.
+func getBuf(n int64) *[]byte {
+	bp := bufPool.Get().(*[]byte)
+	if int64(cap(*bp)) < n {
+		*bp = make([]byte, n)
+	}
+	*bp = (*bp)[:n]
+	return bp
+}
+
+func putBuf(bp *[]byte) {
+	if cap(*bp) <= maxPooled {
+		*bp = (*bp)[:0]
+		bufPool.Put(bp)
+	}
+}
 
 // readAt fills dst with the tensor's bytes starting at global byte pos.
 // It issues one read per chunk that intersects the window and scatters the
 // runs; a chunk that is one run is read straight into dst.
 func (g *geometry) readAt(dst []byte, pos int64) error {
 	end := pos + int64(len(dst))
-	if pos < 0 || end > g.size {
-		return fmt.Errorf("layout: tensor %q: range [%d, %d) outside %d bytes", g.tensor.Name, pos, end, g.size)
+	if pos < 0 || end > g.bytes {
+		return fmt.Errorf("layout: tensor %q: range [%d, %d) outside %d bytes", g.tensor.Name, pos, end, g.bytes)
 	}
 	for i := range g.chunks {
 		c := &g.chunks[i]
@@ -71,12 +88,8 @@ func (g *geometry) readAt(dst []byte, pos int64) error {
 			}
 			continue
 		}
-		bp := bufPool.Get().(*[]byte)
+		bp := getBuf(l1 - l0)
 		buf := *bp
-		if int64(cap(buf)) < l1-l0 {
-			buf = make([]byte, l1-l0)
-		}
-		buf = buf[:l1-l0]
 		err := readFull(c.src, buf, l0)
 		if err == nil {
 			c.box.Spans(l0, l1, func(at, local, n int64) error {
@@ -84,10 +97,7 @@ func (g *geometry) readAt(dst []byte, pos int64) error {
 				return nil
 			})
 		}
-		if cap(buf) <= maxPooled {
-			*bp = buf[:0]
-			bufPool.Put(bp)
-		}
+		putBuf(bp)
 		if err != nil {
 			return g.chunkError(c, err)
 		}

@@ -110,7 +110,7 @@ func TestGatherMatchesGroundTruth(t *testing.T) {
 			tensor, full := gridTensor(rng, tc.shape, tc.dtype, tc.cuts)
 			g, err := newGeometry(tensor)
 			require.NoError(t, err)
-			require.Equal(t, int64(len(full)), g.size)
+			require.Equal(t, int64(len(full)), g.size())
 			// whole tensor, every single byte window, and random windows
 			got := make([]byte, len(full))
 			require.NoError(t, g.readAt(got, 0))

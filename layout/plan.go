@@ -6,10 +6,12 @@ import (
 	"io"
 	"path"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 // DefaultMaxShardSize is the HF default split (transformers v4, huggingface_hub).
@@ -30,6 +32,24 @@ type PlanOptions struct {
 	// HFConfigDir supplies sidecars (config.json, tokenizer files) the
 	// checkpoint lacks.
 	HFConfigDir string
+	// DType, when set, converts every floating tensor of the view to it on
+	// read (an fp32 master copy served as bf16), as torch's .to() rounds.
+	DType safetensors.DType
+}
+
+// ParseDType reads a --dtype value: bf16, fp16 or fp32 (or torch's names).
+func ParseDType(s string) (safetensors.DType, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return "", nil
+	case "bf16", "bfloat16":
+		return safetensors.BF16, nil
+	case "fp16", "f16", "float16", "half":
+		return safetensors.F16, nil
+	case "fp32", "f32", "float32", "float":
+		return safetensors.F32, nil
+	}
+	return "", fmt.Errorf("unknown dtype %q (want bf16, fp16 or fp32)", s)
 }
 
 // SelectAll is the Select value that shows every tensor, optimizer state
@@ -115,9 +135,16 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 		return nil, err
 	}
 	selected, omitted, err := selectTensors(c, opts.Select)
+	var tensors []viewTensor
 	if err == nil {
 		v.Omitted = omitted
-		err = v.layoutTensors(selected, opts)
+		tensors, err = stored(selected)
+	}
+	if err == nil && opts.DType != "" {
+		tensors, err = castTo(tensors, opts.DType)
+	}
+	if err == nil {
+		err = v.layoutTensors(tensors, opts)
 	}
 	if err != nil {
 		v.closeExtra()
@@ -136,7 +163,7 @@ func (v *View) closeExtra() {
 // layoutTensors makes the view's weight files: the checkpoint's own files
 // when it is a plain HF directory shown whole, else generated safetensors
 // files and their index. A view with nothing to show gets a Note.
-func (v *View) layoutTensors(selected []named, opts PlanOptions) error {
+func (v *View) layoutTensors(selected []viewTensor, opts PlanOptions) error {
 	c := v.Checkpoint
 	if len(selected) == 0 {
 		if opts.Select != "" {
@@ -193,9 +220,12 @@ func (v *View) layoutTensors(selected []named, opts PlanOptions) error {
 	return nil
 }
 
-func allUnderSavedNames(ts []named) bool {
+// allUnderSavedNames reports whether every tensor is a checkpoint tensor
+// as stored, under its own name.
+func allUnderSavedNames(ts []viewTensor) bool {
 	for _, t := range ts {
-		if t.name != t.tensor.Name {
+		o := t.content.origin()
+		if o.Transform != "" || len(o.Sources) != 1 || o.Sources[0] != t.name {
 			return false
 		}
 	}
@@ -204,14 +234,11 @@ func allUnderSavedNames(ts []named) bool {
 
 // passthroughPlacements describes where the tensors of a plain HF file sit,
 // for inspect; the bytes are the file's own.
-func passthroughPlacements(file string, ts []named, index map[string]int, files []string) []Placement {
+func passthroughPlacements(file string, ts []viewTensor, index map[string]int, files []string) []Placement {
 	var out []Placement
 	for _, t := range ts {
-		if i := index[t.tensor.Name]; i >= 1 && i <= len(files) && files[i-1] == file {
-			g, err := newGeometry(t.tensor)
-			if err == nil {
-				out = append(out, Placement{Name: t.name, File: file, Size: t.tensor.ByteSize(), geom: g})
-			}
+		if i := index[t.name]; i >= 1 && i <= len(files) && files[i-1] == file {
+			out = append(out, Placement{Name: t.name, File: file, Size: t.content.size(), content: t.content})
 		}
 	}
 	return out
@@ -220,12 +247,12 @@ func passthroughPlacements(file string, ts []named, index map[string]int, files 
 // splitFiles groups tensors into files: by the checkpoint's own file index
 // when it has one (NeMo, torch's HF writer, a plain HF index), else greedily
 // by size in checkpoint order, the way save_pretrained splits.
-func splitFiles(c *ckpt.Checkpoint, ts []named, maxSize int64) [][]named {
+func splitFiles(c *ckpt.Checkpoint, ts []viewTensor, maxSize int64) [][]viewTensor {
 	if len(c.FileIndex) > 0 {
-		byIndex := map[int][]named{}
+		byIndex := map[int][]viewTensor{}
 		var keys []int
 		for _, t := range ts {
-			i, ok := c.FileIndex[t.tensor.Name]
+			i, ok := c.FileIndex[t.content.origin().Sources[0]]
 			if !ok {
 				i = c.FileIndex[t.name]
 			}
@@ -235,17 +262,17 @@ func splitFiles(c *ckpt.Checkpoint, ts []named, maxSize int64) [][]named {
 			byIndex[i] = append(byIndex[i], t)
 		}
 		sort.Ints(keys)
-		groups := make([][]named, 0, len(keys))
+		groups := make([][]viewTensor, 0, len(keys))
 		for _, k := range keys {
 			groups = append(groups, byIndex[k])
 		}
 		return groups
 	}
-	var groups [][]named
-	var cur []named
+	var groups [][]viewTensor
+	var cur []viewTensor
 	var size int64
 	for _, t := range ts {
-		n := t.tensor.ByteSize()
+		n := t.content.size()
 		if len(cur) > 0 && size+n > maxSize {
 			groups = append(groups, cur)
 			cur, size = nil, 0

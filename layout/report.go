@@ -46,7 +46,9 @@ func NewReport(c *ckpt.Checkpoint, v *View) Report {
 	inView := map[string]Placement{}
 	if v != nil {
 		for _, p := range v.Tensors {
-			inView[p.Tensor()] = p
+			for _, src := range p.Origin().Sources {
+				inView[src] = p
+			}
 		}
 		for _, f := range v.Files {
 			r.Files = append(r.Files, FileReport{Name: f.Name, Size: f.Size, Tensors: len(f.placements), Source: f.Path})

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 // viewFlags are the flags that shape a view, shared by mount, inspect and export.
@@ -22,6 +23,21 @@ type viewFlags struct {
 	sel          string
 	maxShardSize *byteSize
 	hfConfig     string
+	dtype        dtypeFlag
+}
+
+// dtypeFlag is --dtype: bf16, fp16 or fp32.
+type dtypeFlag struct{ d safetensors.DType }
+
+func (f *dtypeFlag) String() string { return strings.ToLower(string(f.d)) }
+func (f *dtypeFlag) Type() string   { return "dtype" }
+
+func (f *dtypeFlag) Set(s string) error {
+	d, err := layout.ParseDType(s)
+	if err == nil {
+		f.d = d
+	}
+	return err
 }
 
 // selectHelp is the help of --select, shared by every command.
@@ -33,10 +49,11 @@ func (v *viewFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&v.sel, "select", "", selectHelp)
 	fs.Var(v.maxShardSize, "max-shard-size", "split view files at this many bytes of tensor data (e.g. 5GB, 500MB)")
 	fs.StringVar(&v.hfConfig, "hf-config", "", "`DIR` with config.json/tokenizer files to show when the checkpoint has none")
+	fs.Var(&v.dtype, "dtype", "convert floating tensors on read to bf16, fp16 or fp32, rounding as torch's .to() (default: as saved)")
 }
 
 func (v *viewFlags) options() layout.PlanOptions {
-	return layout.PlanOptions{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig}
+	return layout.PlanOptions{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig, DType: v.dtype.d}
 }
 
 // openView opens the checkpoint in src, confined to root (src itself when

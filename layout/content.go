@@ -1,0 +1,63 @@
+package layout
+
+import (
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// content is the bytes of one view tensor: a checkpoint tensor as stored
+// (geometry), or one assembled by a mapping from pieces of checkpoint
+// tensors (mapped). Either way every byte is gathered from shard ranges on
+// demand.
+type content interface {
+	dtype() safetensors.DType
+	shape() []int64
+	size() int64
+	// readAt fills dst with the tensor's bytes from byte pos on.
+	readAt(dst []byte, pos int64) error
+	// backing lists the checkpoint files the bytes come from.
+	backing() []*ckpt.File
+	origin() Origin
+}
+
+// Origin says where a view tensor comes from, for inspect.
+type Origin struct {
+	// Sources are the checkpoint tensors it is made of.
+	Sources []string `json:"sources"`
+	// Transform describes what was done to them; "" for a tensor as stored.
+	Transform string `json:"transform,omitempty"`
+}
+
+// viewTensor is a tensor under the name it has in the view.
+type viewTensor struct {
+	name    string
+	content content
+}
+
+// stored views each selected tensor as it is stored.
+func stored(ts []named) ([]viewTensor, error) {
+	out := make([]viewTensor, len(ts))
+	for i, t := range ts {
+		g, err := newGeometry(t.tensor)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = viewTensor{t.name, g}
+	}
+	return out, nil
+}
+
+func (g *geometry) dtype() safetensors.DType { return g.tensor.DType }
+func (g *geometry) shape() []int64           { return g.tensor.Shape }
+func (g *geometry) size() int64              { return g.bytes }
+func (g *geometry) origin() Origin           { return Origin{Sources: []string{g.tensor.Name}} }
+
+func (g *geometry) backing() []*ckpt.File {
+	var out []*ckpt.File
+	for _, c := range g.chunks {
+		if b, ok := c.src.(ckpt.Backed); ok {
+			out = append(out, b.Backing())
+		}
+	}
+	return out
+}

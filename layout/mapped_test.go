@@ -1,0 +1,141 @@
+package layout
+
+import (
+	"bytes"
+	"math/rand"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/convert"
+	"github.com/ckptfs/ckptfs/layout/mapping"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// expectedBytes assembles a mapped tensor the slow, obvious way from the
+// sources' full bytes: extract each box, permute its rows, concatenate,
+// convert.
+func expectedBytes(t *testing.T, m *mapping.Tensor, full map[string][]byte) []byte {
+	var out []byte
+	for _, p := range m.Pieces {
+		es := int64(p.Source.DType.Size())
+		b := extract(full[p.Source.Name], p.Source.Shape, es, p.Offsets, p.Sizes)
+		if len(p.Rows) > 0 {
+			rowLen := len(b) / len(p.Rows)
+			var perm []byte
+			for _, r := range p.Rows {
+				perm = append(perm, b[int(r)*rowLen:int(r+1)*rowLen]...)
+			}
+			b = perm
+		}
+		out = append(out, b...)
+	}
+	if to := m.ViewType(); to != m.SourceType() {
+		conv := make([]byte, len(out)/m.SourceType().Size()*to.Size())
+		require.NoError(t, convert.Convert(conv, to, out, m.SourceType()))
+		out = conv
+	}
+	return out
+}
+
+// TestMappedMatchesNaive reads mapped tensors (layer slices of a stacked
+// tensor, fused-row splits interleaved by group, permuted rows, type
+// conversion) of randomly chunked sources at random windows and compares
+// with the naive assembly.
+func TestMappedMatchesNaive(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	// a stacked [layers=3, rows=12, cols=5] tensor, split on rows and cols
+	stack, stackFull := gridTensor(rng, []int64{3, 12, 5}, safetensors.F32, [][]int64{{1}, {4, 7}, {2}})
+	stack.Name = "stack"
+	// a [vocab_padded=10, 4] bf16 table, split on rows
+	emb, embFull := gridTensor(rng, []int64{10, 4}, safetensors.BF16, [][]int64{{5}, nil})
+	emb.Name = "emb"
+	full := map[string][]byte{"stack": stackFull, "emb": embFull}
+
+	// rows of group g, part k of a [q(2 rows), k(1), v(1)] x 3 groups layout of layer 1
+	part := func(g, k int64) mapping.Piece {
+		starts := []int64{0, 2, 3}
+		lens := []int64{2, 1, 1}
+		return mapping.Piece{Source: stack, Offsets: []int64{1, g*4 + starts[k], 0}, Sizes: []int64{1, lens[k], 5}}
+	}
+	rope := []int64{0, 2, 4, 1, 3, 5} // interleaved pairs → halves, one head of 6 rows
+	cases := []*mapping.Tensor{
+		{Name: "layer1", Shape: []int64{12, 5}, Pieces: []mapping.Piece{{Source: stack, Offsets: []int64{1, 0, 0}, Sizes: []int64{1, 12, 5}}}},
+		{Name: "q", Shape: []int64{6, 5}, Pieces: []mapping.Piece{part(0, 0), part(1, 0), part(2, 0)}},
+		{Name: "k", Shape: []int64{3, 5}, Pieces: []mapping.Piece{part(0, 1), part(1, 1), part(2, 1)}},
+		{Name: "cols", Shape: []int64{3, 12, 2}, Pieces: []mapping.Piece{{Source: stack, Offsets: []int64{0, 0, 3}, Sizes: []int64{3, 12, 2}}}},
+		{Name: "rope", Shape: []int64{6, 5}, Pieces: []mapping.Piece{{Source: stack, Offsets: []int64{2, 3, 0}, Sizes: []int64{1, 6, 5}, Rows: rope}}},
+		{Name: "unpadded vocab to f32", Shape: []int64{7, 4}, DType: safetensors.F32, Pieces: []mapping.Piece{{Source: emb, Offsets: []int64{0, 0}, Sizes: []int64{7, 4}}}},
+		{Name: "f32 to bf16 permuted", Shape: []int64{6, 5}, DType: safetensors.BF16, Pieces: []mapping.Piece{{Source: stack, Offsets: []int64{0, 6, 0}, Sizes: []int64{1, 6, 5}, Rows: rope}}},
+		{Name: "f32 to f16, two pieces", Shape: []int64{2, 12, 5}, DType: safetensors.F16, Pieces: []mapping.Piece{
+			{Source: stack, Offsets: []int64{2, 0, 0}, Sizes: []int64{1, 12, 5}}, {Source: stack, Offsets: []int64{0, 0, 0}, Sizes: []int64{1, 12, 5}}}},
+	}
+	gs := geometries{}
+	for _, mt := range cases {
+		t.Run(mt.Name, func(t *testing.T) {
+			m, err := newMapped(mt, gs)
+			require.NoError(t, err)
+			want := expectedBytes(t, mt, full)
+			require.EqualValues(t, len(want), m.size())
+			got := make([]byte, len(want))
+			require.NoError(t, m.readAt(got, 0))
+			require.True(t, bytes.Equal(want, got))
+			for i := 0; i < 300; i++ {
+				a := rng.Int63n(int64(len(want)))
+				b := a + rng.Int63n(int64(len(want))-a+1)
+				w := make([]byte, b-a)
+				require.NoError(t, m.readAt(w, a))
+				require.True(t, bytes.Equal(want[a:b], w), "window [%d,%d)", a, b)
+			}
+		})
+	}
+}
+
+func TestMappedRejects(t *testing.T) {
+	rng := rand.New(rand.NewSource(4))
+	src, _ := gridTensor(rng, []int64{4, 4}, safetensors.I32, [][]int64{nil, nil})
+	for _, mt := range []*mapping.Tensor{
+		{Name: "too few elements", Shape: []int64{4, 4}, Pieces: []mapping.Piece{{Source: src, Offsets: []int64{0, 0}, Sizes: []int64{2, 4}}}},
+		{Name: "outside", Shape: []int64{2, 4}, Pieces: []mapping.Piece{{Source: src, Offsets: []int64{3, 0}, Sizes: []int64{2, 4}}}},
+		{Name: "not a permutation", Shape: []int64{2, 4}, Pieces: []mapping.Piece{{Source: src, Offsets: []int64{0, 0}, Sizes: []int64{2, 4}, Rows: []int64{0, 0}}}},
+		{Name: "int to bf16", Shape: []int64{4, 4}, DType: safetensors.BF16, Pieces: []mapping.Piece{mapping.Whole(src)}},
+	} {
+		_, err := newMapped(mt, geometries{})
+		require.Error(t, err, mt.Name)
+	}
+}
+
+// --dtype bf16 converts the floating tensors of a view on read and leaves
+// the others alone; the export equals torch's .to(torch.bfloat16) (the
+// conversion itself is checked against torch in package convert).
+func TestPlanDType(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	w, wFull := gridTensor(rng, []int64{4, 6}, safetensors.F32, [][]int64{{2}, {3}})
+	w.Name = "w"
+	ids, idsFull := gridTensor(rng, []int64{5}, safetensors.I64, [][]int64{{2}})
+	ids.Name = "ids"
+	c := newCheckpoint(t, t.TempDir(), w, ids)
+	v, err := Plan(c, PlanOptions{DType: safetensors.BF16})
+	require.NoError(t, err)
+	f := v.Lookup("model.safetensors")
+	h, err := safetensors.ReadHeader(f, f.Size)
+	require.NoError(t, err)
+	got := map[string][]byte{}
+	for _, info := range h.Tensors {
+		b := make([]byte, info.End-info.Begin)
+		_, err := f.ReadAt(b, h.DataStart+info.Begin)
+		require.NoError(t, err)
+		got[info.Name] = b
+		if info.Name == "w" {
+			require.Equal(t, safetensors.BF16, info.DType)
+		}
+	}
+	want := make([]byte, len(wFull)/2)
+	require.NoError(t, convert.Convert(want, safetensors.BF16, wFull, safetensors.F32))
+	require.Equal(t, want, got["w"])
+	require.Equal(t, idsFull, got["ids"])
+	require.Equal(t, "F32 to BF16", v.Tensors[0].Origin().Transform)
+
+	_, err = ParseDType("int8")
+	require.Error(t, err)
+}
