@@ -47,11 +47,28 @@ def test_from_pretrained_through_mount_is_bitwise(case, view, mount):
     model, loading = load(m.mnt / view)
     assert not loading["missing_keys"], loading
     assert not loading["unexpected_keys"], loading
-    ref = load_file(str(TESTDATA / case / info["logits"]))
+    check_logits(model, case)
+
+
+def check_logits(model, case):
+    """The model's fp32 logits on the case's input are the original model's,
+    to the bit; or, when the original is another framework's model
+    (torchtitan), as close as transformers on the original HF tensors got
+    when the case was written."""
+    logits = case_info(case)["logits"]
+    if isinstance(logits, str):
+        logits = {"file": logits}
+    ref = load_file(str(TESTDATA / case / logits["file"]))
     with torch.no_grad():
         got = model(ref["input_ids"]).logits
     assert got.dtype == torch.float32
-    assert torch.equal(got, ref["logits"])
+    tol = logits.get("max_abs_diff_vs_transformers")
+    if tol is None:
+        assert torch.equal(got, ref["logits"])
+    else:
+        diff = (got - ref["logits"]).abs().max().item()
+        print(f"{case}: max |logits - original| = {diff:.3g}")
+        assert diff <= tol
 
 
 def test_training_roots_show_each_checkpoint(mount):
