@@ -22,9 +22,12 @@ type fixtureCase struct {
 	Format string `json:"format"`
 	// Views are the directories of the case that are checkpoints, each
 	// showing the expected tensors (default: ckpt/ in Format).
-	Views   []fixtureView `json:"views"`
-	Raw     []rawTensor
-	Skipped []struct {
+	Views []fixtureView `json:"views"`
+	Raw   []rawTensor
+	// HFKeyMap renames the expected tensors to HF names where the
+	// framework's own converter only renames (KempnerForge).
+	HFKeyMap map[string]string `json:"hf_key_map"`
+	Skipped  []struct {
 		Name string `json:"name"`
 	} `json:"skipped"`
 }
@@ -92,29 +95,32 @@ type rawTensorData struct {
 	data  []byte
 }
 
-// TestExportMatchesOriginals exports every fixture and compares each tensor,
-// byte for byte, with the original full tensor torch saved beside it.
+// TestExportMatchesOriginals exports every fixture view twice and compares
+// each tensor, byte for byte, with the original full tensors saved beside
+// it: the raw view (--map none) with the framework's own tensors, and the
+// default view, given the case's HF config, with the HF model's tensors
+// (the originals a Megatron model was loaded from, torchtitan's own to_hf,
+// KempnerForge's own renames), or the raw ones where the names already are
+// HF names.
 func TestExportMatchesOriginals(t *testing.T) {
 	for _, fc := range fixtureCases(t) {
 		for _, fv := range fc.Views {
-			t.Run(fc.Name+"/"+fv.Dir, func(t *testing.T) { testExportMatchesOriginals(t, fc, fv) })
+			t.Run(fc.Name+"/"+fv.Dir+"/raw", func(t *testing.T) {
+				testExport(t, fc, fv, PlanOptions{NoMapping: true}, fc.expected(t))
+			})
+			t.Run(fc.Name+"/"+fv.Dir+"/hf", func(t *testing.T) {
+				opts := PlanOptions{}
+				if _, err := os.Stat(filepath.Join(fc.Dir, "hf_config")); err == nil {
+					opts.HFConfigDir = filepath.Join(fc.Dir, "hf_config")
+				}
+				testExport(t, fc, fv, opts, fc.expectedHF(t))
+			})
 		}
 	}
 }
 
-func testExportMatchesOriginals(t *testing.T, fc fixtureCase, fv fixtureView) {
-	c, err := Open(filepath.Join(fc.Dir, fv.Dir))
-	require.NoError(t, err)
-	defer c.Close()
-	require.Equal(t, fv.Format, string(c.Format))
-	v, err := Plan(c, PlanOptions{MaxShardSize: 20_000}) // small files: exercise the split
-	require.NoError(t, err)
-	out := filepath.Join(t.TempDir(), "out")
-	require.NoError(t, Export(v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
-
-	files, err := filepath.Glob(filepath.Join(out, "*.safetensors"))
-	require.NoError(t, err)
-	got := readSafetensors(t, files...)
+// expected is the framework's own tensors under their saved names.
+func (fc fixtureCase) expected(t *testing.T) map[string]rawTensorData {
 	want := readSafetensors(t, filepath.Join(fc.Dir, "expected.safetensors"))
 	for _, r := range fc.Raw {
 		data, err := os.ReadFile(filepath.Join(fc.Dir, r.File))
@@ -123,6 +129,41 @@ func testExportMatchesOriginals(t *testing.T, fc fixtureCase, fv fixtureView) {
 		require.True(t, ok, r.DType)
 		want[r.Name] = rawTensorData{dt, r.Shape, data}
 	}
+	return want
+}
+
+// expectedHF is the HF model's tensors.
+func (fc fixtureCase) expectedHF(t *testing.T) map[string]rawTensorData {
+	if _, err := os.Stat(filepath.Join(fc.Dir, "expected_hf.safetensors")); err == nil {
+		return readSafetensors(t, filepath.Join(fc.Dir, "expected_hf.safetensors"))
+	}
+	want := fc.expected(t)
+	if fc.HFKeyMap == nil {
+		return want
+	}
+	renamed := map[string]rawTensorData{}
+	for k, v := range want {
+		require.Contains(t, fc.HFKeyMap, k)
+		renamed[fc.HFKeyMap[k]] = v
+	}
+	return renamed
+}
+
+func testExport(t *testing.T, fc fixtureCase, fv fixtureView, opts PlanOptions, want map[string]rawTensorData) {
+	c, err := Open(filepath.Join(fc.Dir, fv.Dir))
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, fv.Format, string(c.Format))
+	opts.MaxShardSize = 20_000 // small files: exercise the split
+	v, err := Plan(c, opts)
+	require.NoError(t, err)
+	defer v.closeExtra()
+	out := filepath.Join(t.TempDir(), "out")
+	require.NoError(t, Export(v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
+
+	files, err := filepath.Glob(filepath.Join(out, "*.safetensors"))
+	require.NoError(t, err)
+	got := readSafetensors(t, files...)
 	require.Equal(t, sortedKeys(want), sortedKeys(got))
 	for name, w := range want {
 		g := got[name]

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -35,6 +36,11 @@ type PlanOptions struct {
 	// DType, when set, converts every floating tensor of the view to it on
 	// read (an fp32 master copy served as bf16), as torch's .to() rounds.
 	DType safetensors.DType
+	// Mapping maps the checkpoint's tensors to HF ones. When nil, the
+	// built-in mapping the checkpoint's keys match applies (Megatron-Core
+	// GPT, torchtitan, ...), if any; NoMapping shows the keys as saved.
+	Mapping   *mapping.Spec
+	NoMapping bool
 }
 
 // ParseDType reads a --dtype value: bf16, fp16 or fp32 (or torch's names).
@@ -68,6 +74,11 @@ type View struct {
 	// Note, set when the view holds no tensors (a checkpoint of optimizer
 	// state only), says why in one line.
 	Note string
+	// Mapping names the mapping that made the view's tensors ("" if none).
+	Mapping string
+	// Warnings say, one line each, what the view could not do as asked or
+	// had to assume (a mapping lacking a hyper-parameter, say).
+	Warnings []string
 
 	extra []io.Closer // file sets of sidecars from outside the checkpoint
 }
@@ -78,6 +89,8 @@ type Omission struct {
 	Reason string `json:"reason"`
 	// Optimizer marks optimizer state, which a view never shows as weights.
 	Optimizer bool `json:"optimizer,omitempty"`
+	// Tied marks an output projection tied to the input embeddings.
+	Tied bool `json:"tied,omitempty"`
 }
 
 // Lookup returns the view file of the given name.
@@ -105,7 +118,7 @@ func (v *View) TotalSize() int64 {
 func (v *View) LeavesOutWeights() []Omission {
 	var out []Omission
 	for _, o := range v.Omitted {
-		if !o.Optimizer {
+		if !o.Optimizer && !o.Tied {
 			out = append(out, o)
 		}
 	}
@@ -128,7 +141,7 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 	if opts.MaxShardSize <= 0 {
 		opts.MaxShardSize = DefaultMaxShardSize
 	}
-	v := &View{Checkpoint: c}
+	v := &View{Checkpoint: c, Warnings: append([]string(nil), c.Warnings...)}
 	sidecars, err := v.findSidecars(opts.HFConfigDir)
 	if err != nil {
 		v.closeExtra()
@@ -138,7 +151,7 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 	var tensors []viewTensor
 	if err == nil {
 		v.Omitted = omitted
-		tensors, err = stored(selected)
+		tensors, err = v.mapTensors(selected, sidecars, opts)
 	}
 	if err == nil && opts.DType != "" {
 		tensors, err = castTo(tensors, opts.DType)
@@ -149,6 +162,10 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 	if err != nil {
 		v.closeExtra()
 		return nil, err
+	}
+	if cfg := v.generatedConfig(sidecars, newestModTime(c)); cfg != nil {
+		sidecars = append(sidecars, cfg)
+		sort.Slice(sidecars, func(i, j int) bool { return sidecars[i].Name < sidecars[j].Name })
 	}
 	v.Files = append(v.Files, sidecars...)
 	return v, nil

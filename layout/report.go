@@ -14,22 +14,41 @@ type Report struct {
 	Skipped  []ckpt.Skipped `json:"skipped,omitempty"`
 	Files    []FileReport   `json:"view_files"`
 	Selected int            `json:"tensors_in_view"`
+	// Mapping names the mapping that made the view's tensors.
+	Mapping string `json:"mapping,omitempty"`
+	// View lists the view's tensors and what each is made of.
+	View []ViewTensorReport `json:"view_tensors,omitempty"`
 	// Omitted lists every tensor left out of the view, and why.
 	Omitted []Omission `json:"left_out,omitempty"`
 	// Note says why a view holds no tensors (optimizer state only).
 	Note string `json:"note,omitempty"`
+	// Warnings say what the view could not do or had to assume.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // TensorReport describes one stored tensor.
 type TensorReport struct {
-	Name        string  `json:"name"`
-	ViewName    string  `json:"view_name,omitempty"` // empty when not in the view
+	Name string `json:"name"`
+	// ViewName and ViewFile place a tensor shown as it is stored; empty
+	// when it is left out, or used by a mapping (see ViewTensors).
+	ViewName    string  `json:"view_name,omitempty"`
 	ViewFile    string  `json:"view_file,omitempty"`
 	DType       string  `json:"dtype"`
 	Shape       []int64 `json:"shape"`
 	Chunks      int     `json:"chunks"`
 	ShardedDims []int   `json:"sharded_dims"`
 	Bytes       int64   `json:"bytes"`
+	// Mapped counts the view tensors a mapping makes from this one.
+	Mapped int `json:"mapped_into,omitempty"`
+}
+
+// ViewTensorReport describes one tensor of the view.
+type ViewTensorReport struct {
+	Name  string  `json:"name"`
+	File  string  `json:"file"`
+	DType string  `json:"dtype"`
+	Shape []int64 `json:"shape"`
+	Origin
 }
 
 // FileReport describes one view file.
@@ -42,19 +61,26 @@ type FileReport struct {
 
 // NewReport describes c and its view v (v may be nil when planning failed).
 func NewReport(c *ckpt.Checkpoint, v *View) Report {
-	r := Report{Dir: c.Dir, Format: c.Format, Objects: c.Objects, Skipped: c.Skipped}
+	r := Report{Dir: c.Dir, Format: c.Format, Objects: c.Objects, Skipped: c.Skipped, Warnings: c.Warnings}
 	inView := map[string]Placement{}
+	mapped := map[string]int{}
 	if v != nil {
 		for _, p := range v.Tensors {
-			for _, src := range p.Origin().Sources {
-				inView[src] = p
+			o := p.Origin()
+			if len(o.Sources) == 1 && o.Transform == "" {
+				inView[o.Sources[0]] = p
 			}
+			for _, src := range o.Sources {
+				mapped[src]++
+			}
+			r.View = append(r.View, ViewTensorReport{Name: p.Name, File: p.File, DType: string(p.content.dtype()),
+				Shape: p.content.shape(), Origin: o})
 		}
 		for _, f := range v.Files {
 			r.Files = append(r.Files, FileReport{Name: f.Name, Size: f.Size, Tensors: len(f.placements), Source: f.Path})
 		}
 		r.Selected = len(v.Tensors)
-		r.Omitted, r.Note = v.Omitted, v.Note
+		r.Mapping, r.Omitted, r.Note, r.Warnings = v.Mapping, v.Omitted, v.Note, v.Warnings
 	}
 	for _, t := range c.Tensors {
 		tr := TensorReport{
@@ -66,6 +92,8 @@ func NewReport(c *ckpt.Checkpoint, v *View) Report {
 		}
 		if p, ok := inView[t.Name]; ok {
 			tr.ViewName, tr.ViewFile = p.Name, p.File
+		} else {
+			tr.Mapped = mapped[t.Name]
 		}
 		r.Tensors = append(r.Tensors, tr)
 	}

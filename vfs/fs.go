@@ -169,6 +169,9 @@ func (f *FS) build(e *viewEntry, dir string) {
 		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 		return
 	}
+	for _, w := range e.view.Warnings {
+		f.log.Warn(w, "dir", f.tree.Path(dir))
+	}
 	if left := e.view.LeavesOutWeights(); len(left) > 0 {
 		f.log.Warn("view leaves out tensors that are not optimizer state (ckptfs inspect lists them)",
 			"dir", f.tree.Path(dir), "count", len(left), "first", left[0].Name, "reason", left[0].Reason)

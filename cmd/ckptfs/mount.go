@@ -74,8 +74,9 @@ func newMountCmd(helper *[]string) *cobra.Command {
 		Use:   "mount [flags] SRC MNT",
 		Short: "Mount SRC at MNT: every checkpoint under SRC appears as an HF directory",
 		Long: `Mount SRC at MNT, read-only. Every checkpoint directory under SRC (DCP, HF-sharded
-safetensors, Megatron torch_dist) appears at the same relative path as an HF model
-directory; other files and folders show through. Runs in the foreground; Ctrl-C or
+safetensors, Megatron torch_dist, pipeline stages, plain HF) appears at the same relative
+path as an HF model directory, with HF names where a built-in mapping knows the framework
+(Megatron-Core GPT, torchtitan, KempnerForge); other files and folders show through. Runs in the foreground; Ctrl-C or
 SIGTERM unmounts. From another shell: ckptfs umount MNT (or fusermount3 -u MNT).
 Under systemd (Type=notify) it reports READY=1 once the mount answers.
 

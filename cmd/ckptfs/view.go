@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -24,6 +25,47 @@ type viewFlags struct {
 	maxShardSize *byteSize
 	hfConfig     string
 	dtype        dtypeFlag
+	mapping      mapFlag
+}
+
+// mapFlag is --map: none, a built-in mapping's name, or a mapping file.
+type mapFlag struct {
+	value string
+	spec  *mapping.Spec
+	none  bool
+}
+
+func (f *mapFlag) String() string { return f.value }
+func (f *mapFlag) Type() string   { return "FILE" }
+
+func (f *mapFlag) Set(s string) error {
+	*f = mapFlag{value: s}
+	switch {
+	case s == "" || s == "auto":
+	case s == "none":
+		f.none = true
+	case mapping.ByName(s) != nil:
+		f.spec = mapping.ByName(s)
+	default:
+		b, err := os.ReadFile(s)
+		if err != nil {
+			return err
+		}
+		if f.spec, err = mapping.Parse(b); err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	return nil
+}
+
+// mapHelp lists the built-in mappings.
+func mapHelp() string {
+	var names []string
+	for _, s := range mapping.Builtin {
+		names = append(names, s.Name)
+	}
+	return "map tensors to HF names and layouts with this mapping file (see README), or a built-in one (" +
+		strings.Join(names, ", ") + "), or none to show them as saved; default: the built-in mapping the checkpoint's keys match"
 }
 
 // dtypeFlag is --dtype: bf16, fp16 or fp32.
@@ -50,10 +92,12 @@ func (v *viewFlags) register(fs *pflag.FlagSet) {
 	fs.Var(v.maxShardSize, "max-shard-size", "split view files at this many bytes of tensor data (e.g. 5GB, 500MB)")
 	fs.StringVar(&v.hfConfig, "hf-config", "", "`DIR` with config.json/tokenizer files to show when the checkpoint has none")
 	fs.Var(&v.dtype, "dtype", "convert floating tensors on read to bf16, fp16 or fp32, rounding as torch's .to() (default: as saved)")
+	fs.Var(&v.mapping, "map", mapHelp())
 }
 
 func (v *viewFlags) options() layout.PlanOptions {
-	return layout.PlanOptions{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig, DType: v.dtype.d}
+	return layout.PlanOptions{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig, DType: v.dtype.d,
+		Mapping: v.mapping.spec, NoMapping: v.mapping.none}
 }
 
 // openView opens the checkpoint in src, confined to root (src itself when
@@ -136,9 +180,19 @@ func runInspect(stdout io.Writer, src, root string, vf viewFlags, asJSON bool) e
 }
 
 func printReport(w io.Writer, r layout.Report) {
-	fmt.Fprintf(w, "%s: %s, %d tensors, %d in view, %d left out\n\n", r.Dir, r.Format, len(r.Tensors), r.Selected, len(r.Omitted))
+	mapped := ""
+	if r.Mapping != "" {
+		mapped = ", mapped by " + r.Mapping
+	}
+	fmt.Fprintf(w, "%s: %s, %d tensors, %d in view%s, %d left out\n\n", r.Dir, r.Format, len(r.Tensors), r.Selected, mapped, len(r.Omitted))
 	if r.Note != "" {
 		fmt.Fprintf(w, "%s\n\n", r.Note)
+	}
+	for _, warn := range r.Warnings {
+		fmt.Fprintf(w, "warning: %s\n", warn)
+	}
+	if len(r.Warnings) > 0 {
+		fmt.Fprintln(w)
 	}
 	why := map[string]string{}
 	for _, o := range r.Omitted {
@@ -151,6 +205,9 @@ func printReport(w io.Writer, r layout.Report) {
 		if reason, ok := why[t.Name]; ok {
 			view = "left out: " + reason
 		}
+		if t.Mapped > 0 {
+			view = fmt.Sprintf("mapped into %d", t.Mapped)
+		}
 		if t.ViewFile != "" {
 			view = t.ViewFile
 			if t.ViewName != t.Name {
@@ -160,6 +217,15 @@ func printReport(w io.Writer, r layout.Report) {
 		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%v\t%s\t%s\n", t.Name, t.DType, t.Shape, t.Chunks, t.ShardedDims, human(t.Bytes), view)
 	}
 	tw.Flush()
+	if r.Mapping != "" {
+		fmt.Fprintf(w, "\nView tensors (mapping %s):\n", r.Mapping)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  NAME\tDTYPE\tSHAPE\tFILE\tFROM\tTRANSFORM")
+		for _, t := range r.View {
+			fmt.Fprintf(tw, "  %s\t%s\t%v\t%s\t%s\t%s\n", t.Name, t.DType, t.Shape, t.File, strings.Join(t.Sources, " + "), t.Transform)
+		}
+		tw.Flush()
+	}
 	if len(r.Objects) > 0 {
 		fmt.Fprintf(w, "\nNon-tensor items (not in the view):\n")
 		for _, o := range r.Objects {

@@ -69,6 +69,12 @@ type Checkpoint struct {
 	Passthrough []string
 	// Parts are checkpoints this one merges (pipeline stages), closed with it.
 	Parts []*Checkpoint
+	// Args are the training arguments the checkpoint records (Megatron-LM's
+	// common.pt args): scalar values by name.
+	Args map[string]any
+	// Warnings are problems that do not stop the checkpoint from being
+	// shown (an unreadable common.pt, say), one line each.
+	Warnings []string
 }
 
 // Close releases every open shard file.

@@ -87,9 +87,12 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 		return nil, err
 	}
 	for _, t := range ck.Tensors {
-		if rest, ok := strings.CutPrefix(t.Name, optimizerPrefix); ok && t.Path == nil {
+		if rest, ok := strings.CutPrefix(t.Name, optimizerPrefix); ok && len(t.Path) <= 1 {
 			t.Path = []string{"optimizer", rest}
 		}
+	}
+	if ck.Args, err = ReadArgs(dir); err != nil {
+		ck.Warnings = append(ck.Warnings, err.Error())
 	}
 	return ck, nil
 }

@@ -122,3 +122,29 @@ func TestMegatronCoreFixture(t *testing.T) {
 	assert.Contains(t, names, "decoder.layers.mlp.linear_fc1.weight", "keys stay Megatron's")
 	assert.NotEmpty(t, c.Objects, "ShardedObjects are listed")
 }
+
+// The arguments Megatron-LM's trainer stores in common.pt, read without
+// executing anything (fixture written through megatron-core's own save).
+func TestReadArgs(t *testing.T) {
+	tree, err := source.OpenLocal(filepath.Join("..", "..", "testdata", "megatron_gpt_llama_tp2", "ckpt", "iter_0000010"))
+	require.NoError(t, err)
+	defer tree.Close()
+	args, err := ReadArgs(tree)
+	require.NoError(t, err)
+	assert.Equal(t, int64(4), args["num_attention_heads"])
+	assert.Equal(t, int64(2), args["num_query_groups"])
+	assert.Equal(t, int64(12), args["kv_channels"])
+	assert.Equal(t, int64(128), args["padded_vocab_size"])
+	assert.Equal(t, true, args["group_query_attention"])
+	assert.Equal(t, "RMSNorm", args["normalization"])
+	assert.Equal(t, 1e-05, args["norm_epsilon"])
+	assert.Nil(t, args["vocab_size"])
+
+	// No common.pt: no arguments, no error.
+	empty, err := source.OpenLocal(t.TempDir())
+	require.NoError(t, err)
+	defer empty.Close()
+	args, err = ReadArgs(empty)
+	require.NoError(t, err)
+	assert.Nil(t, args)
+}

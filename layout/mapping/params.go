@@ -1,0 +1,117 @@
+package mapping
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Params are the hyper-parameters a mapping needs: heads, kv_heads,
+// head_dim, hidden, vocab, layers, ffn; a name missing is not known.
+type Params map[string]int64
+
+// Model is what a mapping needs to know about the model beside its
+// tensors.
+type Model struct {
+	Params Params
+	// Tied says the output projection shares the input embeddings.
+	Tied bool
+	// From says where the parameters came from, for inspect.
+	From string
+	// Notes say what was assumed, one line each.
+	Notes []string
+}
+
+// Merge returns m with the parameters of over replacing its own.
+func (m Model) Merge(over Model) Model {
+	p := Params{}
+	for k, v := range m.Params {
+		p[k] = v
+	}
+	for k, v := range over.Params {
+		p[k] = v
+	}
+	out := Model{Params: p, Tied: over.Tied, From: over.From}
+	if _, ok := over.Params["vocab"]; !ok {
+		out.Notes = m.Notes
+	}
+	if m.From != "" && over.From != "" {
+		out.From = over.From + ", " + m.From
+	}
+	return out
+}
+
+// FromHFConfig reads the parameters from an HF config.json.
+func FromHFConfig(data []byte) (Model, error) {
+	var c struct {
+		Heads   *int64 `json:"num_attention_heads"`
+		KV      *int64 `json:"num_key_value_heads"`
+		HeadDim *int64 `json:"head_dim"`
+		Hidden  *int64 `json:"hidden_size"`
+		Vocab   *int64 `json:"vocab_size"`
+		Layers  *int64 `json:"num_hidden_layers"`
+		FFN     *int64 `json:"intermediate_size"`
+		Tied    *bool  `json:"tie_word_embeddings"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return Model{}, fmt.Errorf("config.json: %w", err)
+	}
+	p := Params{}
+	set := func(name string, v *int64) {
+		if v != nil && *v > 0 {
+			p[name] = *v
+		}
+	}
+	set("heads", c.Heads)
+	set("kv_heads", c.KV)
+	set("head_dim", c.HeadDim)
+	set("hidden", c.Hidden)
+	set("vocab", c.Vocab)
+	set("layers", c.Layers)
+	set("ffn", c.FFN)
+	if _, ok := p["kv_heads"]; !ok && c.Heads != nil {
+		p["kv_heads"] = p["heads"]
+	}
+	if _, ok := p["head_dim"]; !ok && p["heads"] > 0 && p["hidden"]%p["heads"] == 0 {
+		p["head_dim"] = p["hidden"] / p["heads"]
+	}
+	// PretrainedConfig ties by default; model configs that do not (Llama)
+	// write the key.
+	tied := c.Tied == nil || *c.Tied
+	return Model{Params: p, Tied: tied, From: "config.json"}, nil
+}
+
+// FromMegatronArgs reads the parameters from the argparse arguments a
+// Megatron-LM checkpoint stores in its common state.
+func FromMegatronArgs(args map[string]any) Model {
+	p := Params{}
+	num := func(name, arg string) {
+		if v, ok := args[arg].(int64); ok && v > 0 {
+			p[name] = v
+		}
+	}
+	num("heads", "num_attention_heads")
+	num("head_dim", "kv_channels")
+	num("hidden", "hidden_size")
+	num("vocab", "vocab_size")
+	num("layers", "num_layers")
+	num("ffn", "ffn_hidden_size")
+	if gqa, _ := args["group_query_attention"].(bool); gqa {
+		num("kv_heads", "num_query_groups")
+	} else if h, ok := p["heads"]; ok {
+		p["kv_heads"] = h
+	}
+	if _, ok := p["head_dim"]; !ok && p["heads"] > 0 && p["hidden"]%p["heads"] == 0 {
+		p["head_dim"] = p["hidden"] / p["heads"]
+	}
+	untie, _ := args["untie_embeddings_and_output_weights"].(bool)
+	m := Model{Params: p, Tied: !untie, From: "common.pt args"}
+	if padded, ok := args["padded_vocab_size"].(int64); ok && p["vocab"] == 0 && padded > 0 {
+		// Megatron pads the vocabulary to a multiple of
+		// make_vocab_size_divisible_by × TP; the tokenizer's size is not
+		// always recorded. The padded rows are shown then, and said so.
+		p["vocab"] = padded
+		m.Notes = append(m.Notes, fmt.Sprintf("vocabulary size not recorded: the %d rows Megatron padded it to are shown "+
+			"(pass --hf-config DIR with the model's config.json to unpad)", padded))
+	}
+	return m
+}

@@ -1,0 +1,149 @@
+package mapping
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// Spec is a mapping as data: the built-in ones (one table per model family)
+// and a user's --map file have this one form.
+//
+//	{"name": "my-model",
+//	 "params": {"heads": 8},
+//	 "tensors": [
+//	   {"to": "model.layers.{l}.self_attn.q_proj.weight",
+//	    "from": "blocks.{l}.attn.qkv.weight",
+//	    "split": {"sizes": ["heads*head_dim", "kv_heads*head_dim", "kv_heads*head_dim"], "take": 0}},
+//	   ...]}
+type Spec struct {
+	Name string `json:"name"`
+	// Params fixes hyper-parameters; config.json and the checkpoint's own
+	// arguments give the others.
+	Params map[string]int64 `json:"params,omitempty"`
+	Rules  []Rule           `json:"tensors"`
+}
+
+// Rule makes one view tensor, or one per layer when To holds "{l}".
+type Rule struct {
+	// To is the view name; "{l}" is the layer index.
+	To string `json:"to"`
+	// From are the source names to try, in order (a string or a list);
+	// "{l}" matches a layer index in the name.
+	From Names `json:"from"`
+	// Stacked says the source holds every layer on a leading axis, as
+	// Megatron saves them: layer l is index l of dimension 0.
+	Stacked bool `json:"stacked,omitempty"`
+	// Rows keeps rows "start:end" of dimension 0 (after taking the layer):
+	// an unpadded vocabulary, say ("0:vocab").
+	Rows string `json:"rows,omitempty"`
+	// Split takes one part of a fused tensor.
+	Split *Split `json:"split,omitempty"`
+	// Permute reorders the rows.
+	Permute *Permute `json:"permute,omitempty"`
+	// Optional rules are skipped when no source exists (a bias, a norm
+	// only some models have).
+	Optional bool `json:"optional,omitempty"`
+	// UnlessTied rules are skipped when the model ties its output
+	// projection to its input embeddings (the source is left out, as
+	// save_pretrained leaves it out).
+	UnlessTied bool `json:"unless_tied,omitempty"`
+}
+
+// Split cuts dimension 0 into Groups equal groups, each made of parts of the
+// given sizes (in rows), and takes part Take of every group: Q, K or V of a
+// QKV tensor interleaved per query group, gate or up of a fused MLP.
+type Split struct {
+	Groups string   `json:"groups,omitempty"` // default "1"
+	Sizes  []string `json:"sizes"`
+	Take   int      `json:"take"`
+}
+
+// Permute reorders rows. Rope: the rows are Rope heads, each stored in
+// interleaved-pair RoPE order (x0, y0, x1, y1, ...), and are shown in the
+// rotate-half order HF Llama uses (x0, x1, ..., y0, y1, ...).
+type Permute struct {
+	Rope string `json:"rope"`
+}
+
+// Names is one name or a list of alternatives.
+type Names []string
+
+// UnmarshalJSON accepts "name" or ["name", ...].
+func (n *Names) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*n = Names{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return fmt.Errorf("from: want a name or a list of names")
+	}
+	*n = many
+	return nil
+}
+
+// maxSpecBytes bounds a --map file.
+const maxSpecBytes = 1 << 20
+
+// Parse reads a --map file. Unknown fields are errors, so a typo is not a
+// silently ignored rule.
+func Parse(data []byte) (*Spec, error) {
+	if len(data) > maxSpecBytes {
+		return nil, fmt.Errorf("mapping: larger than %d bytes", maxSpecBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var s Spec
+	if err := dec.Decode(&s); err != nil {
+		return nil, fmt.Errorf("mapping: %w", err)
+	}
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// validate checks what can be checked without a checkpoint.
+func (s *Spec) validate() error {
+	if s.Name == "" {
+		return fmt.Errorf("mapping: no name")
+	}
+	if len(s.Rules) == 0 {
+		return fmt.Errorf("mapping %s: no tensors", s.Name)
+	}
+	for i, r := range s.Rules {
+		where := fmt.Sprintf("mapping %s: tensor %d (%q)", s.Name, i, r.To)
+		switch {
+		case r.To == "":
+			return fmt.Errorf("%s: no \"to\"", where)
+		case len(r.From) == 0:
+			return fmt.Errorf("%s: no \"from\"", where)
+		case strings.Contains(r.To, "{l}") != (r.Stacked || templated(r.From)):
+			return fmt.Errorf("%s: \"{l}\" in \"to\" needs a stacked source or \"{l}\" in \"from\", and the other way round", where)
+		case r.Stacked && templated(r.From):
+			return fmt.Errorf("%s: a stacked source has no \"{l}\" in its name", where)
+		case r.Split != nil && (len(r.Split.Sizes) == 0 || r.Split.Take < 0 || r.Split.Take >= len(r.Split.Sizes)):
+			return fmt.Errorf("%s: split takes part %d of %d", where, r.Split.Take, len(r.Split.Sizes))
+		case r.Permute != nil && r.Permute.Rope == "":
+			return fmt.Errorf("%s: permute needs \"rope\": the number of heads", where)
+		}
+		if r.Rows != "" {
+			if _, _, ok := strings.Cut(r.Rows, ":"); !ok {
+				return fmt.Errorf("%s: rows %q is not \"start:end\"", where, r.Rows)
+			}
+		}
+	}
+	return nil
+}
+
+func templated(names Names) bool {
+	for _, n := range names {
+		if strings.Contains(n, "{l}") {
+			return true
+		}
+	}
+	return false
+}

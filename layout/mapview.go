@@ -1,0 +1,120 @@
+package layout
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ckptfs/ckptfs/layout/mapping"
+)
+
+// configName is the HF model config among a view's sidecars.
+const configName = "config.json"
+
+// mapTensors turns the selected tensors into the view's tensors: through
+// the mapping the options name, or the built-in one the checkpoint's keys
+// match, or as stored. A mapping applies wholly or the view is an error;
+// only a detected mapping that lacks a hyper-parameter is skipped, with a
+// warning, leaving the names as saved.
+func (v *View) mapTensors(selected []named, sidecars []*File, opts PlanOptions) ([]viewTensor, error) {
+	spec := opts.Mapping
+	if opts.NoMapping || spec == nil && len(selected) == 0 {
+		return stored(selected)
+	}
+	sources := make([]mapping.Source, len(selected))
+	saved := map[string]string{} // selected name → checkpoint name
+	for i, t := range selected {
+		sources[i] = mapping.Source{Name: t.name, Tensor: t.tensor}
+		saved[t.name] = t.tensor.Name
+	}
+	auto := spec == nil
+	if auto {
+		if spec = mapping.Detect(sources); spec == nil {
+			return stored(selected)
+		}
+	}
+	model, err := v.model(sidecars)
+	if err != nil {
+		return nil, err
+	}
+	params := model.Merge(mapping.Model{Params: spec.Params}).Params
+	res, err := mapping.Apply(spec, sources, params, model.Tied)
+	var unknown *mapping.UnknownParamError
+	if auto && errors.As(err, &unknown) {
+		v.Warnings = append(v.Warnings, fmt.Sprintf("%s mapping not applied, names shown as saved: %s "+
+			"(pass --hf-config DIR with the model's config.json)", spec.Name, unknown))
+		return stored(selected)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("layout: %s: %w", v.Checkpoint.Dir, err)
+	}
+	v.Mapping = spec.Name
+	v.Warnings = append(v.Warnings, model.Notes...)
+	for _, name := range res.Unused {
+		v.Omitted = append(v.Omitted, Omission{Name: saved[name], Reason: "not used by the " + spec.Name + " mapping"})
+	}
+	for _, name := range res.Tied {
+		v.Omitted = append(v.Omitted, Omission{Name: saved[name], Tied: true,
+			Reason: "tied to the input embeddings (" + model.From + "), as save_pretrained leaves it out"})
+	}
+	gs := geometries{}
+	out := make([]viewTensor, len(res.Tensors))
+	for i := range res.Tensors {
+		m, err := newMapped(&res.Tensors[i], gs)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = viewTensor{res.Tensors[i].Name, m}
+	}
+	return out, nil
+}
+
+// model is what the checkpoint and the view's config.json say about the
+// model: the config wins where both say something.
+func (v *View) model(sidecars []*File) (mapping.Model, error) {
+	var m mapping.Model
+	if args := v.Checkpoint.Args; args != nil {
+		m = mapping.FromMegatronArgs(args)
+	}
+	for _, f := range sidecars {
+		if f.Name != configName {
+			continue
+		}
+		if f.Size > maxConfigBytes {
+			return m, fmt.Errorf("layout: %s is larger than %d bytes", f.Path, maxConfigBytes)
+		}
+		b := make([]byte, f.Size)
+		if err := readFull(f, b, 0); err != nil {
+			return m, fmt.Errorf("layout: %w", err)
+		}
+		cfg, err := mapping.FromHFConfig(b)
+		if err != nil {
+			return m, fmt.Errorf("layout: %s: %w", f.Path, err)
+		}
+		return m.Merge(cfg), nil
+	}
+	return m, nil
+}
+
+// maxConfigBytes bounds the config.json read for hyper-parameters.
+const maxConfigBytes = 16 << 20
+
+// generatedConfig is the config.json of a mapped view whose checkpoint has
+// none but records its hyper-parameters (Megatron-LM args).
+func (v *View) generatedConfig(sidecars []*File, mtime time.Time) *File {
+	if v.Mapping == "" || v.Checkpoint.Args == nil {
+		return nil
+	}
+	for _, f := range sidecars {
+		if f.Name == configName {
+			return nil
+		}
+	}
+	m := mapping.FromMegatronArgs(v.Checkpoint.Args)
+	b, err := mapping.MegatronHFConfig(v.Checkpoint.Args, m.Params["vocab"])
+	if err != nil {
+		v.Warnings = append(v.Warnings, "no config.json for the view: "+err.Error()+" (pass --hf-config DIR)")
+		return nil
+	}
+	return newBytesFile(configName, append(b, '\n'), mtime)
+}
