@@ -1,0 +1,140 @@
+package mapping
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+func TestEval(t *testing.T) {
+	p := map[string]int64{"heads": 8, "kv_heads": 2, "head_dim": 16}
+	for expr, want := range map[string]int64{
+		"heads/kv_heads*head_dim": 64, "head_dim": 16, "(heads+kv_heads)*2": 20, "7": 7, " heads - 1 ": 7,
+	} {
+		got, err := eval(expr, p)
+		require.NoError(t, err, expr)
+		assert.Equal(t, want, got, expr)
+	}
+	for expr, msg := range map[string]string{
+		"heads/3": "not a multiple", "vocab": "vocab is not known", "heads*": "unexpected", "(heads": "missing )",
+		"heads/0": "division by zero", "4611686018427387904*4": "overflows", "heads heads": "unexpected",
+	} {
+		_, err := eval(expr, p)
+		assert.ErrorContains(t, err, msg, expr)
+	}
+	_, err := eval("vocab", p)
+	var unknown *UnknownParamError
+	assert.ErrorAs(t, err, &unknown)
+}
+
+func TestParseRejects(t *testing.T) {
+	for doc, msg := range map[string]string{
+		`{"name": "x", "tensors": [{"to": "a", "from": "b", "sdplit": {}}]}`:                       `unknown field "sdplit"`,
+		`{"name": "x", "tensors": []}`:                                                               "no tensors",
+		`{"tensors": [{"to": "a", "from": "b"}]}`:                                                    "no name",
+		`{"name": "x", "tensors": [{"to": "l.{l}.w", "from": "w"}]}`:                               `"{l}" in "to"`,
+		`{"name": "x", "tensors": [{"to": "w", "from": "l.{l}.w"}]}`:                               `"{l}" in "to"`,
+		`{"name": "x", "tensors": [{"to": "a", "from": "b", "split": {"sizes": ["1"], "take": 1}}]}`: "split takes part 1 of 1",
+		`{"name": "x", "tensors": [{"to": "a", "from": "b", "rows": "5"}]}`:                         `rows "5" is not "start:end"`,
+		`{"name": "x", "tensors": [{"to": "a", "from": 7}]}`:                                         "want a name or a list",
+	} {
+		_, err := Parse([]byte(doc))
+		assert.ErrorContains(t, err, msg, doc)
+	}
+	s, err := Parse([]byte(`{"name": "x", "params": {"heads": 2}, "tensors": [{"to": "a", "from": ["b", "c"], "optional": true}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, Names{"b", "c"}, s.Rules[0].From)
+}
+
+func tensor(name string, shape ...int64) Source {
+	return Source{Name: name, Tensor: &ckpt.Tensor{Name: name, DType: safetensors.F32, Shape: shape}}
+}
+
+// A fused QKV tensor per layer, stacked: every part and layer is the right
+// box; unused sources and tied outputs are reported, never dropped silently.
+func TestApply(t *testing.T) {
+	spec := &Spec{Name: "t", Rules: []Rule{
+		{To: "embed", From: Names{"emb"}, Rows: "0:vocab"},
+		{To: "l.{l}.q", From: Names{"qkv"}, Stacked: true, Split: &Split{Groups: "kv_heads", Sizes: []string{"heads/kv_heads*head_dim", "head_dim", "head_dim"}, Take: 0}},
+		{To: "l.{l}.v", From: Names{"qkv"}, Stacked: true, Split: &Split{Groups: "kv_heads", Sizes: []string{"heads/kv_heads*head_dim", "head_dim", "head_dim"}, Take: 2}},
+		{To: "l.{l}.bias", From: Names{"bias"}, Stacked: true, Optional: true},
+		{To: "b.{l}.w", From: Names{"blocks.{l}.w"}, Permute: &Permute{Rope: "heads"}},
+		{To: "head", From: Names{"out"}, UnlessTied: true},
+	}}
+	params := map[string]int64{"heads": 4, "kv_heads": 2, "head_dim": 2, "vocab": 5}
+	srcs := []Source{tensor("emb", 8, 3), tensor("qkv", 2, 16, 3), tensor("blocks.0.w", 8, 3), tensor("blocks.10.w", 8, 3),
+		tensor("blocks.2.w", 8, 3), tensor("out", 8, 3), tensor("extra", 1)}
+	res, err := Apply(spec, srcs, params, true)
+	require.NoError(t, err)
+	var names []string
+	for _, m := range res.Tensors {
+		names = append(names, m.Name)
+		require.NoError(t, m.Check(), m.Name)
+	}
+	// layer-major, as a model's state dict is
+	assert.Equal(t, []string{"embed", "l.0.q", "l.0.v", "b.0.w", "l.1.q", "l.1.v", "b.2.w", "b.10.w"}, names)
+	assert.Equal(t, []string{"extra"}, res.Unused)
+	assert.Equal(t, []string{"out"}, res.Tied)
+
+	embed := res.Tensors[0]
+	assert.Equal(t, []int64{5, 3}, embed.Shape)
+	q1 := res.Tensors[4]
+	assert.Equal(t, []int64{8, 3}, q1.Shape)
+	require.Len(t, q1.Pieces, 2) // one per kv group
+	assert.Equal(t, []int64{1, 0, 0}, q1.Pieces[0].Offsets)
+	assert.Equal(t, []int64{1, 8, 0}, q1.Pieces[1].Offsets) // group 1 starts at (2*2+2+2)=8
+	assert.Equal(t, []int64{1, 4, 3}, q1.Pieces[1].Sizes)
+	v0 := res.Tensors[2]
+	assert.Equal(t, []int64{0, 6, 0}, v0.Pieces[0].Offsets)
+	assert.Equal(t, []int64{0, 14, 0}, v0.Pieces[1].Offsets)
+	// 4 heads of 2 rows: a pair (x, y) is already halves
+	assert.Equal(t, []int64{0, 1, 2, 3, 4, 5, 6, 7}, res.Tensors[3].Pieces[0].Rows)
+
+	// untied: the output is made
+	res, err = Apply(spec, srcs, params, false)
+	require.NoError(t, err)
+	assert.Equal(t, "head", res.Tensors[len(res.Tensors)-1].Name)
+	assert.Empty(t, res.Tied)
+}
+
+func TestRopeHalves(t *testing.T) {
+	perm, err := ropeHalves(8, 2) // 2 heads of 4: x0 y0 x1 y1 → x0 x1 y0 y1
+	require.NoError(t, err)
+	assert.Equal(t, []int64{0, 2, 1, 3, 4, 6, 5, 7}, perm)
+}
+
+func TestApplyErrors(t *testing.T) {
+	params := map[string]int64{"heads": 4, "kv_heads": 2, "head_dim": 2}
+	for _, tc := range []struct {
+		rule Rule
+		srcs []Source
+		msg  string
+	}{
+		{Rule{To: "a", From: Names{"b"}}, nil, "a needs b, which the checkpoint does not have"},
+		{Rule{To: "a", From: Names{"b"}, Split: &Split{Sizes: []string{"3", "3"}, Take: 0}}, []Source{tensor("b", 7, 2)}, "does not cover 7 rows"},
+		{Rule{To: "a", From: Names{"b"}, Rows: "0:vocab"}, []Source{tensor("b", 7, 2)}, "vocab is not known"},
+		{Rule{To: "a", From: Names{"b"}, Rows: "0:9"}, []Source{tensor("b", 7, 2)}, "rows 0:9 outside 7"},
+		{Rule{To: "a", From: Names{"b"}, Permute: &Permute{Rope: "heads"}}, []Source{tensor("b", 6, 2)}, "6 rows are not 4 heads"},
+	} {
+		_, err := Apply(&Spec{Name: "t", Rules: []Rule{tc.rule}}, tc.srcs, params, false)
+		assert.ErrorContains(t, err, tc.msg)
+	}
+	// two rules making one name
+	spec := &Spec{Name: "t", Rules: []Rule{{To: "a", From: Names{"b"}}, {To: "a", From: Names{"c"}}}}
+	_, err := Apply(spec, []Source{tensor("b", 1), tensor("c", 1)}, params, false)
+	assert.ErrorContains(t, err, "two rules make a")
+}
+
+func TestDetect(t *testing.T) {
+	megatron := []Source{tensor("embedding.word_embeddings.weight", 8, 4), tensor("decoder.layers.self_attention.linear_qkv.weight", 2, 8, 4),
+		tensor("decoder.layers.self_attention.linear_qkv.layer_norm_weight", 2, 4), tensor("decoder.layers.self_attention.linear_proj.weight", 2, 4, 4),
+		tensor("decoder.layers.mlp.linear_fc1.layer_norm_weight", 2, 4), tensor("decoder.layers.mlp.linear_fc1.weight", 2, 8, 4),
+		tensor("decoder.layers.mlp.linear_fc2.weight", 2, 4, 4), tensor("decoder.final_layernorm.weight", 4)}
+	assert.Equal(t, "megatron-gpt", Detect(megatron).Name)
+	assert.Nil(t, Detect(megatron[1:]), "a required source is missing: no mapping, names as saved")
+	assert.Nil(t, Detect([]Source{tensor("model.embed_tokens.weight", 8, 4)}))
+}
