@@ -48,8 +48,9 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 func IsInternal(name string) bool { return shardName.MatchString(name) }
 
 // shardFiles lists the entries of dir named like shards, sorted by (model
-// file index, shard index): regular files, links to them inside the source,
-// and links that cannot be followed (which Open then reports).
+// file index, shard index): regular files and links to them, and whatever
+// else bears such a name (a directory, a FIFO, a link leading outside),
+// which Open then reports by name rather than as a hole in a tensor.
 func shardFiles(dir source.Tree) ([]string, error) {
 	entries, err := dir.ReadDir(".")
 	if err != nil {
@@ -60,7 +61,7 @@ func shardFiles(dir source.Tree) ([]string, error) {
 	var names []string
 	for _, e := range entries {
 		m := shardName.FindStringSubmatch(e.Name)
-		if m == nil || e.IsDir() {
+		if m == nil {
 			continue
 		}
 		shard, _ := strconv.Atoi(m[1])

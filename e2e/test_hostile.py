@@ -1,0 +1,146 @@
+"""A checkpoint is untrusted input. Each hostile case goes through
+`ckptfs inspect`, `ckptfs export` and a mount: it must end in time and in
+bounded memory with one clear line naming the file and the cause, and no
+byte from outside the source may come out."""
+
+import os
+import resource
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import BIN, TESTDATA
+
+SECRET = b"TOP-SECRET-BYTES"
+
+
+def run(*args, timeout=20):
+    """Run ckptfs with a time bound; return (proc, seconds, peak RSS MiB)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.monotonic()
+    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return p, took, max(peak, before) / 1024
+
+
+def copy_case(name, dst):
+    shutil.copytree(TESTDATA / name / "ckpt", dst, symlinks=True)
+    return dst
+
+
+def symlinked_sidecar(root, secret):
+    ck = copy_case("sample", root / "ck")
+    os.remove(ck / "config.json")
+    os.symlink(secret, ck / "config.json")
+    return ck, None, None  # not an error: the link is not followed
+
+
+def symlinked_shard(root, secret):
+    ck = copy_case("fsdp2_4ranks", root / "ck")
+    os.remove(ck / "__0_0.distcp")
+    os.symlink(secret, ck / "__0_0.distcp")
+    return ck, "__0_0.distcp", "escapes the source tree"
+
+
+def fifo_file_index(root, secret):
+    ck = copy_case("nemo_automodel_sharded", root / "ck") / "epoch_0_step_1" / "model"
+    os.remove(ck / ".hf_metadata" / "fqn_to_file_index_mapping.json")
+    os.mkfifo(ck / ".hf_metadata" / "fqn_to_file_index_mapping.json")
+    return ck, "fqn_to_file_index_mapping.json", "FIFO"
+
+
+def fifo_megatron_config(root, secret):
+    ck = copy_case("megatron", root / "ck")
+    os.remove(ck / "metadata.json")
+    os.mkfifo(ck / "metadata.json")
+    return ck, None, None  # not Megatron then: an ordinary DCP checkpoint
+
+
+def fifo_metadata(root, secret):
+    ck = copy_case("fsdp2_4ranks", root / "ck")
+    os.remove(ck / ".metadata")
+    os.mkfifo(ck / ".metadata")
+    return ck, ".metadata", "FIFO"
+
+
+def corrupt_first_shard(root, secret):
+    ck = copy_case("hf_sharded", root / "ck")
+    first = sorted(p for p in os.listdir(ck) if p.startswith("shard-"))[0]
+    with open(ck / first, "r+b") as f:
+        f.write(b"\xff" * 16)
+    return ck, first, "header"
+
+
+def directory_as_shard(root, secret):
+    ck = copy_case("hf_sharded", root / "ck")
+    first = sorted(p for p in os.listdir(ck) if p.startswith("shard-"))[0]
+    os.remove(ck / first)
+    os.mkdir(ck / first)
+    return ck, first, "not a regular file"
+
+
+def truncated_shard(root, secret):
+    ck = copy_case("fsdp2_4ranks", root / "ck")
+    os.truncate(ck / "__1_0.distcp", 100)
+    return ck, "__1_0.distcp", "past end of file"
+
+
+def memo_bomb(root, secret):
+    """305 bytes of tuples shared through the pickle memo, used as dict keys."""
+    ck = root / "ck"
+    shutil.copytree(TESTDATA / "hostile" / "metadata-memo-bomb", ck)
+    return ck, ".metadata", "pickle"
+
+
+CASES = [symlinked_sidecar, symlinked_shard, fifo_file_index, fifo_megatron_config, fifo_metadata,
+         corrupt_first_shard, directory_as_shard, truncated_shard, memo_bomb]
+
+
+@pytest.mark.parametrize("make", CASES, ids=[c.__name__ for c in CASES])
+def test_hostile(make, tmp_path, mount):
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    src = tmp_path / "src"
+    src.mkdir()
+    ck, file, cause = make(src, secret)
+
+    p, took, rss = run("inspect", ck)
+    assert took < 10 and rss < 300, (took, rss)
+    assert SECRET.decode() not in p.stdout + p.stderr
+    if file is None:
+        assert p.returncode == 0, p.stderr
+    else:
+        assert p.returncode != 0
+        assert p.stderr.count("\n") == 1, p.stderr
+        assert file in p.stderr and cause in p.stderr, p.stderr
+
+    out = tmp_path / "out"
+    p, took, rss = run("export", "--quiet", ck, out)
+    assert took < 10 and rss < 300, (took, rss)
+    if file is not None:
+        assert p.returncode != 0 and file in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    for dirpath, _, names in os.walk(tmp_path):
+        for n in names:
+            f = os.path.join(dirpath, n)
+            if f != str(secret) and os.path.isfile(f) and not os.path.islink(f):
+                assert SECRET not in open(f, "rb").read(), f
+
+    m = mount(src)
+    view = m.mnt / os.path.relpath(ck, src)
+    start = time.monotonic()
+    names = os.listdir(view)
+    for n in names:
+        if os.path.isfile(view / n):
+            try:
+                data = (view / n).read_bytes()
+            except OSError:
+                continue
+            assert SECRET not in data, n
+    assert time.monotonic() - start < 10
+    if file is not None and cause != "past end of file":
+        assert "CKPTFS_ERROR.txt" in names
+        text = (view / "CKPTFS_ERROR.txt").read_text()
+        assert file in text and cause in text, text
