@@ -31,7 +31,9 @@ type Options struct {
 	// MaxStringLen bounds one str, bytes or GLOBAL name (default 64 MiB).
 	MaxStringLen int
 	// MaxItems bounds the total number of elements put into containers
-	// (tuples, lists, dicts, sets, object args/items) (default 1<<26).
+	// (tuples, lists, dicts, sets, object args/items), counting a value the
+	// memo shares as a copy each time it is referenced, so it bounds the
+	// expanded size of the result (see weight.go) (default 1<<26).
 	MaxItems int64
 	// MaxDepth bounds how deeply containers nest (default 256).
 	MaxDepth int
@@ -126,24 +128,27 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 }
 
 // slot is a stack or memo entry: a value and, for tuples and scalars, its
-// nesting depth (mutable containers carry their own).
+// nesting depth and expanded weight (mutable containers carry their own in
+// their node). shared marks a second reference (from the memo or DUP).
 type slot struct {
-	v any
-	d int
+	v      any
+	d      int
+	w      int64
+	shared bool
 }
 
 func (s slot) depth() int {
-	switch x := s.v.(type) {
-	case *List:
-		return x.depth
-	case *Dict:
-		return x.depth
-	case *Set:
-		return x.depth
-	case *Object:
-		return x.depth
+	if n := nodeOf(s.v); n != nil {
+		return n.depth
 	}
 	return s.d
+}
+
+func (s slot) weight() int64 {
+	if n := nodeOf(s.v); n != nil {
+		return n.weight
+	}
+	return s.w
 }
 
 type decoder struct {
@@ -156,7 +161,8 @@ type decoder struct {
 	stack []slot
 	marks []int // stack lengths at each MARK
 	memo  map[uint32]slot
-	items int64
+	items int64 // expanded items so far, checked against MaxItems
+	late  bool  // a container grew after it was put somewhere
 }
 
 func (d *decoder) fail(format string, args ...any) error {
@@ -225,14 +231,19 @@ func (d *decoder) base() int {
 	return d.marks[len(d.marks)-1]
 }
 
+// push pushes a new scalar or container.
 func (d *decoder) push(v any, depth int) error {
+	return d.pushSlot(slot{v: v, d: depth, w: scalarWeight(v)})
+}
+
+func (d *decoder) pushSlot(s slot) error {
 	if len(d.stack)+len(d.marks) >= d.opts.MaxStack {
 		return d.limit("stack deeper than %d entries", d.opts.MaxStack)
 	}
-	if depth > d.opts.MaxDepth {
+	if s.depth() > d.opts.MaxDepth {
 		return d.limit("values nested deeper than %d", d.opts.MaxDepth)
 	}
-	d.stack = append(d.stack, slot{v: v, d: depth})
+	d.stack = append(d.stack, s)
 	return nil
 }
 
@@ -267,12 +278,26 @@ func (d *decoder) popMark() ([]slot, error) {
 	return out, nil
 }
 
-func (d *decoder) addItems(n int) error {
-	d.items += int64(n)
-	if d.items > d.opts.MaxItems {
-		return d.limit("more than %d container items", d.opts.MaxItems)
+// put records that the value in s went into the container whose node is n:
+// it charges the value against MaxItems (one item, or its whole weight when
+// it is a second reference) and adds its depth and weight to the container.
+func (d *decoder) put(n *node, s slot) error {
+	cost := int64(1)
+	if s.shared {
+		cost = s.weight()
 	}
-	return nil
+	d.items = addWeight(d.items, cost)
+	if d.items > d.opts.MaxItems {
+		return d.limit("more than %d container items (memo references count as copies)", d.opts.MaxItems)
+	}
+	if n.placed {
+		d.late = true
+	}
+	if c := nodeOf(s.v); c != nil {
+		c.placed = true
+	}
+	n.weight = addWeight(n.weight, s.weight())
+	return d.deepen(&n.depth, s.depth())
 }
 
 // deepen records that a child of depth c went into a container of depth *p.
@@ -286,19 +311,16 @@ func (d *decoder) deepen(p *int, c int) error {
 	return nil
 }
 
-func (d *decoder) tuple(items []slot) (Tuple, int, error) {
-	if err := d.addItems(len(items)); err != nil {
-		return nil, 0, err
-	}
+func (d *decoder) pushTuple(items []slot) error {
 	t := make(Tuple, len(items))
-	depth := 1
+	n := newNode()
 	for i, s := range items {
 		t[i] = s.v
-		if err := d.deepen(&depth, s.depth()); err != nil {
-			return nil, 0, err
+		if err := d.put(&n, s); err != nil {
+			return err
 		}
 	}
-	return t, depth, nil
+	return d.pushSlot(slot{v: t, d: n.depth, w: n.weight})
 }
 
 func (d *decoder) memoPut(idx uint32, s slot) error {
@@ -314,7 +336,8 @@ func (d *decoder) memoGet(idx uint32) error {
 	if !ok {
 		return d.fail("memo key %d not found", idx)
 	}
-	return d.push(s.v, s.d)
+	s.shared = true
+	return d.pushSlot(s)
 }
 
 // appendTo implements APPEND(S) on a list or a list-like object.
@@ -323,20 +346,17 @@ func (d *decoder) appendTo(items []slot) error {
 	if err != nil {
 		return err
 	}
-	if err := d.addItems(len(items)); err != nil {
-		return err
-	}
 	switch c := t.v.(type) {
 	case *List:
 		for _, s := range items {
-			if err := d.deepen(&c.depth, s.depth()); err != nil {
+			if err := d.put(&c.node, s); err != nil {
 				return err
 			}
 			c.Items = append(c.Items, s.v)
 		}
 	case *Object:
 		for _, s := range items {
-			if err := d.deepen(&c.depth, s.depth()); err != nil {
+			if err := d.put(&c.node, s); err != nil {
 				return err
 			}
 			c.Appended = append(c.Appended, s.v)
@@ -357,26 +377,23 @@ func (d *decoder) setItems(kv []slot) error {
 		return err
 	}
 	var dict *Dict
-	var depth *int
+	var n *node
 	switch c := t.v.(type) {
 	case *Dict:
-		dict, depth = c, &c.depth
+		dict, n = c, &c.node
 	case *Object:
 		if c.Items == nil {
 			c.Items = &Dict{}
 		}
-		dict, depth = c.Items, &c.depth
+		dict, n = c.Items, &c.node
 	default:
 		return d.fail("cannot set items on %s", typeName(t.v))
 	}
-	if err := d.addItems(len(kv) / 2); err != nil {
-		return err
-	}
 	for i := 0; i < len(kv); i += 2 {
-		if err := d.deepen(depth, kv[i].depth()); err != nil {
+		if err := d.put(n, kv[i]); err != nil {
 			return err
 		}
-		if err := d.deepen(depth, kv[i+1].depth()); err != nil {
+		if err := d.put(n, kv[i+1]); err != nil {
 			return err
 		}
 		if err := dict.Set(kv[i].v, kv[i+1].v); err != nil {
@@ -391,11 +408,8 @@ func (d *decoder) setItems(kv []slot) error {
 }
 
 func (d *decoder) addToSet(s *Set, items []slot) error {
-	if err := d.addItems(len(items)); err != nil {
-		return err
-	}
 	for _, it := range items {
-		if err := d.deepen(&s.depth, it.depth()); err != nil {
+		if err := d.put(&s.node, it); err != nil {
 			return err
 		}
 		s.Items = append(s.Items, it.v)
@@ -443,6 +457,9 @@ func (d *decoder) run() (any, error) {
 			if err != nil {
 				return nil, err
 			}
+			if d.late && expandedSize(s.v, d.opts.MaxItems) > d.opts.MaxItems {
+				return nil, d.limit("more than %d container items (memo references count as copies)", d.opts.MaxItems)
+			}
 			return s.v, nil
 		}
 		if err := d.step(); err != nil {
@@ -486,7 +503,8 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
-		return d.push(s.v, s.d)
+		s.shared = true
+		return d.pushSlot(s)
 
 	// Constants and scalars.
 	case opNONE:
@@ -559,7 +577,7 @@ func (d *decoder) step() error {
 
 	// Containers.
 	case opEMPTY_TUPLE:
-		return d.push(Tuple{}, 1)
+		return d.pushSlot(slot{v: Tuple{}, d: 1, w: 1})
 	case opTUPLE1, opTUPLE2, opTUPLE3:
 		n := int(d.op-opTUPLE1) + 1
 		if len(d.stack)-d.base() < n {
@@ -569,29 +587,21 @@ func (d *decoder) step() error {
 		copy(items, d.stack[len(d.stack)-n:])
 		clear(d.stack[len(d.stack)-n:])
 		d.stack = d.stack[:len(d.stack)-n]
-		t, depth, err := d.tuple(items)
-		if err != nil {
-			return err
-		}
-		return d.push(t, depth)
+		return d.pushTuple(items)
 	case opTUPLE:
 		items, err := d.popMark()
 		if err != nil {
 			return err
 		}
-		t, depth, err := d.tuple(items)
-		if err != nil {
-			return err
-		}
-		return d.push(t, depth)
+		return d.pushTuple(items)
 	case opEMPTY_LIST:
-		return d.push(&List{depth: 1}, 1)
+		return d.push(&List{node: newNode()}, 1)
 	case opLIST:
 		items, err := d.popMark()
 		if err != nil {
 			return err
 		}
-		l := &List{depth: 1}
+		l := &List{node: newNode()}
 		if err := d.push(l, 1); err != nil {
 			return err
 		}
@@ -609,13 +619,13 @@ func (d *decoder) step() error {
 		}
 		return d.appendTo(items)
 	case opEMPTY_DICT:
-		return d.push(&Dict{depth: 1}, 1)
+		return d.push(&Dict{node: newNode()}, 1)
 	case opDICT:
 		items, err := d.popMark()
 		if err != nil {
 			return err
 		}
-		if err := d.push(&Dict{depth: 1}, 1); err != nil {
+		if err := d.push(&Dict{node: newNode()}, 1); err != nil {
 			return err
 		}
 		return d.setItems(items)
@@ -636,7 +646,7 @@ func (d *decoder) step() error {
 		}
 		return d.setItems(items)
 	case opEMPTY_SET:
-		return d.push(&Set{depth: 1}, 1)
+		return d.push(&Set{node: newNode()}, 1)
 	case opADDITEMS:
 		items, err := d.popMark()
 		if err != nil {
@@ -656,7 +666,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
-		s := &Set{Frozen: true, depth: 1}
+		s := &Set{Frozen: true, node: newNode()}
 		if err := d.addToSet(s, items); err != nil {
 			return err
 		}
@@ -757,10 +767,7 @@ func (d *decoder) step() error {
 		if !ok {
 			return d.fail("BUILD on %s", typeName(t.v))
 		}
-		if err := d.addItems(1); err != nil {
-			return err
-		}
-		if err := d.deepen(&obj.depth, state.depth()); err != nil {
+		if err := d.put(&obj.node, state); err != nil {
 			return err
 		}
 		obj.State = state.v
@@ -777,7 +784,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return &Error{Offset: d.opPos, Op: opName(d.op), Msg: "persistent load: " + err.Error(), Err: err}
 		}
-		return d.push(v, pid.depth())
+		return d.pushSlot(slot{v: v, d: pid.depth(), w: pid.weight()})
 	}
 	if name, ok := opNames[d.op]; ok {
 		return &Error{Offset: d.opPos, Msg: fmt.Sprintf("unsupported opcode %s (0x%02x) at offset %d", name, d.op, d.opPos)}
@@ -786,7 +793,7 @@ func (d *decoder) step() error {
 }
 
 func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
-	obj := &Object{NewObj: d.op != opREDUCE, depth: 1}
+	obj := &Object{NewObj: d.op != opREDUCE, node: newNode()}
 	switch c := callable.v.(type) {
 	case Global:
 		obj.Class = c
@@ -795,7 +802,7 @@ func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
 			return d.fail("%s on %s (needs a class)", opName(d.op), typeName(callable.v))
 		}
 		obj.Func = c
-		if err := d.deepen(&obj.depth, c.depth); err != nil {
+		if err := d.put(&obj.node, callable); err != nil {
 			return err
 		}
 	default:
@@ -806,10 +813,7 @@ func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
 		return d.fail("%s arguments must be a tuple, got %s", opName(d.op), typeName(args.v))
 	}
 	obj.Args = t
-	if err := d.addItems(1); err != nil {
-		return err
-	}
-	if err := d.deepen(&obj.depth, args.depth()); err != nil {
+	if err := d.put(&obj.node, args); err != nil {
 		return err
 	}
 	if kwargs != nil {
@@ -817,7 +821,7 @@ func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
 		if !ok {
 			return d.fail("NEWOBJ_EX keyword arguments must be a dict, got %s", typeName(kwargs.v))
 		}
-		if err := d.deepen(&obj.depth, kw.depth); err != nil {
+		if err := d.put(&obj.node, *kwargs); err != nil {
 			return err
 		}
 		obj.Kwargs = kw

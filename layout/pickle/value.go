@@ -3,8 +3,6 @@ package pickle
 import (
 	"fmt"
 	"math/big"
-	"strconv"
-	"strings"
 )
 
 // The values Decode produces. Python None is Go nil; bool, int64, *big.Int
@@ -18,14 +16,14 @@ type Tuple []any
 // lists through the memo (EMPTY_LIST, MEMOIZE, then APPENDS).
 type List struct {
 	Items []any
-	depth int
+	node
 }
 
 // Set is a Python set or frozenset.
 type Set struct {
 	Items  []any
 	Frozen bool
-	depth  int
+	node
 }
 
 // Global is a class or function reference (GLOBAL / STACK_GLOBAL). The
@@ -63,7 +61,7 @@ type Object struct {
 	Items *Dict
 	// Appended are APPEND(S) applied to the object.
 	Appended []any
-	depth    int
+	node
 }
 
 // Is reports whether the object's class is module.name.
@@ -97,12 +95,15 @@ type DictItem struct {
 }
 
 // Dict is a Python dict that keeps insertion order. Keys may be None, bools,
-// ints, floats, strings, bytes, Globals, tuples of those, or Objects (which
-// compare by identity, as unpickled objects without __eq__ do).
+// ints, floats, strings, bytes, Globals, tuples of those, or Objects and
+// frozensets (which compare by identity, as unpickled objects without __eq__
+// do). Tuple keys are hashed and compared without expanding what the memo
+// shares (see key.go).
 type Dict struct {
-	items []DictItem
-	index map[any]int
-	depth int
+	items  []DictItem
+	index  map[any]int         // normalized non-tuple key → item
+	tuples map[tupleHash][]int // tuple key hash → items whose keys hash alike
+	node
 }
 
 // NewDict returns an empty dict.
@@ -129,12 +130,8 @@ func (d *Dict) Get(key any) (any, bool) {
 	if d == nil {
 		return nil, false
 	}
-	k, err := hashKey(key, 0)
-	if err != nil {
-		return nil, false
-	}
-	i, ok := d.index[k]
-	if !ok {
+	i, _, err := d.find(key)
+	if err != nil || i < 0 {
 		return nil, false
 	}
 	return d.items[i].Value, true
@@ -143,103 +140,53 @@ func (d *Dict) Get(key any) (any, bool) {
 // Set stores key → value. Setting an existing key replaces the value and keeps
 // its position, as Python does.
 func (d *Dict) Set(key, value any) error {
-	k, err := hashKey(key, 0)
+	i, k, err := d.find(key)
 	if err != nil {
 		return err
+	}
+	if i >= 0 {
+		d.items[i].Value = value
+		return nil
+	}
+	i = len(d.items)
+	d.items = append(d.items, DictItem{Key: key, Value: value})
+	if h, ok := k.(tupleHash); ok {
+		if d.tuples == nil {
+			d.tuples = map[tupleHash][]int{}
+		}
+		d.tuples[h] = append(d.tuples[h], i)
+		return nil
 	}
 	if d.index == nil {
 		d.index = map[any]int{}
 	}
-	if i, ok := d.index[k]; ok {
-		d.items[i].Value = value
-		return nil
-	}
-	d.index[k] = len(d.items)
-	d.items = append(d.items, DictItem{Key: key, Value: value})
+	d.index[k] = i
 	return nil
 }
 
-// Keys used in Dict.index for values that are not themselves comparable or
-// whose Go equality differs from Python's.
-type (
-	noneKey  struct{}
-	bytesKey string
-	bigKey   string
-	tupleKey string
-)
-
-// maxKeyDepth bounds recursion through nested tuples when hashing a key. The
-// decoder's own depth limit is normally lower.
-const maxKeyDepth = 1000
-
-func hashKey(v any, depth int) (any, error) {
-	switch x := v.(type) {
-	case nil:
-		return noneKey{}, nil
-	case bool:
-		// Python: True == 1 and hash(True) == hash(1).
-		if x {
-			return int64(1), nil
+// find returns the index of key's item (-1 if absent) and the key's
+// normalized form: its tuple hash for a tuple, else the scalar key.
+func (d *Dict) find(key any) (int, any, error) {
+	if t, ok := key.(Tuple); ok {
+		h, err := hashTuple(t)
+		if err != nil {
+			return -1, nil, err
 		}
-		return int64(0), nil
-	case int64, string, Global, *Object:
-		return x, nil
-	case float64:
-		if x == float64(int64(x)) {
-			return int64(x), nil
-		}
-		return x, nil
-	case []byte:
-		return bytesKey(x), nil
-	case *big.Int:
-		return bigKey(x.String()), nil
-	case *Set:
-		if x.Frozen {
-			return x, nil
-		}
-		return nil, fmt.Errorf("pickle: unhashable key type set")
-	case Tuple:
-		if depth > maxKeyDepth {
-			return nil, fmt.Errorf("%w: tuple key nested deeper than %d", ErrLimit, maxKeyDepth)
-		}
-		var b strings.Builder
-		b.WriteByte('(')
-		for _, e := range x {
-			k, err := hashKey(e, depth+1)
-			if err != nil {
-				return nil, err
+		for _, i := range d.tuples[h] {
+			if tuplesEqual(d.items[i].Key.(Tuple), t) {
+				return i, h, nil
 			}
-			writeKey(&b, k)
-			b.WriteByte(',')
 		}
-		b.WriteByte(')')
-		return tupleKey(b.String()), nil
-	default:
-		return nil, fmt.Errorf("pickle: unhashable key type %s", typeName(v))
+		return -1, h, nil
 	}
-}
-
-func writeKey(b *strings.Builder, k any) {
-	switch x := k.(type) {
-	case noneKey:
-		b.WriteString("N")
-	case int64:
-		b.WriteString("i" + strconv.FormatInt(x, 10))
-	case float64:
-		b.WriteString("f" + strconv.FormatFloat(x, 'g', -1, 64))
-	case string:
-		b.WriteString("s" + strconv.Quote(x))
-	case bytesKey:
-		b.WriteString("b" + strconv.Quote(string(x)))
-	case bigKey:
-		b.WriteString("i" + string(x))
-	case Global:
-		b.WriteString("g" + strconv.Quote(x.Module) + strconv.Quote(x.Name))
-	case tupleKey:
-		b.WriteString(string(x))
-	default: // identity-compared pointers
-		fmt.Fprintf(b, "p%p", x)
+	k, err := scalarKey(key)
+	if err != nil {
+		return -1, nil, err
 	}
+	if i, ok := d.index[k]; ok {
+		return i, k, nil
+	}
+	return -1, k, nil
 }
 
 // typeName names a decoded value's Python-ish type for error messages.

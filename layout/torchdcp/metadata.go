@@ -157,8 +157,23 @@ func DecodeMetadata(r io.Reader) (*Metadata, error) {
 	return m, nil
 }
 
+// metadataItemsPerByte bounds how far a .metadata may expand: real ones
+// expand to about 0.3 values per byte (nothing is shared but class names and
+// short strings), so a file that expands to more is a memo bomb, and the
+// bound keeps decoding time proportional to the file size.
+const (
+	metadataItemsPerByte = 1
+	minMetadataItems     = 1 << 20
+)
+
 func decodeMetadata(r io.Reader, maxBytes int64) (*Metadata, error) {
-	v, err := pickle.Decode(r, pickle.Options{MaxInputBytes: maxBytes})
+	data, err := io.ReadAll(io.LimitReader(r, maxBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading: %w", err)
+	}
+	opts := pickle.Options{MaxInputBytes: maxBytes,
+		MaxItems: max(minMetadataItems, metadataItemsPerByte*int64(len(data)))}
+	v, err := pickle.DecodeBytes(data, opts)
 	if err != nil {
 		var pe *pickle.Error
 		if errors.As(err, &pe) {
