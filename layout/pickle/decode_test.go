@@ -159,6 +159,8 @@ var hostile = []struct {
 	{name: "memo get missing", in: "j\x05\x00\x00\x00.", err: "memo key 5 not found"},
 	{name: "stack bomb", in: strings.Repeat("N", 200) + ".", opts: Options{MaxStack: 100}, err: "stack deeper than 100", limit: true},
 	{name: "mark bomb", in: strings.Repeat("(", 200) + ".", opts: Options{MaxStack: 100}, err: "stack deeper than 100", limit: true},
+	{name: "tuple memo bomb", in: tupleBomb(5, 10), opts: Options{MaxItems: 10000}, err: "more than 10000 container items", limit: true},
+	{name: "late-growing list bomb", in: lateListBomb(5, 10), opts: Options{MaxItems: 10000}, err: "more than 10000 container items", limit: true},
 	{name: "items bomb", in: "]" + strings.Repeat("(NNNNNNNNNNe", 20) + ".", opts: Options{MaxItems: 100}, err: "more than 100 container items", limit: true},
 	{name: "input too large", in: strings.Repeat("N", 20) + ".", opts: Options{MaxInputBytes: 10}, err: "input larger than 10 bytes", limit: true},
 	{name: "long GLOBAL line", in: "c" + strings.Repeat("a", 100), opts: Options{MaxStringLen: 10}, err: "line longer than 10", limit: true},
