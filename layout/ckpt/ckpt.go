@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -176,8 +175,11 @@ func (t *Tensor) ShardedDims() []int {
 }
 
 // Validate checks that the tensor's chunks tile its shape exactly: every chunk
-// is in bounds, no two overlap, and their volumes add up to the whole. Empty
-// chunks (a zero size) are allowed anywhere, as torch writes them.
+// is in bounds and every element is in exactly one chunk (no overlap, no
+// hole). Empty chunks (a zero size) are allowed anywhere, as torch writes
+// them. An error names the first element covered twice, and two chunks that
+// hold it, or the first element no chunk holds. The check takes O(n log n)
+// for n chunks (see coverage.go).
 func (t *Tensor) Validate() error {
 	total, err := NumElements(t.Shape)
 	if err != nil {
@@ -189,7 +191,7 @@ func (t *Tensor) Validate() error {
 	if total > (1<<62)/int64(t.DType.Size()) {
 		return fmt.Errorf("%w: tensor %q: byte size of shape %v overflows", ErrInvalid, t.Name, t.Shape)
 	}
-	var sum int64
+	var sum int64 // saturates: only messages use it
 	nonEmpty := make([]int, 0, len(t.Chunks))
 	for i, c := range t.Chunks {
 		if len(c.Offsets) != len(t.Shape) || len(c.Sizes) != len(t.Shape) {
@@ -206,101 +208,24 @@ func (t *Tensor) Validate() error {
 		if n > 0 {
 			nonEmpty = append(nonEmpty, i)
 		}
-		sum += n
+		sum = min(sum, 1<<62-n) + n
 	}
-	if a, b, ok := findOverlap(t.Chunks, nonEmpty); ok {
-		return fmt.Errorf("%w: tensor %q: chunks %d and %d overlap", ErrInvalid, t.Name, a, b)
+	elem, count, bad, err := uncovered(t.Shape, t.Chunks, nonEmpty)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: tensor %q: %d chunks: %w", ErrInvalid, t.Name, len(nonEmpty), err)
+	case !bad:
+		return nil
+	case count > 1:
+		a, b := holding(t.Chunks, nonEmpty, elem)
+		return fmt.Errorf("%w: tensor %q: chunks %d and %d overlap (both hold element %v)", ErrInvalid, t.Name, a, b, elem)
+	case sum < total:
+		return fmt.Errorf("%w: tensor %q: chunks cover %d of %d elements (hole in chunk coverage): no chunk holds element %v",
+			ErrInvalid, t.Name, sum, total, elem)
+	default:
+		return fmt.Errorf("%w: tensor %q: no chunk holds element %v (hole in chunk coverage) and chunks overlap elsewhere: their sizes add up to %d of %d elements",
+			ErrInvalid, t.Name, elem, sum, total)
 	}
-	if sum != total {
-		return fmt.Errorf("%w: tensor %q: chunks cover %d of %d elements (hole in chunk coverage)",
-			ErrInvalid, t.Name, sum, total)
-	}
-	return nil
-}
-
-// maxGridCells bounds the coverage grid findOverlap builds.
-const maxGridCells = 1 << 22
-
-// findOverlap reports two overlapping chunks among idx. It cuts the tensor
-// into the grid of cells formed by every chunk boundary and counts how often
-// each cell is covered, which is linear in the grid size for the regular
-// layouts torch writes; an irregular layout with a huge grid falls back to the
-// pairwise check.
-func findOverlap(chunks []Chunk, idx []int) (int, int, bool) {
-	if len(idx) < 2 {
-		return 0, 0, false
-	}
-	rank := len(chunks[idx[0]].Offsets)
-	cuts := make([][]int64, rank)
-	cells := int64(1)
-	for d := 0; d < rank; d++ {
-		set := map[int64]struct{}{}
-		for _, i := range idx {
-			set[chunks[i].Offsets[d]] = struct{}{}
-			set[chunks[i].Offsets[d]+chunks[i].Sizes[d]] = struct{}{}
-		}
-		for v := range set {
-			cuts[d] = append(cuts[d], v)
-		}
-		sort.Slice(cuts[d], func(a, b int) bool { return cuts[d][a] < cuts[d][b] })
-		cells *= int64(len(cuts[d]) - 1)
-		if cells > maxGridCells {
-			return findOverlapPairwise(chunks, idx)
-		}
-	}
-	owner := make([]int32, cells)
-	lo, hi := make([]int, rank), make([]int, rank)
-	cur := make([]int, rank)
-	for _, i := range idx {
-		c := chunks[i]
-		for d := 0; d < rank; d++ {
-			lo[d] = sort.Search(len(cuts[d]), func(k int) bool { return cuts[d][k] >= c.Offsets[d] })
-			hi[d] = sort.Search(len(cuts[d]), func(k int) bool { return cuts[d][k] >= c.Offsets[d]+c.Sizes[d] })
-		}
-		copy(cur, lo)
-		for {
-			cell := int64(0)
-			for d := 0; d < rank; d++ {
-				cell = cell*int64(len(cuts[d])-1) + int64(cur[d])
-			}
-			if prev := owner[cell]; prev != 0 {
-				return int(prev - 1), i, true
-			}
-			owner[cell] = int32(i + 1)
-			d := rank - 1
-			for ; d >= 0; d-- {
-				cur[d]++
-				if cur[d] < hi[d] {
-					break
-				}
-				cur[d] = lo[d]
-			}
-			if d < 0 {
-				break
-			}
-		}
-	}
-	return 0, 0, false
-}
-
-func findOverlapPairwise(chunks []Chunk, idx []int) (int, int, bool) {
-	for a := 0; a < len(idx); a++ {
-		for b := a + 1; b < len(idx); b++ {
-			if boxesOverlap(chunks[idx[a]], chunks[idx[b]]) {
-				return idx[a], idx[b], true
-			}
-		}
-	}
-	return 0, 0, false
-}
-
-func boxesOverlap(a, b Chunk) bool {
-	for d := range a.Offsets {
-		if a.Offsets[d]+a.Sizes[d] <= b.Offsets[d] || b.Offsets[d]+b.Sizes[d] <= a.Offsets[d] {
-			return false
-		}
-	}
-	return true
 }
 
 // OpenLocal opens the local directory dir as a confined tree and the

@@ -2,13 +2,14 @@ package pickle
 
 import (
 	"errors"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/internal/cost"
 )
 
 // tupleBomb is a "billion laughs" pickle: level 0 is the int 1, level k a
@@ -43,18 +44,6 @@ func lateListBomb(levels, fanout int) string {
 	return b.String()
 }
 
-// measure runs f and reports its wall time and bytes allocated.
-func measure(f func()) (time.Duration, uint64) {
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	f()
-	d := time.Since(start)
-	runtime.ReadMemStats(&after)
-	return d, after.TotalAlloc - before.TotalAlloc
-}
-
 func TestMemoBombs(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -78,9 +67,9 @@ func TestMemoBombs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var v any
 			var err error
-			took, alloc := measure(func() { v, err = DecodeBytes([]byte(tc.in), tc.opts) })
-			assert.Less(t, took, time.Second)
-			assert.Less(t, alloc, uint64(16<<20), "bytes allocated")
+			c := cost.Of(func() { v, err = DecodeBytes([]byte(tc.in), tc.opts) })
+			assert.Less(t, c.CPU, time.Second)
+			assert.Less(t, c.Alloc, uint64(16<<20), "bytes allocated")
 			if tc.err == "" {
 				require.NoError(t, err)
 				if d, ok := v.(*Dict); ok {
@@ -116,12 +105,12 @@ func TestTupleKeysDoNotExpand(t *testing.T) {
 	// Two separately built 2^40-leaf tuples: equal, and found by each other.
 	a, b := chain(40, 2, int64(1)), chain(40, 2, true)
 	d := NewDict()
-	took, alloc := measure(func() {
+	c := cost.Of(func() {
 		require.NoError(t, d.Set(a, "a"))
 		require.NoError(t, d.Set(b, "b")) // True == 1: replaces
 	})
-	assert.Less(t, took, 100*time.Millisecond)
-	assert.Less(t, alloc, uint64(1<<20))
+	assert.Less(t, c.CPU, 100*time.Millisecond)
+	assert.Less(t, c.Alloc, uint64(1<<20))
 	assert.Equal(t, 1, d.Len())
 	v, ok := d.Get(chain(40, 2, 1.0))
 	assert.True(t, ok)
