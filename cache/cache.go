@@ -16,17 +16,20 @@
 //   - The cache is never the source of truth: ristretto may drop or reject any
 //     Set, and a key collision is detected (a block carries its own id and
 //     index), so a read after a lost Set just fills again.
-//   - Memory is bounded: Size bytes in ristretto, plus Staging recently filled
-//     blocks (shared with ristretto, not copies), plus one block per fill in
-//     flight (at most Workers + concurrent foreground reads). Blocks are fresh
-//     []byte per fill and are never recycled, so an evicted block still being
-//     copied by a reader stays valid; the GC frees it.
+//   - Memory is bounded by Size (see Bound): ristretto gets what is left of
+//     it after the Staging ring and the blocks being filled, which are
+//     capped: at most MaxFills foreground fills at once (more readers wait
+//     for a slot, and readers of one block share its fill) plus one per
+//     read-ahead worker. Blocks are fresh []byte per fill and are never
+//     recycled, so an evicted block still being copied by a reader stays
+//     valid; the GC frees it.
 //   - A foreground read never waits for a prefetch it did not ask for, except
 //     to join a fill of the very block it needs.
 //
 // Lock order: Cache.mu (read-locked for the whole of a foreground read) before
 // Handle.mu before staging.mu; Cache.pmu is a leaf. No lock is held while
-// calling a Source except Cache.mu in read mode.
+// calling a Source except Cache.mu in read mode (a foreground read may wait
+// for a fill slot holding it).
 package cache
 
 import (
@@ -56,7 +59,10 @@ var ErrClosed = errors.New("cache: closed")
 // Options configure a Cache. Zero fields take defaults, except ReadAhead:
 // 0 disables read-ahead (use DefaultOptions for the default of 4).
 type Options struct {
-	Size      int64 // total bytes of cached and staged blocks (default 512 MiB)
+	// Size bounds the bytes of every block the cache holds: cached, staged
+	// and being filled (default 512 MiB). See Cache.Bound for caches too
+	// small for their reserve.
+	Size      int64
 	BlockSize int64 // bytes per block (default 4 MiB)
 	ReadAhead int   // blocks to prefetch ahead on sequential access (0 disables; DefaultOptions has 4)
 	Workers   int   // read-ahead worker pool size (default 2)
@@ -71,12 +77,18 @@ type Options struct {
 	// regardless of ristretto's admission decision, so that the reads that
 	// immediately follow a fill (the rest of a sequential stream's block, the
 	// blocks just prefetched) do not refill a block ristretto rejected
-	// (default 2 × (ReadAhead + Workers), at least 4).
+	// (default 2 × (ReadAhead + Workers), at most a quarter of Size, at
+	// least 1).
 	Staging int
 	// FillObserver, when set, is called after every fill (foreground or
 	// prefetch, failed or not) with the time its Source read took: the
 	// fill-latency histogram of the metrics endpoint.
 	FillObserver func(took time.Duration, err error)
+	// MaxFills bounds the foreground fills in flight: a read that misses
+	// while MaxFills other blocks are being filled waits for one to finish
+	// (default a quarter of Size in blocks, 2 to 16). Read-ahead adds at
+	// most one fill per worker.
+	MaxFills int
 }
 
 // DefaultOptions returns the documented defaults, read-ahead included.
@@ -91,7 +103,7 @@ func DefaultOptions() Options {
 
 func (o Options) withDefaults() (Options, error) {
 	if o.Size < 0 || o.BlockSize < 0 || o.ReadAhead < 0 || o.Workers < 0 ||
-		o.QueueSize < 0 || o.BusyFills < 0 || o.Staging < 0 {
+		o.QueueSize < 0 || o.BusyFills < 0 || o.Staging < 0 || o.MaxFills < 0 {
 		return o, fmt.Errorf("cache: negative option in %+v", o)
 	}
 	if o.Size == 0 {
@@ -109,10 +121,27 @@ func (o Options) withDefaults() (Options, error) {
 	if o.BusyFills == 0 {
 		o.BusyFills = 2 * o.Workers
 	}
+	quarter := int(min(o.Size/o.BlockSize/4, 1<<20))
 	if o.Staging == 0 {
-		o.Staging = max(4, 2*(o.ReadAhead+o.Workers))
+		o.Staging = max(1, min(2*(o.ReadAhead+o.Workers), quarter))
+	}
+	if o.MaxFills == 0 {
+		o.MaxFills = max(2, min(16, quarter))
 	}
 	return o, nil
+}
+
+// reserve is the bytes of the blocks held outside ristretto: the staging ring
+// and the fills in flight (foreground and read-ahead).
+func (o Options) reserve() int64 {
+	return int64(o.Staging+o.MaxFills+o.readAheadWorkers()) * o.BlockSize
+}
+
+func (o Options) readAheadWorkers() int {
+	if o.ReadAhead <= 0 {
+		return 0
+	}
+	return o.Workers
 }
 
 // Stats are cumulative counters since New. Block-level counters count blocks,
@@ -128,6 +157,8 @@ type Stats struct {
 	ReadAheadHits    int64 `json:"read_ahead_hits"`    // prefetched blocks later used by a foreground read (once per fill)
 	ReadAheadDropped int64 `json:"read_ahead_dropped"` // prefetches dropped: queue full, foreground busy, handle closed
 	CachedBytes      int64 `json:"cached_bytes"`       // bytes held by ristretto now (cost added − cost evicted)
+	StagedBytes      int64 `json:"staged_bytes"`       // bytes in the staging ring now (most are also in ristretto)
+	FillingBytes     int64 `json:"filling_bytes"`      // bytes of the blocks being filled now
 	KeysAdded        int64 `json:"keys_added"`         // ristretto admissions
 	KeysEvicted      int64 `json:"keys_evicted"`       // ristretto evictions
 	SetsRejected     int64 `json:"sets_rejected"`      // ristretto Sets refused by the admission policy
@@ -190,7 +221,9 @@ type Cache struct {
 	pcond   *sync.Cond
 	pending int // GUARDED_BY(pmu)
 
-	fgFills atomic.Int64 // foreground-led fills in flight
+	fgFills   atomic.Int64  // foreground-led fills in flight
+	fillSlots chan struct{} // one token per foreground fill in flight (MaxFills)
+	filling   atomic.Int64  // bytes of blocks being filled
 
 	bytesServed, hits, stagingHits, misses, fills, fillErrors atomic.Int64
 	raIssued, raHits, raDropped, openHandles                  atomic.Int64
@@ -203,9 +236,10 @@ func New(opts Options) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Size bounds everything the cache holds: the staged blocks come out of
-	// ristretto's share (never less than half).
-	maxCost := max(o.Size/2, o.Size-int64(o.Staging)*o.BlockSize)
+	// Size bounds everything the cache holds: ristretto gets what the
+	// staging ring and the fills in flight leave (nothing useful when they
+	// take it all: then only staged blocks are kept).
+	maxCost := max(1, o.Size-o.reserve())
 	nblocks := max(1, maxCost/o.BlockSize)
 	rc, err := ristretto.NewCache(&ristretto.Config[uint64, *block]{
 		NumCounters:        max(100, 10*nblocks),
@@ -218,11 +252,12 @@ func New(opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	c := &Cache{
-		opts:  o,
-		rc:    rc,
-		stg:   newStaging(o.Staging),
-		keyFn: blockKey,
-		stop:  make(chan struct{}),
+		opts:      o,
+		rc:        rc,
+		stg:       newStaging(o.Staging),
+		keyFn:     blockKey,
+		stop:      make(chan struct{}),
+		fillSlots: make(chan struct{}, o.MaxFills),
 	}
 	c.pcond = sync.NewCond(&c.pmu)
 	if o.ReadAhead > 0 {
@@ -237,6 +272,15 @@ func New(opts Options) (*Cache, error) {
 
 // Options returns the options in effect, defaults filled in.
 func (c *Cache) Options() Options { return c.opts }
+
+// Bound is the most bytes of blocks the cache holds at once, counting
+// ristretto, the staging ring and the fills in flight: Size, unless Size is
+// smaller than the staging ring and fills alone. Blocks that were evicted or
+// rejected but are still being copied by a reader, or not yet collected by
+// the GC, are not held and not counted.
+func (c *Cache) Bound() int64 {
+	return max(c.opts.Size, c.opts.reserve()+1)
+}
 
 // Close stops the read-ahead workers (waiting for fills they are running),
 // waits for foreground reads in progress, and releases the cache. Reads after
@@ -287,6 +331,8 @@ func (c *Cache) Stats() Stats {
 		BytesServed:      c.bytesServed.Load(),
 		Hits:             c.hits.Load(),
 		StagingHits:      c.stagingHits.Load(),
+		StagedBytes:      c.stg.bytes(),
+		FillingBytes:     c.filling.Load(),
 		Misses:           c.misses.Load(),
 		Fills:            c.fills.Load(),
 		FillErrors:       c.fillErrors.Load(),
@@ -364,10 +410,14 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (*block, error) {
 		if !prefetch {
 			c.fgFills.Add(1)
 			defer c.fgFills.Add(-1)
+			c.fillSlots <- struct{}{} // read-ahead workers have their own budget
+			defer func() { <-c.fillSlots }()
 		}
 		c.fills.Add(1)
 		off := idx * c.opts.BlockSize
 		n := f.blockLen(idx, c.opts.BlockSize)
+		c.filling.Add(n)
+		defer c.filling.Add(-n)
 		buf := make([]byte, n) // fresh per fill, never recycled: see package doc
 		start := time.Now()
 		got, err := f.src.ReadAt(buf, off)
@@ -492,6 +542,7 @@ type staging struct {
 	slots []*block              // GUARDED_BY(mu)
 	next  int                   // GUARDED_BY(mu)
 	index map[stagingKey]*block // GUARDED_BY(mu)
+	size  atomic.Int64          // bytes in slots; written under mu
 }
 
 type stagingKey struct {
@@ -524,15 +575,20 @@ func (s *staging) put(b *block) {
 	}
 	if old := s.slots[s.next]; old != nil {
 		delete(s.index, stagingKey{old.id, old.idx})
+		s.size.Add(-int64(len(old.data)))
 	}
 	s.slots[s.next] = b
 	s.index[k] = b
+	s.size.Add(int64(len(b.data)))
 	s.next = (s.next + 1) % len(s.slots)
 }
+
+func (s *staging) bytes() int64 { return s.size.Load() }
 
 func (s *staging) clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.slots)
 	clear(s.index)
+	s.size.Store(0)
 }

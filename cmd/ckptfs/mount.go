@@ -123,9 +123,6 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	defer closeLog()
 	ready.log = log
 
-	// The cache is nearly all of the heap: a soft limit a little above it
-	// makes the GC return evicted blocks before the heap doubles (GOGC).
-	debug.SetMemoryLimit(f.cacheSize.Int64() + memoryHeadroom)
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target}
 	var m *metrics.Metrics
@@ -137,6 +134,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if err != nil {
 		return err
 	}
+	// The cache's blocks (cached, staged and being filled, all within
+	// Bound) are nearly all of the live heap: a soft limit above them by the
+	// headroom makes the GC return evicted blocks before the heap doubles
+	// (GOGC), and never sits below the live heap (which made it run
+	// constantly when fills in flight were not bounded).
+	debug.SetMemoryLimit(c.Bound() + memoryHeadroom)
 	defer c.Close()
 	vopts.Cache = c
 	fsys, err := vfs.New(vopts)
