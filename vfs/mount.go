@@ -52,6 +52,13 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a
 			// SETATTR without the handle (the write path).
 			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
+			// Every read reply is bytes in memory (ReadResultData), never a
+			// file descriptor, so splicing gains nothing: go-fuse would still
+			// write each reply's header into a pipe and drain it again (two
+			// wasted syscalls per read) before writing it normally, and a
+			// 1 MiB reply plus its header does not fit the 1 MiB pipe, which
+			// it logged as "trySplice: splice: want N bytes" on every one.
+			DisableSplice: true,
 		},
 		UID: uint32(os.Getuid()),
 		GID: uint32(os.Getgid()),

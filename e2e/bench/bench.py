@@ -89,10 +89,11 @@ def gen(work, name, script_args):
 
 
 class Mount:
-    def __init__(self, binary, src, mnt, *flags):
+    def __init__(self, binary, src, mnt, *flags, env=None, stderr=subprocess.DEVNULL):
         os.makedirs(mnt, exist_ok=True)
         self.mnt = mnt
-        self.proc = subprocess.Popen([binary, "mount", *flags, src, mnt], stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([binary, "mount", *flags, src, mnt], stderr=stderr,
+                                     env=None if env is None else {**os.environ, **env})
         deadline = time.time() + 30
         while not os.path.exists(os.path.join(mnt, ".ckptfs")):
             if self.proc.poll() is not None or time.time() > deadline:
