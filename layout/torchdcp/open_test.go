@@ -107,7 +107,7 @@ func TestOpenIsLazy(t *testing.T) {
 	defer c.Close()
 	tn := c.Tensors[0]
 	_, err = readChunk(t, tn, tn.Chunks[0])
-	require.ErrorContains(t, err, `torchdcp: __0_0.distcp@`)
+	require.ErrorContains(t, err, "torchdcp: "+p+"@", "names the shard by its full path")
 	assert.ErrorContains(t, err, `tensor "f32" chunk (0,0): not a torch.save zip archive`)
 	assert.ErrorIs(t, err, ckpt.ErrInvalid)
 	// The error is remembered.
@@ -173,7 +173,7 @@ func TestOpenZstdSpill(t *testing.T) {
 	defer c.Close()
 	for i, tn := range c.Tensors {
 		assert.Equal(t, unhex(t, man.Tensors[i].Hex), assemble(t, tn), tn.Name)
-		outer, _, _ := tn.Chunks[0].Source.(*recordSource).r.(*io.SectionReader).Outer()
+		outer, _, _ := tn.Chunks[0].Source.(*recordSource).loc.chunk.(*io.SectionReader).Outer()
 		assert.IsType(t, &os.File{}, outer, "%s spooled to a file", tn.Name)
 	}
 	ents, err := os.ReadDir(tmp)

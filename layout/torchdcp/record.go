@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"os"
@@ -170,33 +171,43 @@ func parseDataPkl(data []byte) (*rebuildCall, error) {
 	return c, nil
 }
 
+// recordLoc is where a chunk's raw bytes sit in a torch.save zip archive:
+// inside the data entry of its storage, which the archive's central
+// directory gives a CRC32 for.
+type recordLoc struct {
+	off       int64  // the chunk's first byte, relative to the archive
+	entry     string // the data entry's name ("archive/data/0")
+	entryOff  int64  // the entry's first byte, relative to the archive
+	entrySize int64
+	crc       uint32 // CRC32 (IEEE) of the entry's bytes
+}
+
 // locateRecord finds a chunk's raw bytes inside the torch.save zip archive
-// read through r (size bytes) and checks them against want. It returns the
-// offset, relative to r, of the chunk's first byte; the chunk is
-// numel(want.Sizes)*want.ElemSize bytes long.
-func locateRecord(r io.ReaderAt, size int64, want recordWant) (int64, error) {
+// read through r (size bytes) and checks them against want. The chunk is
+// numel(want.Sizes)*want.ElemSize bytes long from the offset returned.
+func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, err error) {
 	if want.ElemSize <= 0 {
-		return 0, fmt.Errorf("bad element size %d", want.ElemSize)
+		return loc, fmt.Errorf("bad element size %d", want.ElemSize)
 	}
 	numel, err := ckpt.NumElements(want.Sizes)
 	if err != nil {
-		return 0, err
+		return loc, err
 	}
 	if numel > (1<<62)/want.ElemSize {
-		return 0, fmt.Errorf("chunk of %d elements overflows", numel)
+		return loc, fmt.Errorf("chunk of %d elements overflows", numel)
 	}
 	nbytes := numel * want.ElemSize
 
 	zr, err := zip.NewReader(r, size)
 	if err != nil && !errors.Is(err, zip.ErrInsecurePath) {
-		return 0, fmt.Errorf("not a torch.save zip archive: %w", err)
+		return loc, fmt.Errorf("not a torch.save zip archive: %w", err)
 	}
 	if len(zr.File) == 0 {
-		return 0, errors.New("torch.save archive has no entries")
+		return loc, errors.New("torch.save archive has no entries")
 	}
 	prefix, _, ok := strings.Cut(zr.File[0].Name, "/")
 	if !ok {
-		return 0, fmt.Errorf("torch.save archive entry %q has no top-level folder", zr.File[0].Name)
+		return loc, fmt.Errorf("torch.save archive entry %q has no top-level folder", zr.File[0].Name)
 	}
 	entries := make(map[string]*zip.File, len(zr.File))
 	for _, f := range zr.File {
@@ -208,23 +219,23 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (int64, error) {
 	if bo := entries[prefix+"/byteorder"]; bo != nil {
 		b, err := readEntry(bo, 16)
 		if err != nil {
-			return 0, err
+			return loc, err
 		}
 		if string(b) != "little" {
-			return 0, fmt.Errorf("byteorder %q is not supported", b)
+			return loc, fmt.Errorf("byteorder %q is not supported", b)
 		}
 	}
 	pkl := entries[prefix+"/data.pkl"]
 	if pkl == nil {
-		return 0, fmt.Errorf("torch.save archive has no %s/data.pkl", prefix)
+		return loc, fmt.Errorf("torch.save archive has no %s/data.pkl", prefix)
 	}
 	data, err := readEntry(pkl, maxDataPkl)
 	if err != nil {
-		return 0, err
+		return loc, err
 	}
 	call, err := parseDataPkl(data)
 	if err != nil {
-		return 0, err
+		return loc, err
 	}
 
 	// The dtype, from the typed storage class or the v3 argument.
@@ -234,62 +245,62 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (int64, error) {
 	case st.Type.Module == "torch" && typedStorages[st.Type.Name] != "":
 		dtype, typed = typedStorages[st.Type.Name], true
 		if call.dtype != "" && call.dtype != dtype {
-			return 0, fmt.Errorf("data.pkl: %s holds %s but the tensor is %s", st.Type, dtype, call.dtype)
+			return loc, fmt.Errorf("data.pkl: %s holds %s but the tensor is %s", st.Type, dtype, call.dtype)
 		}
 	case st.Type.Name == "UntypedStorage" && (st.Type.Module == "torch.storage" || st.Type.Module == "torch"):
 		if call.dtype == "" {
-			return 0, errors.New("data.pkl: UntypedStorage without a dtype (needs _rebuild_tensor_v3)")
+			return loc, errors.New("data.pkl: UntypedStorage without a dtype (needs _rebuild_tensor_v3)")
 		}
 		dtype = call.dtype
 	default:
-		return 0, fmt.Errorf("data.pkl: unsupported storage type %s", st.Type)
+		return loc, fmt.Errorf("data.pkl: unsupported storage type %s", st.Type)
 	}
 	if dtype != want.DType {
-		return 0, fmt.Errorf("record holds dtype %s, metadata says %s", dtype, want.DType)
+		return loc, fmt.Errorf("record holds dtype %s, metadata says %s", dtype, want.DType)
 	}
 	if !slices.Equal(call.size, want.Sizes) {
-		return 0, fmt.Errorf("record holds shape %v, chunk sizes are %v", call.size, want.Sizes)
+		return loc, fmt.Errorf("record holds shape %v, chunk sizes are %v", call.size, want.Sizes)
 	}
 	if !contiguous(call.size, call.stride) {
-		return 0, fmt.Errorf("record tensor has strides %v for shape %v: not C-contiguous", call.stride, call.size)
+		return loc, fmt.Errorf("record tensor has strides %v for shape %v: not C-contiguous", call.stride, call.size)
 	}
 	storageBytes := st.Numel
 	if typed {
 		if st.Numel > (1<<62)/want.ElemSize {
-			return 0, fmt.Errorf("storage of %d elements overflows", st.Numel)
+			return loc, fmt.Errorf("storage of %d elements overflows", st.Numel)
 		}
 		storageBytes = st.Numel * want.ElemSize
 	}
 	if call.storageOffset > (1<<62)/want.ElemSize {
-		return 0, fmt.Errorf("storage offset %d overflows", call.storageOffset)
+		return loc, fmt.Errorf("storage offset %d overflows", call.storageOffset)
 	}
 	start := call.storageOffset * want.ElemSize
 	if start > storageBytes || nbytes > storageBytes-start {
-		return 0, fmt.Errorf("tensor bytes [%d, %d) outside its storage of %d bytes", start, start+nbytes, storageBytes)
+		return loc, fmt.Errorf("tensor bytes [%d, %d) outside its storage of %d bytes", start, start+nbytes, storageBytes)
 	}
 
 	df := entries[prefix+"/data/"+st.Key]
 	if df == nil {
-		return 0, fmt.Errorf("torch.save archive has no %s/data/%s", prefix, st.Key)
+		return loc, fmt.Errorf("torch.save archive has no %s/data/%s", prefix, st.Key)
 	}
 	if df.Method != zip.Store {
-		return 0, fmt.Errorf("%s is compressed (method %d); only stored entries can be read in place", df.Name, df.Method)
+		return loc, fmt.Errorf("%s is compressed (method %d); only stored entries can be read in place", df.Name, df.Method)
 	}
 	if df.CompressedSize64 != df.UncompressedSize64 || df.UncompressedSize64 > uint64(size) {
-		return 0, fmt.Errorf("%s: inconsistent sizes %d/%d", df.Name, df.CompressedSize64, df.UncompressedSize64)
+		return loc, fmt.Errorf("%s: inconsistent sizes %d/%d", df.Name, df.CompressedSize64, df.UncompressedSize64)
 	}
 	entrySize := int64(df.UncompressedSize64)
 	if start+nbytes > entrySize {
-		return 0, fmt.Errorf("%s holds %d bytes, the tensor needs [%d, %d)", df.Name, entrySize, start, start+nbytes)
+		return loc, fmt.Errorf("%s holds %d bytes, the tensor needs [%d, %d)", df.Name, entrySize, start, start+nbytes)
 	}
 	off, err := df.DataOffset()
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", df.Name, err)
+		return loc, fmt.Errorf("%s: %w", df.Name, err)
 	}
 	if off < 0 || off > size || entrySize > size-off {
-		return 0, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name, off, off+entrySize, size)
+		return loc, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name, off, off+entrySize, size)
 	}
-	return off + start, nil
+	return recordLoc{off: off + start, entry: df.Name, entryOff: off, entrySize: entrySize, crc: df.CRC32}, nil
 }
 
 func readEntry(f *zip.File, limit int64) ([]byte, error) {
@@ -336,10 +347,33 @@ func contiguous(size, stride []int64) bool {
 	return true
 }
 
+// ErrChecksum matches errors for bytes that do not match the CRC32 of the
+// torch.save record holding them (errors.Is).
+var ErrChecksum = errors.New("torchdcp: CRC32 mismatch")
+
+// checksumError is a CRC32 mismatch. It reads as its message (which says
+// "CRC32") so that it can follow the file and tensor it is about.
+type checksumError struct{ msg string }
+
+func (e *checksumError) Error() string { return e.msg }
+
+func (e *checksumError) Is(target error) bool {
+	return target == ErrChecksum || target == ckpt.ErrInvalid
+}
+
+func crcMismatch(entry string, want, got uint32, how string) error {
+	return &checksumError{msg: fmt.Sprintf("%s: CRC32 mismatch: %08x in the record, %08x %s (a corrupt or rewritten shard)", entry, want, got, how)}
+}
+
 // recordSource is a chunk stored as a torch.save record (optionally zstd
 // compressed) in a .distcp file. The first ReadAt locates the raw bytes
 // inside the record and remembers where they are (or the error); every
 // later ReadAt is a plain pread.
+//
+// The record's zip directory gives the CRC32 of the data entry holding the
+// chunk. It is checked whenever that entry is read whole anyway: by a read
+// of the whole chunk when the chunk is the entry (as DCP writes it), and
+// when a zstd record is decompressed. Verify checks it on demand.
 type recordSource struct {
 	file   *ckpt.File
 	off    int64 // record offset in file
@@ -353,11 +387,24 @@ type recordSource struct {
 	files  *ckpt.FileSet // owns the scratch file of a large zstd record
 
 	mu  sync.Mutex
-	r   io.ReaderAt // GUARDED_BY(mu); the chunk's nbytes raw bytes, once located
+	loc *chunkBytes // GUARDED_BY(mu); set once located
 	err error       // GUARDED_BY(mu); a lasting failure (bad record, changed source)
 }
 
-var _ ckpt.Source = (*recordSource)(nil)
+// chunkBytes is a located chunk: readers of its bytes and of the whole data
+// entry holding them, and the entry's CRC32.
+type chunkBytes struct {
+	chunk io.ReaderAt       // the chunk's nbytes bytes
+	entry *io.SectionReader // the data entry
+	name  string            // the entry's name in the record
+	crc   uint32
+	whole bool // the chunk is the whole entry
+}
+
+var (
+	_ ckpt.Source   = (*recordSource)(nil)
+	_ ckpt.Verifier = (*recordSource)(nil)
+)
 
 // Backing is the shard file holding the record.
 func (s *recordSource) Backing() *ckpt.File { return s.file }
@@ -367,13 +414,14 @@ func (s *recordSource) String() string {
 	if s.zstd {
 		z = " (zstd)"
 	}
-	return fmt.Sprintf("%s@%d+%d%s", s.file.Rel, s.off, s.length, z)
+	return fmt.Sprintf("%s@%d+%d%s", s.file.Path, s.off, s.length, z)
 }
 
 // ReadAt reads the chunk's raw bytes at off. A read that ends past the chunk
-// returns the bytes up to its end and io.EOF.
+// returns the bytes up to its end and io.EOF. A read of the whole chunk is
+// checked against the record's CRC32 when the chunk is its whole entry.
 func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
-	r, err := s.located()
+	loc, err := s.located()
 	if err != nil {
 		return 0, err
 	}
@@ -384,9 +432,12 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	if int64(len(want)) > s.nbytes-off {
 		want = want[:s.nbytes-off]
 	}
-	n, err := r.ReadAt(want, off)
+	n, err := loc.chunk.ReadAt(want, off)
 	if err == io.EOF && n == len(want) {
 		err = nil
+	}
+	if err == nil && loc.whole && off == 0 && int64(n) == s.nbytes {
+		err = s.checkCRC(loc, crc32.ChecksumIEEE(want[:n]))
 	}
 	if err == nil && n < len(p) {
 		err = io.EOF
@@ -394,29 +445,57 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// Verify reads the whole data entry holding the chunk, in bounded memory,
+// and checks it against the CRC32 in the record's zip directory: every byte
+// a read of the chunk can return is then known to be what torch wrote. It is
+// what a --verify mode calls for each chunk (see ckpt.Verifier).
+func (s *recordSource) Verify() error {
+	loc, err := s.located()
+	if err != nil {
+		return err
+	}
+	sum, err := crcOf(loc.entry)
+	if err != nil {
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.tensor, s.chunk, loc.name, err)
+	}
+	return s.checkCRC(loc, sum)
+}
+
+// crcOf is the CRC32 (IEEE) of everything r holds.
+func crcOf(r *io.SectionReader) (uint32, error) {
+	h := crc32.NewIEEE()
+	if _, err := io.CopyBuffer(h, io.NewSectionReader(r, 0, r.Size()), make([]byte, 1<<20)); err != nil {
+		return 0, err
+	}
+	return h.Sum32(), nil
+}
+
+func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
+	if got == loc.crc {
+		return nil
+	}
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
+}
+
 // located finds the chunk's bytes on first use and remembers where they
 // are. A bad record or a changed source is remembered too; a plain I/O error
 // is not, so the next read tries again.
-func (s *recordSource) located() (io.ReaderAt, error) {
+func (s *recordSource) located() (*chunkBytes, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.r != nil || s.err != nil {
-		return s.r, s.err
+	if s.loc != nil || s.err != nil {
+		return s.loc, s.err
 	}
-	var r io.ReaderAt
+	var loc *chunkBytes
 	var err error
 	if s.zstd {
-		r, err = s.resolveZstd()
+		loc, err = s.resolveZstd()
 	} else {
-		var off int64
-		off, err = locateRecord(io.NewSectionReader(s.file, s.off, s.length), s.length, s.want)
-		if err == nil {
-			r = &ckpt.Section{File: s.file, Offset: s.off + off, Length: s.nbytes}
-		}
+		loc, err = s.resolve(io.NewSectionReader(s.file, s.off, s.length), s.length)
 	}
 	if err == nil {
-		s.r = r
-		return r, nil
+		s.loc = loc
+		return loc, nil
 	}
 	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, err)
 	var pathErr *fs.PathError
@@ -432,10 +511,26 @@ func (s *recordSource) located() (io.ReaderAt, error) {
 	return nil, s.err
 }
 
+// resolve locates the chunk in the record read through r.
+func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
+	at, err := locateRecord(r, size, s.want)
+	if err != nil {
+		return nil, err
+	}
+	return &chunkBytes{
+		chunk: io.NewSectionReader(r, at.off, s.nbytes),
+		entry: io.NewSectionReader(r, at.entryOff, at.entrySize),
+		name:  at.entry,
+		crc:   at.crc,
+		whole: at.off == at.entryOff && s.nbytes == at.entrySize,
+	}, nil
+}
+
 // resolveZstd decompresses the whole record, bounded by what the chunk can
-// need, into memory (small records) or an unlinked temporary file, and
-// locates the chunk inside it.
-func (s *recordSource) resolveZstd() (io.ReaderAt, error) {
+// need, into memory (small records) or an unlinked temporary file, locates
+// the chunk inside it and checks its data entry against its CRC32, since the
+// whole record was just read.
+func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 	limit := s.nbytes + recordOverhead
 	dec, err := zstd.NewReader(io.NewSectionReader(s.file, s.off, s.length),
 		zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow),
@@ -484,11 +579,18 @@ func (s *recordSource) resolveZstd() (io.ReaderAt, error) {
 		}
 		r = tmp
 	}
-	off, err := locateRecord(r, size, s.want)
+	loc, err := s.resolve(r, size)
 	if err != nil {
 		return nil, err
 	}
-	return io.NewSectionReader(r, off, s.nbytes), nil
+	sum, err := crcOf(loc.entry)
+	if err != nil {
+		return nil, fmt.Errorf("reading back the decompressed record: %w", err)
+	}
+	if sum != loc.crc {
+		return nil, crcMismatch(loc.name, loc.crc, sum, "after decompression")
+	}
+	return loc, nil
 }
 
 // dtypeOf maps a torch dtype name to safetensors and its element size.

@@ -2,6 +2,7 @@ package torchdcp
 
 import (
 	"bytes"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
@@ -30,14 +31,15 @@ func TestLocateRecordFiles(t *testing.T) {
 			_, es, ok := dtypeOf(rec.DType)
 			require.True(t, ok)
 			want := recordWant{DType: rec.DType, ElemSize: es, Sizes: rec.Shape}
-			off, err := locateRecord(bytes.NewReader(data), int64(len(data)), want)
+			loc, err := locateRecord(bytes.NewReader(data), int64(len(data)), want)
 			if tc.err != "" {
 				assert.ErrorContains(t, err, tc.err)
 				return
 			}
 			require.NoError(t, err)
 			exp := unhex(t, rec.Hex)
-			assert.Equal(t, exp, data[off:off+int64(len(exp))])
+			assert.Equal(t, exp, data[loc.off:loc.off+int64(len(exp))])
+			assert.Equal(t, crc32.ChecksumIEEE(data[loc.entryOff:loc.entryOff+loc.entrySize]), loc.crc, "CRC32 of %s", loc.entry)
 
 			// Mismatches against the metadata are caught.
 			bad := want
@@ -111,7 +113,7 @@ func FuzzLocateRecord(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, w := range wants {
-			off, err := locateRecord(bytes.NewReader(data), int64(len(data)), w)
+			loc, err := locateRecord(bytes.NewReader(data), int64(len(data)), w)
 			if err != nil {
 				continue
 			}
@@ -119,8 +121,8 @@ func FuzzLocateRecord(f *testing.F) {
 			for _, s := range w.Sizes {
 				n *= s
 			}
-			if off < 0 || off+n*w.ElemSize > int64(len(data)) {
-				t.Fatalf("located [%d, %d) outside %d bytes", off, off+n*w.ElemSize, len(data))
+			if loc.off < 0 || loc.off+n*w.ElemSize > int64(len(data)) {
+				t.Fatalf("located [%d, %d) outside %d bytes", loc.off, loc.off+n*w.ElemSize, len(data))
 			}
 		}
 	})
