@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -37,7 +38,7 @@ func TestSymlinksStayInside(t *testing.T) {
 		assert.Nil(t, v.Lookup("config.json"))
 		assert.Nil(t, v.Lookup("tokenizer.json"))
 		out := filepath.Join(top, "sidecar-out")
-		require.NoError(t, Export(v, out, ExportOptions{}))
+		require.NoError(t, Export(context.Background(), v, out, ExportOptions{}))
 		_, err = os.Stat(filepath.Join(out, "config.json"))
 		assert.True(t, os.IsNotExist(err))
 	})
@@ -72,7 +73,7 @@ func TestSymlinksStayInside(t *testing.T) {
 		assert.NotEmpty(t, c.Tensors)
 		v, err := Plan(c, PlanOptions{})
 		require.NoError(t, err)
-		require.NoError(t, Export(v, filepath.Join(top, "hub-out"), ExportOptions{}))
+		require.NoError(t, Export(context.Background(), v, filepath.Join(top, "hub-out"), ExportOptions{}))
 
 		// Confined to the snapshot itself, the links lead outside.
 		_, err = Open(snap)

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -25,62 +26,67 @@ type ExportOptions struct {
 // Export writes the view as an ordinary HF directory at out, which must not
 // exist. Files are streamed into a temporary directory beside out, synced,
 // and the directory is renamed into place at the end, so out either holds the
-// whole view or does not exist.
-func Export(v *View, out string, opts ExportOptions) (err error) {
+// whole view or does not exist. Temporary directories that earlier exports to
+// out left behind (killed ones) are removed first; those of exports still
+// running are not (see exporttemp.go).
+//
+// When ctx is canceled, Export removes its temporary directory and returns
+// ctx.Err(), without waiting for reads already under way.
+func Export(ctx context.Context, v *View, out string, opts ExportOptions) (err error) {
 	if opts.BlockSize <= 0 {
 		opts.BlockSize = 8 << 20
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if _, err := os.Lstat(out); err == nil {
 		return fmt.Errorf("export: %s already exists", out)
 	}
-	parent, base := filepath.Split(filepath.Clean(out))
-	if parent == "" {
-		parent = "."
-	}
-	tmp, err := os.MkdirTemp(parent, "."+base+".ckptfs-tmp-")
+	tmp, err := newExportTemp(out)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	defer func() {
 		if err != nil {
-			os.RemoveAll(tmp)
+			tmp.discard()
 		}
 	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
 	total := v.TotalSize()
 	var done int64
 	for _, f := range v.Files {
-		path := filepath.Join(tmp, f.Name)
-		err := writeFile(path, f, opts, func(n int64) {
+		path := filepath.Join(tmp.dir, f.Name)
+		err := writeFile(ctx, path, f, opts, func(n int64) {
 			done += n
 			if opts.Progress != nil {
 				opts.Progress(done, total)
 			}
 		})
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
 	}
-	if err := ckpt.SyncDir(tmp); err != nil {
+	if err := ckpt.SyncDir(tmp.dir); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	if err := os.Rename(tmp, out); err != nil {
+	if err := tmp.commit(out); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	parent, _ := tempPrefix(out)
 	return ckpt.SyncDir(parent)
 }
 
-func writeFile(path string, f *File, opts ExportOptions, progress func(int64)) error {
+func writeFile(ctx context.Context, path string, f *File, opts ExportOptions, progress func(int64)) error {
 	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
-	if err := copyParallel(out, f, f.Size, opts.BlockSize, opts.Workers, progress); err != nil {
+	if err := copyParallel(ctx, out, f, f.Size, opts.BlockSize, opts.Workers, progress); err != nil {
 		out.Close()
 		return err
 	}
@@ -95,8 +101,9 @@ func writeFile(path string, f *File, opts ExportOptions, progress func(int64)) e
 }
 
 // copyParallel copies size bytes of src to dst in blocks, reading up to
-// workers blocks concurrently and writing them in order.
-func copyParallel(dst io.Writer, src io.ReaderAt, size, block int64, workers int, progress func(int64)) error {
+// workers blocks concurrently and writing them in order. It returns
+// ctx.Err() as soon as ctx is canceled; reads under way finish on their own.
+func copyParallel(ctx context.Context, dst io.Writer, src io.ReaderAt, size, block int64, workers int, progress func(int64)) error {
 	type result struct {
 		buf []byte
 		err error
@@ -131,7 +138,12 @@ func copyParallel(dst io.Writer, src io.ReaderAt, size, block int64, workers int
 		}
 	}()
 	for ch := range pending {
-		r := <-ch
+		var r result
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		if r.err != nil {
 			return r.err
 		}

@@ -2,6 +2,7 @@ package layout
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"os"
@@ -159,7 +160,7 @@ func testExport(t *testing.T, fc fixtureCase, fv fixtureView, opts PlanOptions, 
 	require.NoError(t, err)
 	defer v.closeExtra()
 	out := filepath.Join(t.TempDir(), "out")
-	require.NoError(t, Export(v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
+	require.NoError(t, Export(context.Background(), v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
 
 	files, err := filepath.Glob(filepath.Join(out, "*.safetensors"))
 	require.NoError(t, err)

@@ -77,7 +77,7 @@ func exported(t *testing.T, ckptDir string) string {
 	v, err := layout.Plan(c, layout.PlanOptions{})
 	require.NoError(t, err)
 	out := filepath.Join(t.TempDir(), "export")
-	require.NoError(t, layout.Export(v, out, layout.ExportOptions{}))
+	require.NoError(t, layout.Export(context.Background(), v, out, layout.ExportOptions{}))
 	return out
 }
 

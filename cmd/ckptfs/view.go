@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -294,7 +297,11 @@ func runExport(stderr io.Writer, src, root, out string, vf viewFlags, quiet bool
 		opts.Progress = bar.update
 	}
 	start := time.Now()
-	err = layout.Export(v, out, opts)
+	// Ctrl-C or SIGTERM cancels the export, which removes its temporary
+	// directory.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = layout.Export(ctx, v, out, opts)
 	if bar != nil {
 		bar.finish()
 	}
