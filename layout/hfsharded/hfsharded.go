@@ -184,8 +184,8 @@ func loadNeMoFileIndex(c *ckpt.Checkpoint) error {
 	if err != nil {
 		return fmt.Errorf("hfsharded: %w", err)
 	}
-	var m map[string]int
-	if err := json.Unmarshal(data, &m); err != nil {
+	m, err := parseFileIndex(data)
+	if err != nil {
 		return fmt.Errorf("hfsharded: %s: %w", tree.Path(FileIndexName), err)
 	}
 	for k, v := range m {

@@ -6,7 +6,6 @@
 package megatron
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -36,7 +35,7 @@ func ReadConfig(dir source.Tree) (Config, error) {
 	if err != nil {
 		return c, fmt.Errorf("megatron: %w", err)
 	}
-	if err := json.Unmarshal(b, &c); err != nil {
+	if c, err = parseConfig(b); err != nil {
 		return c, fmt.Errorf("megatron: %s: %w", dir.Path(ConfigFile), err)
 	}
 	return c, nil

@@ -188,10 +188,16 @@ func TestDecodeMetadataBad(t *testing.T) {
 	}
 }
 
+// FuzzDecodeMetadata is seeded with every .metadata in testdata (this
+// package's and the repository's, written by real torch and megatron-core)
+// and the hostile ones.
 func FuzzDecodeMetadata(f *testing.F) {
-	for _, p := range []string{"plain/.metadata", "nested/.metadata", "zstd/.metadata", "sharded/.metadata",
-		"plain_legacy.metadata", "plain_mcore.metadata"} {
-		b, err := os.ReadFile(filepath.Join("testdata", p))
+	seeds := []string{filepath.Join("testdata", "plain_legacy.metadata"), filepath.Join("testdata", "plain_mcore.metadata"), memoBombFile}
+	for _, dir := range fixtureCheckpoints(f) {
+		seeds = append(seeds, filepath.Join(dir, MetadataFile))
+	}
+	for _, p := range seeds {
+		b, err := os.ReadFile(p)
 		require.NoError(f, err)
 		f.Add(b)
 	}

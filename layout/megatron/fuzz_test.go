@@ -1,0 +1,36 @@
+package megatron
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// FuzzParseConfig: metadata.json is read from checkpoints anyone may have
+// written. Parsing never panics, and what it accepts reads back the same.
+func FuzzParseConfig(f *testing.F) {
+	real, err := os.ReadFile(filepath.Join("..", "..", "testdata", "megatron", "ckpt", ConfigFile))
+	require.NoError(f, err)
+	for _, seed := range []string{string(real), `{}`, `null`, `[]`, `{"sharded_backend": 5}`,
+		`{"sharded_backend": "zarr"}`, `{"sharded_backend": "torch_dist", "sharded_backend": "zarr"}`,
+		`{"sharded_backend": "\u0000"}`, `{"a": {"b": [1, 2, {"c": null}]}}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := parseConfig(data)
+		if err != nil {
+			return
+		}
+		b, err := json.Marshal(c)
+		if err != nil {
+			t.Fatalf("%+v does not marshal: %v", c, err)
+		}
+		back, err := parseConfig(b)
+		if err != nil || back != c {
+			t.Fatalf("%+v reads back as %+v, %v", c, back, err)
+		}
+	})
+}
