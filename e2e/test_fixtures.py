@@ -53,22 +53,42 @@ def load_view(d, generated=True):
     return got
 
 
-def check(got, case):
-    want = expected(case)
+def expected_hf(case):
+    """name -> tensor of the HF model a mapped view must show (given the
+    case's hf_config): the HF originals, or the raw tensors renamed by the
+    framework's own converter, or the raw ones when their names are HF's."""
+    path = TESTDATA / case / "expected_hf.safetensors"
+    if path.exists():
+        return load_file(str(path))
+    names = case_info(case).get("hf_key_map")
+    return {names[k]: v for k, v in expected(case).items()} if names else expected(case)
+
+
+def check(got, case, want=None):
+    want = expected(case) if want is None else want
     raw = case_info(case).get("raw", [])
     assert set(got) == set(want) | {r["name"] for r in raw if r["name"] in got}
     for k, t in want.items():
         assert same_bytes(got[k], t), k
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["raw", "hf"])
 @pytest.mark.parametrize("case,view,fmt", fixture_views())
-def test_inspect_export_and_mount_agree(case, view, fmt, tmp_path, mount):
+def test_inspect_export_and_mount_agree(case, view, fmt, mapped, tmp_path, mount):
+    """Raw: --map none, the framework's own tensors. HF: the default view
+    with the case's config (--hf-config hf_config/ when it has one), the HF
+    model's tensors."""
     src = TESTDATA / case / view
-    report = json.loads(ckptfs("inspect", "--json", src).stdout)
+    if mapped:
+        flags = ["--hf-config", TESTDATA / case / "hf_config"] if (TESTDATA / case / "hf_config").is_dir() else []
+        want = expected_hf(case)
+    else:
+        flags, want = ["--map", "none"], expected(case)
+    report = json.loads(ckptfs("inspect", "--json", *flags, src).stdout)
     assert report["format"] == fmt
     out = tmp_path / "out"
-    ckptfs("export", "--quiet", src, out)
-    check(load_view(out, generated=fmt not in PASSTHROUGH), case)
+    ckptfs("export", "--quiet", *flags, src, out)
+    check(load_view(out, generated=fmt not in PASSTHROUGH), case, want)
 
     # inspect's planned files are what export wrote
     assert {f["name"]: f["size"] for f in report["view_files"]} == \
@@ -76,7 +96,7 @@ def test_inspect_export_and_mount_agree(case, view, fmt, tmp_path, mount):
 
     # the mount shows the same files with the same bytes, plus the
     # checkpoint's other files shown through; format internals hidden
-    m = mount(TESTDATA / case)
+    m = mount(TESTDATA / case, *flags)
     mounted = m.mnt / view
     internal = {n for n in os.listdir(src) if n == ".metadata" or n.endswith(".distcp") or n == "common.pt"
                 or (fmt == "hf-sharded-safetensors" and n.startswith("shard-"))
@@ -86,7 +106,7 @@ def test_inspect_export_and_mount_agree(case, view, fmt, tmp_path, mount):
     assert sorted(os.listdir(mounted)) == sorted(set(os.listdir(out)) | through | dirs)
     for name in os.listdir(out):
         assert (mounted / name).read_bytes() == (out / name).read_bytes(), name
-    check(load_view(mounted, generated=fmt not in PASSTHROUGH), case)
+    check(load_view(mounted, generated=fmt not in PASSTHROUGH), case, want)
 
 
 def test_cli_tools_on_mount(mount):

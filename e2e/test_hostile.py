@@ -4,9 +4,9 @@ bounded memory with one clear line naming the file and the cause, and no
 byte from outside the source may come out."""
 
 import os
-import resource
 import shutil
 import subprocess
+import threading
 import time
 
 import pytest
@@ -17,13 +17,25 @@ SECRET = b"TOP-SECRET-BYTES"
 
 
 def run(*args, timeout=20):
-    """Run ckptfs with a time bound; return (proc, seconds, peak RSS MiB)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Run ckptfs with a time bound; return (proc, seconds, its own peak RSS
+    in MiB: wait4's rusage of that child, not the session's largest)."""
     start = time.monotonic()
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    p = subprocess.Popen([BIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = {}
+    readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()))
+               for k, f in (("out", p.stdout), ("err", p.stderr))]
+    for r in readers:
+        r.start()
+    timer = threading.Timer(timeout, p.kill)
+    timer.start()
+    _, status, usage = os.wait4(p.pid, 0)
+    timer.cancel()
+    for r in readers:
+        r.join()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    assert p.returncode != -9, f"ckptfs {args[0]} ran past {timeout} s"
     took = time.monotonic() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return p, took, max(peak, before) / 1024
+    return subprocess.CompletedProcess(p.args, p.returncode, out["out"], out["err"]), took, usage.ru_maxrss / 1024
 
 
 def copy_case(name, dst):

@@ -22,8 +22,8 @@ import (
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
-	"github.com/ckptfs/ckptfs/metrics"
 	"github.com/ckptfs/ckptfs/vfs"
+	"github.com/ckptfs/ckptfs/vfs/metrics"
 )
 
 const watchdogCmd = "__unmount-on-exit"

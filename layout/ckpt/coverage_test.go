@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/internal/cost"
+	"github.com/ckptfs/ckptfs/layout/internal/cost"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 

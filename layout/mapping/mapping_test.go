@@ -33,13 +33,13 @@ func TestEval(t *testing.T) {
 
 func TestParseRejects(t *testing.T) {
 	for doc, msg := range map[string]string{
-		`{"name": "x", "tensors": [{"to": "a", "from": "b", "sdplit": {}}]}`:                       `unknown field "sdplit"`,
+		`{"name": "x", "tensors": [{"to": "a", "from": "b", "sdplit": {}}]}`:                         `unknown field "sdplit"`,
 		`{"name": "x", "tensors": []}`:                                                               "no tensors",
 		`{"tensors": [{"to": "a", "from": "b"}]}`:                                                    "no name",
-		`{"name": "x", "tensors": [{"to": "l.{l}.w", "from": "w"}]}`:                               `"{l}" in "to"`,
-		`{"name": "x", "tensors": [{"to": "w", "from": "l.{l}.w"}]}`:                               `"{l}" in "to"`,
+		`{"name": "x", "tensors": [{"to": "l.{l}.w", "from": "w"}]}`:                                 `"{l}" in "to"`,
+		`{"name": "x", "tensors": [{"to": "w", "from": "l.{l}.w"}]}`:                                 `"{l}" in "to"`,
 		`{"name": "x", "tensors": [{"to": "a", "from": "b", "split": {"sizes": ["1"], "take": 1}}]}`: "split takes part 1 of 1",
-		`{"name": "x", "tensors": [{"to": "a", "from": "b", "rows": "5"}]}`:                         `rows "5" is not "start:end"`,
+		`{"name": "x", "tensors": [{"to": "a", "from": "b", "rows": "5"}]}`:                          `rows "5" is not "start:end"`,
 		`{"name": "x", "tensors": [{"to": "a", "from": 7}]}`:                                         "want a name or a list",
 	} {
 		_, err := Parse([]byte(doc))

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/internal/cost"
+	"github.com/ckptfs/ckptfs/layout/internal/cost"
 )
 
 // tupleBomb is a "billion laughs" pickle: level 0 is the int 1, level k a
