@@ -55,7 +55,7 @@ func (g *geometry) origin() Origin           { return Origin{Sources: []string{g
 func (g *geometry) backing() []*ckpt.File {
 	var out []*ckpt.File
 	for _, c := range g.chunks {
-		if b, ok := c.src.(ckpt.Backed); ok {
+		if b, ok := c.src.(ckpt.Backed); ok && b.Backing() != nil {
 			out = append(out, b.Backing())
 		}
 	}

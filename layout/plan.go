@@ -41,6 +41,9 @@ type PlanOptions struct {
 	// GPT, torchtitan, ...), if any; NoMapping shows the keys as saved.
 	Mapping   *mapping.Spec
 	NoMapping bool
+	// Verify checks each chunk against its record's CRC32 before its first
+	// byte is served (see Verify).
+	Verify bool
 }
 
 // ParseDType reads a --dtype value: bf16, fp16 or fp32 (or torch's names).
@@ -142,6 +145,11 @@ func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
 		opts.MaxShardSize = DefaultMaxShardSize
 	}
 	v := &View{Checkpoint: c, Warnings: append([]string(nil), c.Warnings...)}
+	if opts.Verify {
+		if _, unchecked := Verify(c); unchecked > 0 {
+			v.Warnings = append(v.Warnings, fmt.Sprintf("--verify: %d chunks have no checksum to check them against (safetensors stores none)", unchecked))
+		}
+	}
 	sidecars, err := v.findSidecars(opts.HFConfigDir)
 	if err != nil {
 		v.closeExtra()

@@ -24,6 +24,8 @@ type Report struct {
 	Note string `json:"note,omitempty"`
 	// Warnings say what the view could not do or had to assume.
 	Warnings []string `json:"warnings,omitempty"`
+	// Verified says what inspect --verify checked.
+	Verified string `json:"verified,omitempty"`
 }
 
 // TensorReport describes one stored tensor.

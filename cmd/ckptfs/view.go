@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -29,6 +30,7 @@ type viewFlags struct {
 	hfConfig     string
 	dtype        dtypeFlag
 	mapping      mapFlag
+	verify       bool
 }
 
 // mapFlag is --map: none, a built-in mapping's name, or a mapping file.
@@ -96,11 +98,12 @@ func (v *viewFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&v.hfConfig, "hf-config", "", "`DIR` with config.json/tokenizer files to show when the checkpoint has none")
 	fs.Var(&v.dtype, "dtype", "convert floating tensors on read to bf16, fp16 or fp32, rounding as torch's .to() (default: as saved)")
 	fs.Var(&v.mapping, "map", mapHelp())
+	fs.BoolVar(&v.verify, "verify", false, "check every chunk against its record's CRC32 before serving a byte of it (torch.save records; inspect checks them all)")
 }
 
 func (v *viewFlags) options() layout.PlanOptions {
 	return layout.PlanOptions{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig, DType: v.dtype.d,
-		Mapping: v.mapping.spec, NoMapping: v.mapping.none}
+		Mapping: v.mapping.spec, NoMapping: v.mapping.none, Verify: v.verify}
 }
 
 // openView opens the checkpoint in src, confined to root (src itself when
@@ -170,6 +173,13 @@ func runInspect(stdout io.Writer, src, root string, vf viewFlags, asJSON bool) e
 	}
 	defer closeView(c, v)
 	report := layout.NewReport(c, v)
+	if vf.verify && planErr == nil {
+		checked, unchecked, err := ckpt.VerifyChunks(c)
+		if err != nil {
+			return err
+		}
+		report.Verified = fmt.Sprintf("%d chunks match their CRC32; %d have no checksum", checked, unchecked)
+	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -190,6 +200,9 @@ func printReport(w io.Writer, r layout.Report) {
 	fmt.Fprintf(w, "%s: %s, %d tensors, %d in view%s, %d left out\n\n", r.Dir, r.Format, len(r.Tensors), r.Selected, mapped, len(r.Omitted))
 	if r.Note != "" {
 		fmt.Fprintf(w, "%s\n\n", r.Note)
+	}
+	if r.Verified != "" {
+		fmt.Fprintf(w, "verified: %s\n\n", r.Verified)
 	}
 	for _, warn := range r.Warnings {
 		fmt.Fprintf(w, "warning: %s\n", warn)
