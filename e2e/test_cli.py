@@ -78,3 +78,24 @@ def test_umount_command_stops_the_server(tmp_path):
     assert m.proc.wait(timeout=20) == 0
     assert not is_mounted(m.mnt)
     m.log.close()
+
+
+def test_signal_while_mounting_exits_cleanly(tmp_path):
+    """SIGTERM right as the mount appears (before it is reported ready) is
+    handled like any other: the mount goes away and the process exits 0;
+    it never dies waiting on its own mount."""
+    for i in range(5):
+        mnt = tmp_path / f"mnt{i}"
+        mnt.mkdir()
+        p = subprocess.Popen([BIN, "mount", str(TESTDATA / "sample"), str(mnt)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 30
+        while not is_mounted(mnt) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.001)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0, p.stderr.read()
+        for _ in range(100):
+            if not is_mounted(mnt):
+                break
+            time.sleep(0.05)
+        assert not is_mounted(mnt)

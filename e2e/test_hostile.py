@@ -6,7 +6,8 @@ byte from outside the source may come out."""
 import os
 import shutil
 import subprocess
-import threading
+import sys
+import tempfile
 import time
 
 import pytest
@@ -16,26 +17,29 @@ from conftest import BIN, TESTDATA
 SECRET = b"TOP-SECRET-BYTES"
 
 
+# Spawns ckptfs from a fresh, small interpreter and reports its peak RSS.
+# (A child forked from the test process would report the test's own RSS:
+# ru_maxrss keeps the high-water mark from before exec.)
+SPAWN = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run(*args, timeout=20):
-    """Run ckptfs with a time bound; return (proc, seconds, its own peak RSS
-    in MiB: wait4's rusage of that child, not the session's largest)."""
-    start = time.monotonic()
-    p = subprocess.Popen([BIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = {}
-    readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()))
-               for k, f in (("out", p.stdout), ("err", p.stderr))]
-    for r in readers:
-        r.start()
-    timer = threading.Timer(timeout, p.kill)
-    timer.start()
-    _, status, usage = os.wait4(p.pid, 0)
-    timer.cancel()
-    for r in readers:
-        r.join()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    assert p.returncode != -9, f"ckptfs {args[0]} ran past {timeout} s"
-    took = time.monotonic() - start
-    return subprocess.CompletedProcess(p.args, p.returncode, out["out"], out["err"]), took, usage.ru_maxrss / 1024
+    """Run ckptfs with a time bound; return (proc, seconds, its peak RSS in MiB)."""
+    with tempfile.NamedTemporaryFile() as rss:
+        start = time.monotonic()
+        p = subprocess.run([sys.executable, "-c", SPAWN, rss.name, BIN, *map(str, args)],
+                           capture_output=True, text=True, timeout=timeout)
+        took = time.monotonic() - start
+        peak = int(open(rss.name).read() or 0) / 1024
+    return p, took, peak
 
 
 def copy_case(name, dst):

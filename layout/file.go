@@ -82,6 +82,10 @@ func (f *File) CheckFresh() error {
 	return nil
 }
 
+// DataOffset is where a safetensors view file's tensor data starts (the
+// length of its generated header); 0 for other files.
+func (f *File) DataOffset() int64 { return int64(len(f.header)) }
+
 // Placements lists the tensors of a safetensors view file in file order.
 func (f *File) Placements() []Placement { return f.placements }
 

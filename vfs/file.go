@@ -57,7 +57,7 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		f.fsys.readErrors.Add(1)
 		return nil, 0, toErrno(f.fsys.log, "open "+f.file.Name, err)
 	}
-	h := &viewHandle{fsys: f.fsys, file: f.file, h: f.fsys.opts.Cache.Open(f.id, f.file, f.file.Size)}
+	h := &viewHandle{fsys: f.fsys, file: f.file, h: f.fsys.opts.Cache.Open(f.id, f.file, f.file.Size), node: f}
 	// The bytes never change for the life of the mount: let the kernel keep
 	// its page cache across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
@@ -87,6 +87,7 @@ type viewHandle struct {
 	fsys *FS
 	file *layout.File
 	h    *cache.Handle
+	node *ViewFile
 }
 
 var (
@@ -95,6 +96,10 @@ var (
 )
 
 func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	// A read past the header is a loader at the tensors: stream the rest.
+	if p := h.fsys.prefill; p != nil && off+int64(len(dest)) > max(h.file.DataOffset(), prefillPiece) {
+		p.offer(h.node.EmbeddedInode(), h.file, h.node.id)
+	}
 	n, err := h.h.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		h.fsys.readErrors.Add(1)

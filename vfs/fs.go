@@ -35,6 +35,9 @@ type Options struct {
 	Cache *cache.Cache
 	// Logger gets one line per real problem; nil = slog.Default().
 	Logger *slog.Logger
+	// Prefill streams view files into the kernel page cache once a loader
+	// starts reading their tensors (see prefill.go).
+	Prefill bool
 	// ViewTimeout is how long the kernel may cache view entries and attrs
 	// (views are immutable). Other entries use a short timeout so new
 	// checkpoints show up promptly.
@@ -62,7 +65,8 @@ type FS struct {
 	// the server wait on itself.
 	mountpoint string
 
-	nextID atomic.Uint64
+	nextID  atomic.Uint64
+	prefill *prefiller // nil unless Options.Prefill
 
 	// Lock order: target.mu, then mu.
 	mu      sync.Mutex
@@ -113,8 +117,12 @@ func New(opts Options) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FS{opts: opts, log: opts.Logger, root: root, tree: tree, views: map[string]*viewEntry{},
-		targets: map[string]*target{}, cleaned: map[string]bool{}}, nil
+	f := &FS{opts: opts, log: opts.Logger, root: root, tree: tree, views: map[string]*viewEntry{},
+		targets: map[string]*target{}, cleaned: map[string]bool{}}
+	if opts.Prefill {
+		f.prefill = newPrefiller(f)
+	}
+	return f, nil
 }
 
 // Root returns the root directory node.
@@ -198,6 +206,9 @@ func inode(rel string) uint64 {
 // Close releases the shard files of every opened checkpoint and ends the
 // write targets: files still being written are dropped, spools removed.
 func (f *FS) Close() {
+	if f.prefill != nil {
+		f.prefill.stop()
+	}
 	f.mu.Lock()
 	f.closed = true
 	targets := f.targets

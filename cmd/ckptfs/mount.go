@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -40,6 +43,7 @@ type mountFlags struct {
 	blockSize   *byteSize
 	readAhead   *byteSize
 	prefetch    int
+	prefill     bool
 	allowOther  bool
 	fuseDebug   bool
 	verbose     bool
@@ -57,6 +61,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
 	fs.Var(f.blockSize, "block-size", "cache block size: the unit shards are read in")
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, "`N` blocks read ahead on sequential access (0 disables)")
+	fs.BoolVar(&f.prefill, "prefill", true, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
 	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request")
@@ -116,6 +121,13 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if err != nil {
 		return err
 	}
+	// Signals are caught from the start: one that arrived while the mount
+	// was coming up, under the default action, would kill the process while
+	// a thread of it waits on its own mount (the readiness stat), a wait the
+	// kernel cannot end, leaving an unkillable zombie.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	log, closeLog, err := newLogger(stderr, f.logFile, f.logFormat, f.verbose)
 	if err != nil {
 		return err
@@ -124,7 +136,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	ready.log = log
 
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
-	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target}
+	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
 		m = metrics.New()
@@ -177,19 +189,18 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 
-	defer unmountOnSignal(server, mnt, log, ready)()
+	defer unmountOnSignal(sigs, server, mnt, log, ready)()
 	ready.ready()
 	server.Wait()
 	ready.stopping()
 	return nil
 }
 
-// unmountOnSignal unmounts on SIGINT, SIGTERM or SIGHUP until stop is called.
-// A busy mount (files open or mapped) is detached and served until its files
-// close, unless a second signal asks to exit now.
-func unmountOnSignal(server *fuse.Server, mnt string, log *slog.Logger, ready *readiness) (stop func()) {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+// unmountOnSignal unmounts on the signals sigs receives (SIGINT, SIGTERM or
+// SIGHUP) until stop is called. A busy mount (files open or mapped) is
+// detached and served until its files close, unless a second signal asks to
+// exit now.
+func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness) (stop func()) {
 	go func() {
 		s, ok := <-sigs
 		if !ok {
@@ -354,7 +365,10 @@ func startWatchdog(mnt string, log *slog.Logger) func() {
 		log.Warn("no unmount watchdog", "err", err)
 		return func() {}
 	}
-	cmd := exec.Command(exe, watchdogCmd, mnt)
+	if abs, err := filepath.Abs(mnt); err == nil {
+		mnt = abs // as /proc/self/mountinfo names it
+	}
+	cmd := exec.Command(exe, watchdogCmd, mnt, strconv.Itoa(os.Getpid()))
 	cmd.ExtraFiles = []*os.File{r}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -368,15 +382,85 @@ func startWatchdog(mnt string, log *slog.Logger) func() {
 	return func() { w.Close() }
 }
 
-// runWatchdog is the helper's side: block until the mounting process is gone,
-// then detach the mount if it is still there.
+// runWatchdog is the helper's side: block until the mounting process is gone
+// (its end of the pipe closes), or is a zombie whose last thread waits on its
+// own mount (it holds the pipe open and the kernel can never answer it);
+// then abort the mount's FUSE connection, which ends such waits, and detach
+// the mount if it is still there.
 func runWatchdog(args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: " + watchdogCmd + " MNT")
+	if len(args) != 2 {
+		return errors.New("usage: " + watchdogCmd + " MNT PID")
 	}
-	pipe := os.NewFile(3, "watchdog")
-	io.Copy(io.Discard, pipe)
+	pid, err := strconv.Atoi(args[1])
+	if err != nil {
+		return err
+	}
+	gone := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.NewFile(3, "watchdog"))
+		close(gone)
+	}()
+	for tick := time.NewTicker(time.Second); ; {
+		select {
+		case <-gone:
+		case <-tick.C:
+			if !isZombie(pid) {
+				continue
+			}
+		}
+		break
+	}
+	abortConnection(args[0])
 	return lazyUnmount(args[0])
+}
+
+// isZombie reports whether process pid has exited but not been reaped.
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // gone
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	rest := b[bytes.LastIndexByte(b, ')')+1:]
+	return len(rest) > 1 && rest[1] == 'Z'
+}
+
+// unescapeOctal undoes mountinfo's \ooo escapes (of spaces, tabs, ...).
+func unescapeOctal(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// abortConnection aborts the FUSE connection of the mount at mnt, found in
+// /proc/self/mountinfo (stat'ing a mount whose server is dead would hang).
+func abortConnection(mnt string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || unescapeOctal(f[4]) != mnt {
+			continue
+		}
+		if _, minor, ok := strings.Cut(f[2], ":"); ok {
+			const ctl = "/sys/fs/fuse/connections"
+			if _, err := os.Stat(ctl + "/" + minor); err != nil {
+				_ = syscall.Mount("fusectl", ctl, "fusectl", 0, "") // root only; often not mounted
+			}
+			_ = os.WriteFile(ctl+"/"+minor+"/abort", []byte("1"), 0o200)
+		}
+	}
 }
 
 func lazyUnmount(mnt string) error {

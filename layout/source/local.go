@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Local is a directory of the local filesystem, confined with os.Root.
@@ -214,8 +216,17 @@ func (f *localFile) Close() error { return f.f.Close() }
 
 // ReadAt reads at off; a file found shorter than when it was opened is
 // ErrChanged (a truncated shard), not a short read.
+//
+// The pages read are dropped from the page cache afterwards: ckptfs reads a
+// byte of a checkpoint once and serves it from its own cache or the view's
+// pages, so keeping the shard's copy too would double the memory a load
+// costs (a model's worth of shard pages beside a model's worth of view
+// pages).
 func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)
+	if n > 0 {
+		_ = unix.Fadvise(int(f.f.Fd()), off, int64(n), unix.FADV_DONTNEED)
+	}
 	if err == io.EOF && off+int64(n) < f.info.Size {
 		return n, fmt.Errorf("%w: %s truncated at %d (was %d bytes)", ErrChanged, f.path, off+int64(n), f.info.Size)
 	}
