@@ -1,51 +1,67 @@
-"""ckptfs benchmarks. Every figure is a ratio to a plain-file baseline measured
-in the same run, on the same disk, interleaved with it (baseline, ckptfs,
-baseline, ckptfs, ...) and reduced to the median, plus peak RSS.
+"""ckptfs benchmarks: every figure is a ratio to a baseline measured in the
+same run, on the same data and disk, interleaved with it (A, B, C, A, B, C,
+...), reduced to the median, and printed against its target.
 
-    python e2e/bench/bench.py --bin bin/ckptfs [--gib 2] [--work .bench] [--json out.json]
+    python e2e/bench/bench.py --bin bin/ckptfs [--repeat 3] [--only load,seq,...] [--json out.json]
 
-"Cold" means: os.sync(), then posix_fadvise(DONTNEED) on every file involved
-(shards, view files and copies) before each timed run; this drops the guest
-page cache without root. A virtual disk may still be cached by the host, so
-cold figures are best read as ratios, never as absolute disk speeds."""
+"Cold" means `sync; echo 3 > /proc/sys/vm/drop_caches` (root) and a fresh
+mount before each timed run. Sections:
+
+  load    from_pretrained + touching every weight, cold and warm, through the
+          mount vs a physical consolidated copy vs what users run today
+          (torch's consolidate_safetensors_files + load; dcp_to_torch_save +
+          save_pretrained + load); cat of the view vs cat of the shards; peak
+          RSS; page-cache growth (Cached) of a load
+  seq     cold sequential read of views sharded on dim 0, on dim 1, and of a
+          mapped view (Megatron-style stacked, fused QKV) vs read(2) of the
+          shards; warm re-read vs a page-cached plain file
+  chunks  time to mount and list a checkpoint of 100k chunks
+  verify  export with --verify vs without
+  write   cp / save_pretrained into a --rw mount vs cp + fsync, world sizes 1, 4, 8
+"""
 
 import argparse
 import glob
 import json
 import os
 import platform
-import random
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPEAT = 3
+PY = sys.executable
 
 
-def drop_cache(paths):
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def drop_caches():
     os.sync()
-    for p in paths:
-        for f in ([p] if os.path.isfile(p) else glob.glob(os.path.join(p, "**", "*"), recursive=True)):
-            if os.path.isfile(f):
-                fd = os.open(f, os.O_RDONLY)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def meminfo(key):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
 
 
 def run(cmd, **kw):
-    """Run cmd; return (seconds, peak RSS in MiB) of that process alone."""
+    """Run cmd; return (seconds, peak RSS MiB, system CPU seconds) of that process."""
     t = time.perf_counter()
     p = subprocess.Popen(cmd, **kw)
     _, status, ru = os.wait4(p.pid, 0)
     secs = time.perf_counter() - t
     if status != 0:
         raise RuntimeError(f"{cmd} failed with status {status}")
-    return secs, ru.ru_maxrss / 1024
+    return secs, ru.ru_maxrss / 1024, ru.ru_stime
 
 
 def read_all(paths, bs=1 << 20):
@@ -66,39 +82,34 @@ def size_of(paths):
     return sum(os.path.getsize(p) for p in paths)
 
 
-def shards(ckpt):
-    return sorted(glob.glob(os.path.join(ckpt, "*.distcp")))
+def files(d, pattern):
+    return sorted(glob.glob(os.path.join(d, pattern)))
 
 
-def interleaved(baseline, candidate, repeat=REPEAT):
-    """Median seconds of baseline() and candidate(), run alternately."""
-    b, c = [], []
-    for _ in range(repeat):
-        b.append(baseline())
-        c.append(candidate())
-    return statistics.median(b), statistics.median(c)
-
-
-def gen(work, name, script_args):
-    out = os.path.join(work, "src", name)
-    if not os.path.exists(os.path.join(out, ".metadata")):
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        subprocess.run([sys.executable, *script_args, out], check=True, env={**os.environ, "USE_LIBUV": "0"})
-    return out
+def interleaved(cases, repeat):
+    """Run each case once per round, in order, for repeat rounds; return
+    name -> median seconds (and name -> all runs)."""
+    runs = {name: [] for name in cases}
+    for r in range(repeat):
+        for name, fn in cases.items():
+            runs[name].append(fn())
+            log(f"  round {r + 1}/{repeat} {name}: {runs[name][-1]:.2f} s")
+    return {n: statistics.median(v) for n, v in runs.items()}, runs
 
 
 class Mount:
+    """A `ckptfs mount` process; ready when its stats file appears."""
+
     def __init__(self, binary, src, mnt, *flags, env=None, stderr=subprocess.DEVNULL):
         os.makedirs(mnt, exist_ok=True)
         self.mnt = mnt
         self.proc = subprocess.Popen([binary, "mount", *flags, src, mnt], stderr=stderr,
                                      env=None if env is None else {**os.environ, **env})
-        deadline = time.time() + 30
+        deadline = time.time() + 60
         while not os.path.exists(os.path.join(mnt, ".ckptfs")):
             if self.proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError("mount failed")
-            time.sleep(0.05)
+            time.sleep(0.02)
 
     def peak_rss_mib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -112,156 +123,244 @@ class Mount:
 
     def close(self):
         self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
+        self.proc.wait(timeout=60)
 
 
-def bench_export(binary, ckpt, out_root):
-    """Cold `ckptfs export` (into tmpfs) vs cold `cat` of the shards."""
-    src = shards(ckpt)
-    out = os.path.join(out_root, "export")
-    rss = []
-
-    def raw():
-        drop_cache(src)
-        return run(["cat", *src], stdout=subprocess.DEVNULL)[0]
-
-    def export():
+def gen(work, name, script, *args):
+    """Generate a checkpoint once (kept across runs under work/src)."""
+    out = os.path.join(work, "src", name)
+    stamp = out + ".done"
+    if not os.path.exists(stamp):
         shutil.rmtree(out, ignore_errors=True)
-        drop_cache(src)
-        secs, peak = run([binary, "export", "--quiet", ckpt, out])
-        rss.append(peak)
-        return secs
-
-    raw_s, exp_s = interleaved(raw, export)
-    exported = size_of(glob.glob(os.path.join(out, "*.safetensors")))
-    shutil.rmtree(out)
-    return dict(raw_MBps=round(size_of(src) / raw_s / 1e6), export_MBps=round(exported / exp_s / 1e6),
-                ratio=round((exported / exp_s) / (size_of(src) / raw_s), 2), export_peak_rss_MiB=round(max(rss)))
-
-
-def bench_mount(binary, ckpt, work, cache_mib=256):
-    """Sequential cold and warm reads through the mount, random preads, RSS."""
-    src = shards(ckpt)
-    name = os.path.basename(ckpt)
-    mnt = os.path.join(work, "mnt")
-    m = Mount(binary, os.path.dirname(ckpt), mnt, "--cache-size", f"{cache_mib}MiB")
-    try:
-        files = sorted(glob.glob(os.path.join(mnt, name, "*.safetensors")))
-        view_bytes = size_of(files)
-
-        def raw():
-            drop_cache(src)
-            return read_all(src)
-
-        def cold():
-            drop_cache(src + files)  # the view's own page cache too
-            return read_all(files)
-
-        raw_s, cold_s = interleaved(raw, cold)
-        rss = m.peak_rss_mib()
-        # Warm: view pages stay in the kernel page cache (FOPEN_KEEP_CACHE);
-        # the baseline is an ordinary file with the same bytes, also cached.
-        plain = os.path.join(work, "plain.bin")
-        with open(plain, "wb") as w:
-            for f in files:
-                with open(f, "rb") as r:
-                    shutil.copyfileobj(r, w, 1 << 20)
-        read_all([plain])
-        read_all(files)
-        plain_s, warm_s = interleaved(lambda: read_all([plain]), lambda: read_all(files))
-        os.remove(plain)
-        stats = m.stats()
-    finally:
-        m.close()
-    # Random access on a fresh mount with cold caches: the safetensors/mmap pattern.
-    lat = {}
-    m = Mount(binary, os.path.dirname(ckpt), mnt, "--cache-size", f"{cache_mib}MiB")
-    try:
-        files = sorted(glob.glob(os.path.join(mnt, name, "*.safetensors")))
-        drop_cache(src)
-        rng = random.Random(0)
-        fds = [os.open(f, os.O_RDONLY) for f in files]
-        sizes = [os.fstat(fd).st_size for fd in fds]
-        for _ in range(400):
-            i = rng.randrange(len(fds))
-            n = rng.choice([4 << 10, 64 << 10, 256 << 10, 1 << 20])
-            off = rng.randrange(0, max(1, sizes[i] - n))
-            t = time.perf_counter()
-            os.pread(fds[i], n, off)
-            lat.setdefault(n, []).append((time.perf_counter() - t) * 1e3)
-        for fd in fds:
-            os.close(fd)
-    finally:
-        m.close()
-    pct = {}
-    for n, xs in sorted(lat.items()):
-        xs.sort()
-        pct[f"{n >> 10}KiB"] = {f"p{p}": round(xs[max(0, int(len(xs) * p / 100) - 1)], 2) for p in (50, 90, 99)}
-    return dict(cold_ratio=round((view_bytes / cold_s) / (size_of(src) / raw_s), 2),
-                cold_MBps=round(view_bytes / cold_s / 1e6), raw_MBps=round(size_of(src) / raw_s / 1e6),
-                warm_ratio=round(plain_s / warm_s, 2), warm_MBps=round(view_bytes / warm_s / 1e6),
-                plain_cached_MBps=round(view_bytes / plain_s / 1e6),
-                random_pread_ms=pct, peak_rss_MiB=round(rss), cache_MiB=cache_mib,
-                read_MiB=round(view_bytes / 2**20), cache_stats=stats["cache"])
-
-
-def bench_read_ahead(binary, ckpt, work):
-    """Cold sequential MB/s through the mount for several kernel read-ahead sizes."""
-    src = shards(ckpt)
-    out = {}
-    for ra in ["128KiB", "1MiB", "4MiB", "16MiB"]:
-        m = Mount(binary, os.path.dirname(ckpt), os.path.join(work, "mnt"), "--read-ahead", ra)
-        try:
-            files = sorted(glob.glob(os.path.join(m.mnt, os.path.basename(ckpt), "*.safetensors")))
-            runs = []
-            for _ in range(REPEAT):
-                drop_cache(src + files)
-                runs.append(size_of(files) / read_all(files) / 1e6)
-            out[ra] = round(statistics.median(runs))
-        finally:
-            m.close()
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        log(f"generating {name} ...")
+        subprocess.run([PY, os.path.join(HERE, script), out, *args], check=True, env={**os.environ, "USE_LIBUV": "0"})
+        open(stamp, "w").close()
     return out
 
 
-# from_pretrained may leave weights mapped and unread until first use, so the
-# timed step also touches every page of every parameter (one element per
-# 4 KiB), as the first forward pass would.
-LOAD = ("import sys, time, torch\n"
-        "from transformers import AutoModelForCausalLM\n"
-        "t = time.perf_counter()\n"
-        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
-        "torch.cat([p.detach().reshape(-1)[::1024].float() for p in m.parameters()]).sum()\n"
-        "print(time.perf_counter() - t)\n")
+# from_pretrained may leave weights mapped and unread until first use, so
+# the timed step also touches every page of every parameter (one element
+# per 4 KiB), as the first forward pass would. Imports are not timed.
+LOAD = """
+import sys, time, torch
+from transformers import AutoModelForCausalLM
+t = time.perf_counter()
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+torch.cat([p.detach().reshape(-1)[::1024].float() for p in m.parameters()]).sum()
+print(time.perf_counter() - t)
+"""
+
+# What users run today on HF-sharded output (NeMo, torchtitan, torch's HF
+# writer): torch's consolidation, then a load of what it wrote.
+CONSOLIDATE = """
+import json, os, shutil, sys, time, torch
+from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
+from transformers import AutoModelForCausalLM
+src, out = sys.argv[1], sys.argv[2]
+t = time.perf_counter()
+consolidate_safetensors_files(src, out, fqn_to_index_mapping=None)
+shutil.copy(os.path.join(src, "config.json"), out)
+m = AutoModelForCausalLM.from_pretrained(out)
+torch.cat([p.detach().reshape(-1)[::1024].float() for p in m.parameters()]).sum()
+print(time.perf_counter() - t)
+"""
+
+# ... and on DCP: torch's own reader into a torch.save file, then
+# save_pretrained, then a load.
+DCP_CONVERT = """
+import os, sys, time, torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from transformers import AutoConfig, AutoModelForCausalLM
+src, out = sys.argv[1], sys.argv[2]
+t = time.perf_counter()
+dcp_to_torch_save(src, out + ".pt")
+sd = torch.load(out + ".pt", weights_only=True, mmap=True)
+cfg = AutoConfig.from_pretrained(src)
+with torch.device("meta"):
+    m = AutoModelForCausalLM.from_config(cfg)
+m.load_state_dict(sd, assign=True)
+m.save_pretrained(out)
+del m, sd
+os.remove(out + ".pt")
+m = AutoModelForCausalLM.from_pretrained(out)
+torch.cat([p.detach().reshape(-1)[::1024].float() for p in m.parameters()]).sum()
+print(time.perf_counter() - t)
+"""
 
 
-def load_seconds(path):
-    """from_pretrained time alone (imports excluded), in a fresh interpreter."""
-    r = subprocess.run([sys.executable, "-c", LOAD, path], check=True, capture_output=True, text=True)
+def python_seconds(script, *args):
+    r = subprocess.run([PY, "-c", script, *map(str, args)], check=True, capture_output=True, text=True)
     return float(r.stdout.strip().splitlines()[-1])
 
 
-def bench_from_pretrained(binary, work):
-    """Cold from_pretrained through the mount vs export + from_pretrained(copy)."""
-    ckpt = gen(work, "llama", [os.path.join(HERE, "gen_llama.py")])
-    src = shards(ckpt)
-    out = os.path.join(work, "llama-hf")
-    mounted, converted = [], []
-    for _ in range(REPEAT):
-        m = Mount(binary, os.path.dirname(ckpt), os.path.join(work, "mnt"))
+def bench_load(binary, work, repeat):
+    """The table of issue 11: cold and warm loads, cat, both torch converters."""
+    dcp_src = gen(work, "llama", "gen_llama.py")
+    hf_src = gen(work, "llama-hf", "gen_llama.py", "--format", "hf")
+    shutil.copy(os.path.join(dcp_src, "config.json"), hf_src)
+    model_bytes = size_of(files(dcp_src, "*.distcp"))
+    copy = os.path.join(work, "copy-llama")
+    if not os.path.exists(os.path.join(copy, "config.json")):
+        subprocess.run([binary, "export", "--quiet", dcp_src, copy], check=True)
+    mnt = os.path.join(work, "mnt")
+    scratch = os.path.join(work, "scratch")
+    extra = {"mount_rss_MiB": [], "cached_growth": [], "hf_mount_rss_MiB": []}
+
+    def cat_shards():
+        drop_caches()
+        return read_all(files(dcp_src, "*.distcp"))
+
+    def cat_mount():
+        drop_caches()
+        m = Mount(binary, os.path.dirname(dcp_src), mnt)
         try:
-            drop_cache(src)
-            mounted.append(load_seconds(os.path.join(m.mnt, "llama")))
+            return read_all(files(os.path.join(mnt, "llama"), "*.safetensors"))
         finally:
             m.close()
-        shutil.rmtree(out, ignore_errors=True)
-        drop_cache(src)
-        export_s, _ = run([binary, "export", "--quiet", ckpt, out])
-        converted.append((export_s, load_seconds(out)))
-    shutil.rmtree(out)
-    mount_s = statistics.median(mounted)
-    export_s, copy_s = min(converted, key=lambda c: c[0] + c[1])
-    return dict(model_GB=round(size_of(src) / 1e9, 2), mount_load_s=round(mount_s, 2), export_s=round(export_s, 2),
-                copy_load_s=round(copy_s, 2), ratio=round(mount_s / (export_s + copy_s), 2))
+
+    def load_copy():
+        drop_caches()
+        return python_seconds(LOAD, copy)
+
+    def load_mount():
+        drop_caches()
+        before = meminfo("Cached")
+        m = Mount(binary, os.path.dirname(dcp_src), mnt)
+        try:
+            secs = python_seconds(LOAD, os.path.join(mnt, "llama"))
+            extra["cached_growth"].append((meminfo("Cached") - before) / model_bytes)
+            extra["mount_rss_MiB"].append(m.peak_rss_mib())
+            return secs
+        finally:
+            m.close()
+
+    def load_mount_hf():
+        drop_caches()
+        m = Mount(binary, os.path.dirname(hf_src), mnt)
+        try:
+            secs = python_seconds(LOAD, os.path.join(mnt, "llama-hf"))
+            extra["hf_mount_rss_MiB"].append(m.peak_rss_mib())
+            return secs
+        finally:
+            m.close()
+
+    def consolidate():
+        shutil.rmtree(scratch, ignore_errors=True)
+        drop_caches()
+        try:
+            return python_seconds(CONSOLIDATE, hf_src, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def dcp_convert():
+        shutil.rmtree(scratch, ignore_errors=True)
+        drop_caches()
+        try:
+            return python_seconds(DCP_CONVERT, dcp_src, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    cold, runs = interleaved({"cat_shards": cat_shards, "cat_mount": cat_mount, "load_copy": load_copy,
+                              "load_mount": load_mount, "load_mount_hf": load_mount_hf,
+                              "consolidate_and_load": consolidate, "dcp_convert_and_load": dcp_convert}, repeat)
+
+    # Warm: the same mount (its view pages cached) vs the copy, cached.
+    m = Mount(binary, os.path.dirname(dcp_src), mnt)
+    try:
+        view = files(os.path.join(mnt, "llama"), "*.safetensors")
+        plain = files(copy, "*.safetensors")
+        read_all(view), read_all(plain)
+        python_seconds(LOAD, os.path.join(mnt, "llama")), python_seconds(LOAD, copy)
+        warm, warm_runs = interleaved({"cat_plain_warm": lambda: read_all(plain),
+                                       "cat_mount_warm": lambda: read_all(view),
+                                       "load_copy_warm": lambda: python_seconds(LOAD, copy),
+                                       "load_mount_warm": lambda: python_seconds(LOAD, os.path.join(mnt, "llama"))},
+                                      repeat)
+    finally:
+        m.close()
+    gb = model_bytes / 1e9
+    rows = [
+        ("cat of the DCP shards, cold", cold["cat_shards"], None, None),
+        ("cat of the mount's view, cold", cold["cat_mount"], cold["cat_shards"] / cold["cat_mount"], ">= 0.9 x cat of shards"),
+        ("cat of the mount's view, warm", warm["cat_mount_warm"], warm["cat_plain_warm"] / warm["cat_mount_warm"], ">= 0.95 x cached plain file"),
+        ("from_pretrained + touch, physical copy, cold", cold["load_copy"], None, None),
+        ("the same through the mount (DCP), cold", cold["load_mount"], cold["load_mount"] / cold["load_copy"], "<= 1.1 x copy"),
+        ("the same through the mount (HF-sharded), cold", cold["load_mount_hf"], cold["load_mount_hf"] / cold["load_copy"], "<= 1.1 x copy"),
+        ("the same through the mount, warm", warm["load_mount_warm"], warm["load_mount_warm"] / warm["load_copy_warm"], "<= 1.05 x copy warm"),
+        ("torch consolidate_safetensors_files + load", cold["consolidate_and_load"],
+         cold["load_mount_hf"] / cold["consolidate_and_load"], "mount <= 0.5 x this"),
+        ("torch dcp_to_torch_save + save_pretrained + load", cold["dcp_convert_and_load"],
+         cold["load_mount"] / cold["dcp_convert_and_load"], "mount <= 0.5 x this"),
+    ]
+    return {"model_GB": round(gb, 2), "rows": [dict(what=w, seconds=round(s, 2), ratio=None if r is None else round(r, 2),
+                                                       target=t) for w, s, r, t in rows],
+            "mount_peak_rss_MiB": round(max(extra["mount_rss_MiB"])), "hf_mount_peak_rss_MiB": round(max(extra["hf_mount_rss_MiB"])),
+            "cache_MiB": 512, "page_cache_growth_x_model": round(statistics.median(extra["cached_growth"]), 2),
+            "runs": {**runs, **warm_runs}}
+
+
+def bench_seq(binary, work, repeat, gib):
+    """Cold sequential reads of dim-0, dim-1 and mapped views vs the shards."""
+    out = {}
+    for name, script, args in [("dim0", "gen_big.py", ["--dim", "0", "--gib", str(gib)]),
+                               ("dim1", "gen_big.py", ["--dim", "1", "--gib", str(gib)]),
+                               ("mapped", "gen_megatron_like.py", ["--gib", str(gib)])]:
+        src = gen(work, name, script, *args)
+        shards = files(src, "*.distcp")
+        mnt = os.path.join(work, "mnt")
+
+        def raw():
+            drop_caches()
+            return read_all(shards)
+
+        def view():
+            drop_caches()
+            m = Mount(binary, os.path.dirname(src), mnt)
+            try:
+                return read_all(files(os.path.join(mnt, name), "*.safetensors"))
+            finally:
+                m.close()
+
+        med, _ = interleaved({"raw": raw, "view": view}, repeat)
+        out[name] = dict(shards_s=round(med["raw"], 2), view_s=round(med["view"], 2),
+                         ratio=round(med["raw"] / med["view"], 2), target=">= 0.9")
+    return out
+
+
+def bench_chunks(binary, work, repeat):
+    """Mount and list a checkpoint of 100k chunks."""
+    src = gen(work, "chunks100k", "gen_chunks.py", "--chunks", "100000")
+    mnt = os.path.join(work, "mnt")
+    times = []
+    for _ in range(repeat):
+        drop_caches()
+        t = time.perf_counter()
+        m = Mount(binary, os.path.dirname(src), mnt)
+        try:
+            os.listdir(os.path.join(mnt, "chunks100k"))
+            times.append(time.perf_counter() - t)
+        finally:
+            m.close()
+    return dict(seconds=round(statistics.median(times), 3), target="<= 0.5 s")
+
+
+def bench_verify(binary, work, repeat):
+    """export --verify vs export, cold, into the same disk."""
+    src = gen(work, "llama", "gen_llama.py")
+    out = os.path.join(work, "verify-out")
+
+    def export(*flags):
+        def go():
+            shutil.rmtree(out, ignore_errors=True)
+            drop_caches()
+            return run([binary, "export", "--quiet", *flags, src, out])[0]
+        return go
+
+    med, _ = interleaved({"export": export(), "export_verify": export("--verify")}, repeat)
+    shutil.rmtree(out, ignore_errors=True)
+    return dict(export_s=round(med["export"], 2), verify_s=round(med["export_verify"], 2),
+                cost=round(med["export_verify"] / med["export"], 2))
 
 
 def machine():
@@ -271,38 +370,49 @@ def machine():
     return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, kernel {platform.release()}"
 
 
+def print_table(results):
+    if "load" in results:
+        r = results["load"]
+        print(f"\nfrom_pretrained table ({r['model_GB']} GB model, median of runs, cold = drop_caches + fresh mount):")
+        for row in r["rows"]:
+            ratio = "" if row["ratio"] is None else f"{row['ratio']:>6.2f}  ({row['target']})"
+            print(f"  {row['what']:<55} {row['seconds']:>7.2f} s  {ratio}")
+        print(f"  mount peak RSS {r['mount_peak_rss_MiB']} MiB (cache {r['cache_MiB']} MiB + 64 target); "
+              f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1)")
+    for k in ("seq", "chunks", "verify", "write"):
+        if k in results:
+            print(f"\n{k}: {json.dumps(results[k])}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--only", help="comma-separated sections: export,mount,readahead,from_pretrained,write")
+    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write")
     a = ap.parse_args()
-    only = set(a.only.split(",")) if a.only else {"export", "mount", "readahead", "from_pretrained", "write"}
+    if os.geteuid() != 0:
+        sys.exit("bench: cold runs drop the page cache (/proc/sys/vm/drop_caches): run as root")
+    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write"}
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
-    results = {"machine": machine()}
-    for dim in (0, 1):
-        ckpt = gen(work, f"dim{dim}", [os.path.join(HERE, "gen_big.py"), "--dim", str(dim), "--gib", str(a.gib)])
-        if "export" in only:
-            shm = tempfile.mkdtemp(dir="/dev/shm") if os.path.isdir("/dev/shm") else tempfile.mkdtemp(dir=work)
-            try:
-                results[f"export_dim{dim}"] = bench_export(a.bin, ckpt, shm)
-            finally:
-                shutil.rmtree(shm, ignore_errors=True)
-        if "mount" in only:
-            results[f"mount_dim{dim}"] = bench_mount(a.bin, ckpt, work)
-        if dim == 0 and "readahead" in only:
-            results["read_ahead_MBps"] = bench_read_ahead(a.bin, ckpt, work)
-    if "from_pretrained" in only:
-        results["from_pretrained"] = bench_from_pretrained(a.bin, work)
-    write = os.path.join(HERE, "bench_write.py")
-    if "write" in only and os.path.exists(write):
-        r = subprocess.run([sys.executable, write, "--bin", a.bin, "--work", work, "--gib", str(a.gib)],
-                           check=True, capture_output=True, text=True)
+    binary = os.path.abspath(a.bin)
+    results = {"machine": machine(), "repeat": a.repeat}
+    if "load" in only:
+        results["load"] = bench_load(binary, work, a.repeat)
+    if "seq" in only:
+        results["seq"] = bench_seq(binary, work, a.repeat, a.gib)
+    if "chunks" in only:
+        results["chunks"] = bench_chunks(binary, work, a.repeat)
+    if "verify" in only:
+        results["verify"] = bench_verify(binary, work, a.repeat)
+    if "write" in only:
+        r = subprocess.run([PY, os.path.join(HERE, "bench_write.py"), "--bin", binary, "--work", work,
+                            "--gib", str(a.gib)], check=True, capture_output=True, text=True)
         results["write"] = json.loads(r.stdout)
-    print(json.dumps(results, indent=2))
+    print_table(results)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,7 +1,10 @@
-"""Write a multi-GB Llama-style DCP checkpoint the way FSDP2 saves it (each
-rank its Shard(0) pieces), plus config.json, for the from_pretrained benchmark.
+"""Write a multi-GB Llama-style checkpoint the way FSDP2 saves it (each
+rank its Shard(0) pieces), plus config.json, for the from_pretrained benchmark:
+as torch DCP (`dcp.save`), or as HF-sharded safetensors (torch's
+HuggingFaceStorageWriter(save_distributed=True), what torch's
+consolidate_safetensors_files takes). The same seed gives the same tensors.
 
-    python e2e/bench/gen_llama.py OUT [--world 4] [--layers 8]
+    python e2e/bench/gen_llama.py OUT [--world 4] [--layers 8] [--format dcp|hf]
 
 The model is built on the meta device for names and shapes only; every rank
 fills just its own shards, so no process ever holds the whole model."""
@@ -24,7 +27,7 @@ def config(layers):
                        tie_word_embeddings=False, torch_dtype="float32")
 
 
-def worker(rank, world, port, out, layers):
+def worker(rank, world, port, out, layers, fmt):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
@@ -42,7 +45,13 @@ def worker(rank, world, port, out, layers):
         lo, hi = min(rank * per, rows), min((rank + 1) * per, rows)
         local = (torch.rand((hi - lo, *p.shape[1:]), generator=g) - 0.5) * 0.05
         state[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride())
-    dcp.save(state, checkpoint_id=out)
+    if fmt == "hf":
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+        dcp.save(state, storage_writer=HuggingFaceStorageWriter(
+            out, save_distributed=True, fqn_to_index_mapping={k: 1 for k in state}))
+    else:
+        dcp.save(state, checkpoint_id=out)
     dist.barrier()
     if rank == 0:
         config(layers).save_pretrained(out)
@@ -54,12 +63,13 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--format", choices=["dcp", "hf"], default="dcp")
     a = ap.parse_args()
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    mp.spawn(worker, args=(a.world, port, a.out, a.layers), nprocs=a.world, join=True)
+    mp.spawn(worker, args=(a.world, port, a.out, a.layers, a.format), nprocs=a.world, join=True)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,10 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 	if int64(len(data)) > opts.MaxInputBytes {
 		return nil, &Error{Msg: fmt.Sprintf("input larger than %d bytes", opts.MaxInputBytes), Err: ErrLimit}
 	}
-	d := &decoder{data: data, opts: opts, memo: map[uint32]slot{}}
+	d := &decoder{data: data, opts: opts}
+	// About one memo entry per 16 bytes of a real .metadata: sized once,
+	// not grown through a dozen copies.
+	d.memo.dense = make([]memoEntry, 0, min(len(data)/16, opts.MaxMemo, 1<<22))
 	return d.run()
 }
 
@@ -160,7 +163,7 @@ type decoder struct {
 
 	stack []slot
 	marks []int // stack lengths at each MARK
-	memo  map[uint32]slot
+	memo  memo
 	items int64 // expanded items so far, checked against MaxItems
 	late  bool  // a container grew after it was put somewhere
 }
@@ -324,20 +327,74 @@ func (d *decoder) pushTuple(items []slot) error {
 }
 
 func (d *decoder) memoPut(idx uint32, s slot) error {
-	if _, ok := d.memo[idx]; !ok && len(d.memo) >= d.opts.MaxMemo {
+	if !d.memo.has(idx) && d.memo.n >= d.opts.MaxMemo {
 		return d.limit("more than %d memo entries", d.opts.MaxMemo)
 	}
-	d.memo[idx] = s
+	d.memo.put(idx, s)
 	return nil
 }
 
 func (d *decoder) memoGet(idx uint32) error {
-	s, ok := d.memo[idx]
+	s, ok := d.memo.get(idx)
 	if !ok {
 		return d.fail("memo key %d not found", idx)
 	}
 	s.shared = true
 	return d.pushSlot(s)
+}
+
+// memo is the pickle memo. Writers number entries 0, 1, 2, ... (MEMOIZE,
+// and BINPUT from CPython's pickler), so they live in a slice; any other
+// index a hand-made pickle uses goes to a map.
+type memo struct {
+	dense  []memoEntry
+	sparse map[uint32]slot
+	n      int // entries in both
+}
+
+type memoEntry struct {
+	s   slot
+	set bool
+}
+
+func (m *memo) has(idx uint32) bool {
+	_, ok := m.get(idx)
+	return ok
+}
+
+func (m *memo) get(idx uint32) (slot, bool) {
+	if int64(idx) < int64(len(m.dense)) {
+		e := m.dense[idx]
+		return e.s, e.set
+	}
+	s, ok := m.sparse[idx]
+	return s, ok
+}
+
+func (m *memo) put(idx uint32, s slot) {
+	switch {
+	case int64(idx) < int64(len(m.dense)):
+		if !m.dense[idx].set {
+			m.n++
+		}
+		m.dense[idx] = memoEntry{s, true}
+		return
+	case int64(idx) == int64(len(m.dense)):
+		if _, moved := m.sparse[idx]; moved {
+			delete(m.sparse, idx)
+			m.n--
+		}
+		m.dense = append(m.dense, memoEntry{s, true})
+		m.n++
+		return
+	}
+	if m.sparse == nil {
+		m.sparse = map[uint32]slot{}
+	}
+	if _, ok := m.sparse[idx]; !ok {
+		m.n++
+	}
+	m.sparse[idx] = s
 }
 
 // appendTo implements APPEND(S) on a list or a list-like object.
@@ -678,7 +735,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
-		return d.memoPut(uint32(len(d.memo)), s)
+		return d.memoPut(uint32(d.memo.n), s)
 	case opBINPUT, opLONG_BINPUT:
 		size := 1
 		if d.op == opLONG_BINPUT {
