@@ -126,7 +126,7 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 	d := &decoder{data: data, opts: opts}
 	// About one memo entry per 16 bytes of a real .metadata: sized once,
 	// not grown through a dozen copies.
-	d.memo.dense = make([]memoEntry, 0, min(len(data)/16, opts.MaxMemo, 1<<22))
+	d.memo.dense = make([]memoEntry, 0, min(len(data)/16, opts.MaxMemo, 1<<20))
 	return d.run()
 }
 
