@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+
+	"github.com/ckptfs/ckptfs/layout/pickle"
 )
 
 // A torch.save zip archive writer (FORMATS.md §3.3): stored entries whose
@@ -232,40 +234,38 @@ func tensorPickle(dtype string, elemSize int, shape []int64) ([]byte, error) {
 	if !legacy && !newDtypes[dtype] {
 		return nil, fmt.Errorf("%w: torch.%s", ErrDType, dtype)
 	}
-	p := newPickler()
-	if legacy {
-		p.global("torch._utils", "_rebuild_tensor_v2")
-	} else {
-		p.global("torch._utils", "_rebuild_tensor_v3")
-	}
-	p.op(opMark)
-	// Persistent id ('storage', class, key, location, numel).
-	p.op(opMark)
-	p.str("storage")
-	if legacy {
-		p.global("torch", storage)
-	} else {
-		p.global("torch.storage", "UntypedStorage")
-	}
-	p.str("0")
-	p.str("cpu")
-	if legacy {
-		p.int(numel)
-	} else {
-		p.int(numel * int64(elemSize))
-	}
-	p.op(opTuple, opBinPersID)
-	p.int(0) // storage_offset
-	p.intTuple(shape)
-	p.intTuple(contiguousStrides(shape))
-	p.bool(false) // requires_grad
-	p.global("collections", "OrderedDict")
-	p.op(opEmptyTuple, opReduce)
+	rebuild, nargs := "_rebuild_tensor_v2", 6
 	if !legacy {
-		p.global("torch", dtype)
+		rebuild, nargs = "_rebuild_tensor_v3", 7
 	}
-	p.op(opTuple, opReduce)
-	return p.finish(), nil
+	e := pickle.NewEncoder()
+	e.Call("torch._utils", rebuild, nargs, func() {
+		// Persistent id ('storage', class, key, location, numel).
+		e.PersistentID(5, func() {
+			e.Str("storage")
+			if legacy {
+				e.Global("torch", storage)
+			} else {
+				e.Global("torch.storage", "UntypedStorage")
+			}
+			e.Str("0")
+			e.Str("cpu")
+			if legacy {
+				e.Int(numel)
+			} else {
+				e.Int(numel * int64(elemSize))
+			}
+		})
+		e.Int(0) // storage_offset
+		e.IntTuple(shape)
+		e.IntTuple(contiguousStrides(shape))
+		e.Bool(false) // requires_grad
+		e.Call("collections", "OrderedDict", 0, nil)
+		if !legacy {
+			e.Global("torch", dtype)
+		}
+	})
+	return e.Bytes(), nil
 }
 
 // contiguousStrides are torch's C-contiguous strides: a dimension of size 0

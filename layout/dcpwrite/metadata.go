@@ -155,58 +155,58 @@ func (m *metadata) clone() *metadata {
 // one get (fqn,), which is how a flat key unflattens anyway, because
 // dcp_to_torch_save needs a path for every key.
 func (m *metadata) encode() []byte {
-	p := newPickler()
-	p.object(modMetadata, "Metadata", func() {
+	e := pickle.NewEncoder()
+	e.Object(modMetadata, "Metadata", func() {
 		n := 3
 		if m.version != "" {
 			n++
 		}
-		p.dict(n, func() {
-			p.str("state_dict_metadata")
-			p.dict(len(m.entries), func() {
-				for _, e := range m.entries {
-					p.str(e.fqn)
-					if e.tensor == nil {
-						p.object(modMetadata, "BytesStorageMetadata", func() { p.op(opEmptyDict) })
+		e.Dict(n, func() {
+			e.Str("state_dict_metadata")
+			e.Dict(len(m.entries), func() {
+				for _, en := range m.entries {
+					e.Str(en.fqn)
+					if en.tensor == nil {
+						e.Object(modMetadata, "BytesStorageMetadata", func() { e.Dict(0, nil) })
 					} else {
-						encodeTensor(p, e.tensor)
+						encodeTensor(e, en.tensor)
 					}
 				}
 			})
-			p.str("planner_data")
+			e.Str("planner_data")
 			if m.planner == nil {
-				p.op(opNone)
+				e.None()
 			} else {
-				p.dict(len(m.entries)+len(m.plannerExtra), func() {
-					for _, e := range m.entries {
-						p.str(e.fqn)
-						path, ok := m.planner[e.fqn]
+				e.Dict(len(m.entries)+len(m.plannerExtra), func() {
+					for _, en := range m.entries {
+						e.Str(en.fqn)
+						path, ok := m.planner[en.fqn]
 						if !ok {
-							path = []any{e.fqn}
+							path = []any{en.fqn}
 						}
-						encodePath(p, path)
+						encodePath(e, path)
 					}
 					for _, k := range m.plannerExtra {
-						p.str(k)
-						encodePath(p, m.planner[k])
+						e.Str(k)
+						encodePath(e, m.planner[k])
 					}
 				})
 			}
-			p.str("storage_data")
-			p.dict(len(m.storage), func() {
+			e.Str("storage_data")
+			e.Dict(len(m.storage), func() {
 				pos := m.chunkPositions()
 				for _, s := range m.storage {
-					encodeIndex(p, s, pos)
-					encodeStorageInfo(p, s.info)
+					encodeIndex(e, s, pos)
+					encodeStorageInfo(e, s.info)
 				}
 			})
 			if m.version != "" {
-				p.str("version")
-				p.str(m.version)
+				e.Str("version")
+				e.Str(m.version)
 			}
 		})
 	})
-	return p.finish()
+	return e.Bytes()
 }
 
 // chunkPositions maps storageKey(fqn, offsets) → the chunk's position in its
@@ -240,24 +240,29 @@ func storageKey(fqn string, offset []int64) string {
 	return string(b)
 }
 
-func encodePath(p *pickler, path []any) {
-	p.tuple(len(path), func() {
+func encodePath(e *pickle.Encoder, path []any) {
+	e.Tuple(len(path), func() {
 		for _, el := range path {
 			switch x := el.(type) {
 			case string:
-				p.str(x)
+				e.Str(x)
 			case int64:
-				p.int(x)
+				e.Int(x)
 			}
 		}
 	})
 }
 
-func encodeTensor(p *pickler, t *tensorMeta) {
-	p.object(modMetadata, "TensorStorageMetadata", func() {
-		p.dict(3, func() {
-			p.str("properties")
-			p.object(modMetadata, "TensorProperties", func() {
+// encodeSize emits torch.Size((v...)).
+func encodeSize(e *pickle.Encoder, v []int64) {
+	e.Call("torch", "Size", 1, func() { e.IntTuple(v) })
+}
+
+func encodeTensor(e *pickle.Encoder, t *tensorMeta) {
+	e.Object(modMetadata, "TensorStorageMetadata", func() {
+		e.Dict(3, func() {
+			e.Str("properties")
+			e.Object(modMetadata, "TensorProperties", func() {
 				// The 5-tuple state every torch >= 2.3 accepts (a 6th element,
 				// strides, breaks torch <= 2.14): 6 only to carry over an
 				// entry that had strides.
@@ -265,36 +270,32 @@ func encodeTensor(p *pickler, t *tensorMeta) {
 				if t.strides != nil {
 					n = 6
 				}
-				p.tuple(n, func() {
-					p.global("torch", t.dtype)
-					p.global("torch.serialization", "_get_layout")
+				e.Tuple(n, func() {
+					e.Global("torch", t.dtype)
 					layout := t.layout
 					if layout == "" {
 						layout = "torch.strided"
 					}
-					p.str(layout)
-					p.op(opTuple1, opReduce)
-					p.bool(t.requiresGrad)
-					p.global(modMetadata, "_MEM_FORMAT_ENCODING")
-					p.int(t.memoryFormat)
-					p.op(opTuple1, opReduce)
-					p.bool(t.pinMemory)
+					e.Call("torch.serialization", "_get_layout", 1, func() { e.Str(layout) })
+					e.Bool(t.requiresGrad)
+					e.Call(modMetadata, "_MEM_FORMAT_ENCODING", 1, func() { e.Int(t.memoryFormat) })
+					e.Bool(t.pinMemory)
 					if t.strides != nil {
-						p.intTuple(t.strides)
+						e.IntTuple(t.strides)
 					}
 				})
 			})
-			p.str("size")
-			p.size(t.size)
-			p.str("chunks")
-			p.list(len(t.chunks), func() {
+			e.Str("size")
+			encodeSize(e, t.size)
+			e.Str("chunks")
+			e.List(len(t.chunks), func() {
 				for _, c := range t.chunks {
-					p.object(modMetadata, "ChunkStorageMetadata", func() {
-						p.dict(2, func() {
-							p.str("offsets")
-							p.size(c.Offsets)
-							p.str("sizes")
-							p.size(c.Sizes)
+					e.Object(modMetadata, "ChunkStorageMetadata", func() {
+						e.Dict(2, func() {
+							e.Str("offsets")
+							encodeSize(e, c.Offsets)
+							e.Str("sizes")
+							encodeSize(e, c.Sizes)
 						})
 					})
 				}
@@ -305,47 +306,47 @@ func encodeTensor(p *pickler, t *tensorMeta) {
 
 // encodeIndex emits MetadataIndex with the state torch pickles: fqn, index,
 // then offset only for tensor chunks.
-func encodeIndex(p *pickler, s storageEntry, pos map[string]int) {
-	p.object(modMetadata, "MetadataIndex", func() {
+func encodeIndex(e *pickle.Encoder, s storageEntry, pos map[string]int) {
+	e.Object(modMetadata, "MetadataIndex", func() {
 		n := 2
 		if s.offset != nil {
 			n = 3
 		}
-		p.dict(n, func() {
-			p.str("fqn")
-			p.str(s.fqn)
-			p.str("index")
+		e.Dict(n, func() {
+			e.Str("fqn")
+			e.Str(s.fqn)
+			e.Str("index")
 			if i, ok := pos[storageKey(s.fqn, s.offset)]; ok && s.offset != nil {
-				p.int(int64(i))
+				e.Int(int64(i))
 			} else {
-				p.op(opNone)
+				e.None()
 			}
 			if s.offset != nil {
-				p.str("offset")
-				p.size(s.offset)
+				e.Str("offset")
+				encodeSize(e, s.offset)
 			}
 		})
 	})
 }
 
-func encodeStorageInfo(p *pickler, info torchdcp.StorageInfo) {
-	p.object(modFilesystem, "_StorageInfo", func() {
+func encodeStorageInfo(e *pickle.Encoder, info torchdcp.StorageInfo) {
+	e.Object(modFilesystem, "_StorageInfo", func() {
 		n := 3
 		if info.TransformDescriptors != nil {
 			n = 4
 		}
-		p.dict(n, func() {
-			p.str("relative_path")
-			p.str(info.RelativePath)
-			p.str("offset")
-			p.int(info.Offset)
-			p.str("length")
-			p.int(info.Length)
+		e.Dict(n, func() {
+			e.Str("relative_path")
+			e.Str(info.RelativePath)
+			e.Str("offset")
+			e.Int(info.Offset)
+			e.Str("length")
+			e.Int(info.Length)
 			if info.TransformDescriptors != nil {
-				p.str("transform_descriptors")
-				p.list(len(info.TransformDescriptors), func() {
+				e.Str("transform_descriptors")
+				e.List(len(info.TransformDescriptors), func() {
 					for _, d := range info.TransformDescriptors {
-						p.str(d)
+						e.Str(d)
 					}
 				})
 			}

@@ -2,7 +2,6 @@ package dcpwrite
 
 import (
 	"bytes"
-	"encoding/hex"
 	"flag"
 	"os"
 	"path/filepath"
@@ -17,35 +16,6 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite golden files in testdata")
-
-// TestPickleInts checks integer opcodes against CPython's
-// pickle.dumps(v, 2) (values printed by python3).
-func TestPickleInts(t *testing.T) {
-	for _, tc := range []struct {
-		v    int64
-		want string
-	}{
-		{0, "4b00"}, {255, "4bff"}, {256, "4d0001"}, {65535, "4dffff"},
-		{65536, "4a00000100"}, {2147483647, "4affffff7f"}, {2147483648, "8a050000008000"},
-		{-1, "4affffffff"}, {-2147483648, "4a00000080"}, {-2147483649, "8a05ffffff7fff"},
-		{1 << 40, "8a06000000000001"}, {9223372036854775807, "8a08ffffffffffffff7f"},
-		{-9223372036854775808, "8a080000000000000080"},
-	} {
-		p := &pickler{}
-		p.int(tc.v)
-		assert.Equal(t, tc.want, hex.EncodeToString(p.b), "%d", tc.v)
-		// And the restricted decoder reads it back.
-		v, err := pickle.DecodeBytes(append(append([]byte{opProto, 2}, p.b...), opStop), pickle.Options{})
-		require.NoError(t, err)
-		assert.Equal(t, tc.v, v)
-	}
-	p := newPickler()
-	p.intTuple([]int64{1, 2, 3, 4})
-	assert.Equal(t, "8002284b014b024b034b0474", hex.EncodeToString(p.b))
-	p = newPickler()
-	p.str("ab")
-	assert.Equal(t, "800258020000006162", hex.EncodeToString(p.b))
-}
 
 // goldenCommit writes the golden checkpoint into dir: model-prefixed, a
 // 3×2 float32 sharded over 2 ranks and a bfloat16 scalar.
