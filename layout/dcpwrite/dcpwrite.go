@@ -32,14 +32,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
-	"strconv"
 	"sync"
 
 	"github.com/ckptfs/ckptfs/layout/box"
@@ -60,8 +57,6 @@ var (
 )
 
 const (
-	metadataName = ".metadata"
-	metadataTmp  = ".metadata.tmp"
 	// outBufSize is the write buffer of a shard file.
 	outBufSize = 1 << 20
 	// maxMetadataBytes bounds the .metadata read by OpenDir.
@@ -74,12 +69,6 @@ var copyBufSize = 4 << 20
 
 // rankWorkers is how many shard files a commit writes at once.
 const rankWorkers = 4
-
-// shardName matches the shard files this writer (and torch) names.
-var shardName = regexp.MustCompile(`^__([0-9]+)_([0-9]+)\.distcp$`)
-
-// rankLocalMetadata matches torch's rank-local __{rank}.metadata.
-var rankLocalMetadata = regexp.MustCompile(`^__[0-9]+\.metadata$`)
 
 // outFile is what Dir writes to; tests substitute failing ones.
 type outFile interface {
@@ -136,7 +125,7 @@ func OpenDir(path string, target Target) (*Dir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}
-	b, err := readLimited(filepath.Join(path, metadataName), maxMetadataBytes)
+	b, err := readLimited(filepath.Join(path, torchdcp.MetadataFile), maxMetadataBytes)
 	switch {
 	case err == nil:
 		m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
@@ -148,7 +137,7 @@ func OpenDir(path string, target Target) (*Dir, error) {
 		}
 	case errors.Is(err, fs.ErrNotExist):
 		for _, n := range names {
-			if rankLocalMetadata.MatchString(n) {
+			if torchdcp.IsRankLocalMetadata(n) {
 				return nil, fmt.Errorf("%w: %s holds rank-local %s and no .metadata", ErrUnsupported, path, n)
 			}
 		}
@@ -162,10 +151,8 @@ func OpenDir(path string, target Target) (*Dir, error) {
 	}
 	// Commits number their files after every referenced one (present or not).
 	for rel := range referenced {
-		if m := shardName.FindStringSubmatch(rel); m != nil {
-			if k, err := strconv.Atoi(m[2]); err == nil && k >= d.nextFile {
-				d.nextFile = k + 1
-			}
+		if _, k, ok := torchdcp.ParseShardName(rel); ok && k >= d.nextFile {
+			d.nextFile = k + 1
 		}
 	}
 	if len(d.removed) > 0 {
@@ -189,7 +176,7 @@ func referencedFiles(m *metadata) map[string]bool {
 func removeUnreferenced(path string, names []string, referenced map[string]bool) ([]string, error) {
 	var removed []string
 	for _, n := range names {
-		if n == metadataTmp || (shardName.MatchString(n) && !referenced[n]) {
+		if _, _, shard := torchdcp.ParseShardName(n); n == torchdcp.MetadataTmp || (shard && !referenced[n]) {
 			if err := os.Remove(filepath.Join(path, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return removed, fmt.Errorf("dcpwrite: removing stale %s: %w", n, err)
 			}
@@ -210,7 +197,7 @@ func RemoveStale(path string) ([]string, error) {
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}
 	meta := &metadata{}
-	b, err := readLimited(filepath.Join(path, metadataName), maxMetadataBytes)
+	b, err := readLimited(filepath.Join(path, torchdcp.MetadataFile), maxMetadataBytes)
 	switch {
 	case err == nil:
 		m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
@@ -222,7 +209,7 @@ func RemoveStale(path string) ([]string, error) {
 		}
 	case errors.Is(err, fs.ErrNotExist):
 		for _, n := range names {
-			if rankLocalMetadata.MatchString(n) {
+			if torchdcp.IsRankLocalMetadata(n) {
 				return nil, nil
 			}
 		}
@@ -362,7 +349,7 @@ func (d *Dir) writeShards(src io.ReaderAt, h *safetensors.Header, plan []planned
 	// named before any is written, so names do not depend on timing.
 	files := make([]string, len(ranks))
 	for i, r := range ranks {
-		files[i] = shardFileName(r, n)
+		files[i] = torchdcp.ShardName(r, n)
 	}
 	var (
 		mu      sync.Mutex
@@ -447,8 +434,6 @@ func (d *Dir) writeShards(src io.ReaderAt, h *safetensors.Header, plan []planned
 	return infos, created, failed
 }
 
-func shardFileName(rank, n int) string { return fmt.Sprintf("__%d_%d.distcp", rank, n) }
-
 // commitMeta rewrites .metadata to hold what is committed plus plan, whose
 // chunks were written (fsynced) where infos says, into the files created,
 // numbered n. Holding commitMu. On failure before the rename the files are
@@ -511,7 +496,7 @@ func (d *Dir) plan(meta *metadata, h *safetensors.Header) ([]planned, error) {
 		}
 		seen[fqn] = true
 		torch, es := ti.DType.Torch(), int64(ti.DType.Size())
-		if _, legacy := storageClass[torch]; torch == "" || es <= 0 || (!legacy && !newDtypes[torch]) {
+		if torch == "" || es <= 0 || !torchdcp.Storable(torch) {
 			return nil, fmt.Errorf("%w: tensor %q has dtype %s", ErrDType, ti.Name, ti.DType)
 		}
 		n, err := safetensors.ByteSize(ti.DType, ti.Shape)
@@ -559,7 +544,7 @@ func dedupEmpty(cs []RankChunk) []RankChunk {
 // writeMetadata replaces .metadata atomically: write .metadata.tmp, fsync,
 // rename over .metadata.
 func (d *Dir) writeMetadata(b []byte) error {
-	tmp := filepath.Join(d.path, metadataTmp)
+	tmp := filepath.Join(d.path, torchdcp.MetadataTmp)
 	f, err := d.create(tmp, false)
 	if err != nil {
 		return fmt.Errorf("dcpwrite: %w", err)
@@ -572,7 +557,7 @@ func (d *Dir) writeMetadata(b []byte) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(d.path, metadataName))
+		err = os.Rename(tmp, filepath.Join(d.path, torchdcp.MetadataFile))
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -649,65 +634,39 @@ func (w *shardWriter) Patch(p []byte, off int64) error {
 }
 
 // writeChunk writes one chunk of a tensor whose bytes start at base in src
-// as a torch.save archive.
-func writeChunk(w posWriter, src io.ReaderAt, base int64, p *planned, c RankChunk, buf []byte) error {
-	pkl, err := tensorPickle(p.torch, int(p.es), c.Sizes)
+// as a torch.save record.
+func writeChunk(w torchdcp.PosWriter, src io.ReaderAt, base int64, p *planned, c RankChunk, buf []byte) error {
+	rec, err := torchdcp.NewRecordWriter(w, p.torch, p.es, c.Sizes)
 	if err != nil {
 		return err
 	}
-	numel, err := ckpt.NumElements(c.Sizes)
-	if err != nil {
+	if err := copyBox(rec, src, base, p.info.Shape, c.Offsets, c.Sizes, p.es, buf); err != nil {
 		return err
 	}
-	a := newArchiveWriter(w)
-	if err := a.add("data.pkl", pkl); err != nil {
-		return err
-	}
-	if err := a.add("byteorder", []byte("little")); err != nil {
-		return err
-	}
-	if err := a.begin("data/0", numel*p.es, 0); err != nil {
-		return err
-	}
-	crc, err := copyBox(w, src, base, p.info.Shape, c.Offsets, c.Sizes, p.es, buf)
-	if err != nil {
-		return err
-	}
-	if crc != 0 {
-		if err := a.setCRC(crc); err != nil {
-			return err
-		}
-	}
-	if err := a.add("version", []byte("3\n")); err != nil {
-		return err
-	}
-	_, err = a.close()
-	return err
+	return rec.Close()
 }
 
 // copyBox writes the box (offsets, sizes) of a C-order tensor of the given
-// shape and element size, stored at base in src, to w in C order, and
-// returns the CRC-32 of what it wrote. The box is a sequence of equal runs
-// that are contiguous in the source (one run for a dim-0 box, one per row
-// for a dim-1 box of a matrix); runs are gathered with one ReadAt per
-// buffer-full of source span, never one per run.
-func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []int64, es int64, buf []byte) (uint32, error) {
-	var crc uint32
+// shape and element size, stored at base in src, to w in C order. The box
+// is a sequence of equal runs that are contiguous in the source (one run
+// for a dim-0 box, one per row for a dim-1 box of a matrix); runs are
+// gathered with one ReadAt per buffer-full of source span, never one per
+// run.
+func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []int64, es int64, buf []byte) error {
 	emit := func(b []byte) error {
-		crc = crc32.Update(crc, crc32.IEEETable, b)
 		_, err := w.Write(b)
 		return err
 	}
 	g, err := box.New(shape, es, box.Box{Offsets: offsets, Sizes: sizes})
 	if err != nil || g.Bytes() == 0 {
-		return 0, err
+		return err
 	}
 	runLen, runs, bufLen := g.RunLen(), g.Runs(), int64(len(buf))
 	for r := int64(0); r < runs; {
 		first := g.RunStart(r)
 		if runLen > bufLen {
 			if err := copyRange(src, base+first, runLen, buf, emit); err != nil {
-				return 0, err
+				return err
 			}
 			r++
 			continue
@@ -718,17 +677,17 @@ func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []i
 			k++
 		}
 		if err := readFull(src, buf[:g.RunStart(k-1)+runLen-first], base+first); err != nil {
-			return 0, err
+			return err
 		}
 		for i := r; i < k; i++ {
 			at := g.RunStart(i) - first
 			if err := emit(buf[at : at+runLen]); err != nil {
-				return 0, err
+				return err
 			}
 		}
 		r = k
 	}
-	return crc, nil
+	return nil
 }
 
 // copyRange emits length bytes of src at off, a buffer at a time.
@@ -746,6 +705,9 @@ func copyRange(src io.ReaderAt, off, length int64, buf []byte, emit func([]byte)
 	}
 	return nil
 }
+
+// errShortSource is returned when the source ends before a chunk's bytes.
+var errShortSource = errors.New("dcpwrite: source shorter than its header says")
 
 func readFull(src io.ReaderAt, p []byte, off int64) error {
 	n, err := src.ReadAt(p, off)

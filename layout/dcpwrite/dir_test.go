@@ -108,12 +108,6 @@ var scenarios = []scenario{
 			spec{"m", safetensors.I32, []int64{6, 7}}, spec{"t3a", safetensors.U8, []int64{4, 5, 6}},
 			spec{"t3b", safetensors.I16, []int64{4, 3, 5}}, spec{"big", safetensors.F64, []int64{4, 3}}))
 	}},
-	{"zip64", func(t *testing.T, dir string) []expectation {
-		defer func(n int64) { zip64Limit = n }(zip64Limit)
-		zip64Limit = 16
-		return commitAll(t, dir, Target{WorldSize: 2},
-			makeST(t, 8, spec{"w", safetensors.BF16, []int64{9, 4}}, spec{"u", safetensors.U32, []int64{3}}))
-	}},
 }
 
 func uneven(world int) func(t *testing.T, dir string) []expectation {
@@ -268,7 +262,7 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 		{"disk full in metadata", func(d *Dir) {
 			d.create = func(p string, excl bool) (outFile, error) {
 				f, err := createFile(p, excl)
-				if err != nil || !strings.HasSuffix(p, metadataTmp) {
+				if err != nil || !strings.HasSuffix(p, torchdcp.MetadataTmp) {
 					return f, err
 				}
 				budget := int64(100)

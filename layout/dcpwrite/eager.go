@@ -165,7 +165,7 @@ func (e *Eager) Run() error {
 		}
 	}()
 	for i, r := range e.ranks {
-		rel := shardFileName(r, e.n)
+		rel := torchdcp.ShardName(r, e.n)
 		full := filepath.Join(e.d.path, rel)
 		f, err := e.d.create(full, true)
 		if err != nil {

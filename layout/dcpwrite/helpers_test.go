@@ -245,7 +245,7 @@ func shardFiles(t *testing.T, dir string) []string {
 	require.NoError(t, err)
 	var out []string
 	for _, e := range ents {
-		if shardName.MatchString(e.Name()) {
+		if _, _, ok := torchdcp.ParseShardName(e.Name()); ok {
 			out = append(out, e.Name())
 		}
 	}

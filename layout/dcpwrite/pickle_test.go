@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -70,52 +69,3 @@ func TestGoldenMetadata(t *testing.T) {
 	assert.Equal(t, []int64{}, m.Storage[2].Index.Offset)
 }
 
-// TestTensorPickle checks data.pkl against what torch.save writes for the
-// same tensors, modulo torch's memo opcodes (BINPUT), which a loader does
-// not need: the structure is decoded and compared.
-func TestTensorPickle(t *testing.T) {
-	for _, tc := range []struct {
-		dtype   string
-		es      int
-		shape   []int64
-		rebuild string
-		storage pickle.Global
-		numel   int64
-		stride  pickle.Tuple
-		extra   int // trailing dtype argument
-	}{
-		{"float32", 4, []int64{3, 4}, "_rebuild_tensor_v2", pickle.Global{Module: "torch", Name: "FloatStorage"}, 12, pickle.Tuple{int64(4), int64(1)}, 0},
-		{"bool", 1, []int64{}, "_rebuild_tensor_v2", pickle.Global{Module: "torch", Name: "BoolStorage"}, 1, pickle.Tuple{}, 0},
-		{"uint16", 2, []int64{2, 0, 3}, "_rebuild_tensor_v3", pickle.Global{Module: "torch.storage", Name: "UntypedStorage"}, 0, pickle.Tuple{int64(3), int64(3), int64(1)}, 1},
-		{"float8_e4m3fn", 1, []int64{5}, "_rebuild_tensor_v3", pickle.Global{Module: "torch.storage", Name: "UntypedStorage"}, 5, pickle.Tuple{int64(1)}, 1},
-		{"uint64", 8, []int64{2}, "_rebuild_tensor_v3", pickle.Global{Module: "torch.storage", Name: "UntypedStorage"}, 16, pickle.Tuple{int64(1)}, 1},
-	} {
-		b, err := tensorPickle(tc.dtype, tc.es, tc.shape)
-		require.NoError(t, err)
-		var pid pickle.Tuple
-		v, err := pickle.DecodeBytes(b, pickle.Options{PersistentLoad: func(p any) (any, error) {
-			pid = p.(pickle.Tuple)
-			return "STORAGE", nil
-		}})
-		require.NoError(t, err)
-		obj := v.(*pickle.Object)
-		assert.Equal(t, pickle.Global{Module: "torch._utils", Name: tc.rebuild}, obj.Class)
-		assert.Equal(t, pickle.Tuple{"storage", tc.storage, "0", "cpu", tc.numel}, pid)
-		require.Len(t, obj.Args, 6+tc.extra)
-		assert.Equal(t, "STORAGE", obj.Args[0])
-		assert.Equal(t, int64(0), obj.Args[1])
-		shape := pickle.Tuple{}
-		for _, d := range tc.shape {
-			shape = append(shape, d)
-		}
-		assert.Equal(t, shape, obj.Args[2])
-		assert.Equal(t, tc.stride, obj.Args[3])
-		assert.Equal(t, false, obj.Args[4])
-		assert.True(t, obj.Args[5].(*pickle.Object).Is("collections", "OrderedDict"))
-		if tc.extra == 1 {
-			assert.Equal(t, pickle.Global{Module: "torch", Name: tc.dtype}, obj.Args[6])
-		}
-	}
-	_, err := tensorPickle("float4_e2m1fn_x2", 1, nil)
-	assert.ErrorIs(t, err, ErrDType)
-}

@@ -11,15 +11,11 @@ package torchdcp
 import (
 	"bytes"
 	"fmt"
-	"path"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
-
-// MetadataFile is the name of the global metadata file.
-const MetadataFile = ".metadata"
 
 // Options tune OpenWith. The zero value is what Open uses.
 type Options struct {
@@ -50,12 +46,6 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 // Detect reports whether dir has a .metadata (a link to one that leads
 // outside the source counts, so that Open reports it).
 func Detect(dir source.Tree) bool { return source.Exists(dir, MetadataFile) }
-
-// IsInternal reports whether name is a file of the DCP format itself (the
-// index, shards, the index being written), which an HF view replaces.
-func IsInternal(name string) bool {
-	return name == MetadataFile || name == MetadataFile+".tmp" || path.Ext(name) == ".distcp"
-}
 
 // Open opens the DCP checkpoint in the local directory dir.
 func Open(dir string) (*ckpt.Checkpoint, error) { return OpenWith(dir, Options{}) }

@@ -36,23 +36,6 @@ const (
 // larger ones go to an unlinked temporary file. A variable for tests.
 var memRecordLimit int64 = 1 << 20
 
-// typedStorages maps legacy typed storage classes (torch.<X>Storage) to the
-// torch dtype they hold (torch/storage.py _dtype_to_storage_type_map).
-var typedStorages = map[string]string{
-	"DoubleStorage":        "float64",
-	"FloatStorage":         "float32",
-	"HalfStorage":          "float16",
-	"BFloat16Storage":      "bfloat16",
-	"LongStorage":          "int64",
-	"IntStorage":           "int32",
-	"ShortStorage":         "int16",
-	"CharStorage":          "int8",
-	"ByteStorage":          "uint8",
-	"BoolStorage":          "bool",
-	"ComplexFloatStorage":  "complex64",
-	"ComplexDoubleStorage": "complex128",
-}
-
 // recordWant is what the metadata says a chunk's record must hold.
 type recordWant struct {
 	DType    string // torch dtype name
