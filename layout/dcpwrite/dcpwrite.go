@@ -17,12 +17,9 @@
 // past the data), unless a Rule picks another dim or replication, or Like
 // supplies the boxes of an existing checkpoint.
 //
-// Bytes emitted (FORMATS.md §2.6, §3.3, §3.4): .metadata is a protocol-2
-// pickle with the torch >= 2.3 class paths and the 5-tuple TensorProperties
-// state; each chunk is a torch.save archive (archive/data.pkl,
-// archive/byteorder, archive/data/0, archive/version) whose data.pkl uses
-// _rebuild_tensor_v2 and a typed storage for the legacy dtypes and
-// _rebuild_tensor_v3 with UntypedStorage for float8 and uint16/32/64.
+// The bytes of .metadata and of each chunk's record are torchdcp's
+// (EncodeMetadata, RecordWriter); this package decides what goes where and
+// when it is committed.
 //
 // One Dir per directory: two writers (or two processes) must not share one.
 package dcpwrite
@@ -90,7 +87,7 @@ type Dir struct {
 	// numbers, so Committed and Eager never wait for a commit's I/O.
 	commitMu sync.Mutex
 	mu       sync.Mutex
-	meta     *metadata // written holding commitMu and mu, read holding either; never mutated
+	meta     *torchdcp.Metadata // written holding commitMu and mu, read holding either; never mutated
 	nextFile int       // GUARDED_BY(mu): n of the next reserved shard files (reserve)
 
 	// Test hooks.
@@ -121,30 +118,11 @@ func OpenDir(path string, target Target) (*Dir, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("dcpwrite: %s is not a directory", path)
 	}
-	names, err := readDirNames(path)
+	names, meta, err := loadCommitted(path)
 	if err != nil {
-		return nil, fmt.Errorf("dcpwrite: %w", err)
+		return nil, err
 	}
-	b, err := readLimited(filepath.Join(path, torchdcp.MetadataFile), maxMetadataBytes)
-	switch {
-	case err == nil:
-		m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
-		if err != nil {
-			return nil, fmt.Errorf("dcpwrite: %s: %w", path, err)
-		}
-		if d.meta, err = fromDecoded(m); err != nil {
-			return nil, fmt.Errorf("dcpwrite: %s: %w", path, err)
-		}
-	case errors.Is(err, fs.ErrNotExist):
-		for _, n := range names {
-			if torchdcp.IsRankLocalMetadata(n) {
-				return nil, fmt.Errorf("%w: %s holds rank-local %s and no .metadata", ErrUnsupported, path, n)
-			}
-		}
-		d.meta = &metadata{}
-	default:
-		return nil, fmt.Errorf("dcpwrite: %w", err)
-	}
+	d.meta = meta
 	referenced := referencedFiles(d.meta)
 	if d.removed, err = removeUnreferenced(path, names, referenced); err != nil {
 		return nil, err
@@ -163,10 +141,48 @@ func OpenDir(path string, target Target) (*Dir, error) {
 	return d, nil
 }
 
-func referencedFiles(m *metadata) map[string]bool {
+// loadCommitted reads what the DCP directory path holds: the names of its
+// regular files and its committed state, .metadata (empty when there is
+// none). A checkpoint this writer cannot extend without losing data is
+// refused (ErrUnsupported): torch's rank-local __{rank}.metadata files and
+// no .metadata, a root class other than Metadata (Megatron's
+// MCoreMetadata), or planner_data that is not the default planner's. A
+// .metadata that cannot be decoded is an error wrapping ckpt.ErrInvalid.
+func loadCommitted(path string) ([]string, *torchdcp.Metadata, error) {
+	names, err := readDirNames(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	b, err := readLimited(filepath.Join(path, torchdcp.MetadataFile), maxMetadataBytes)
+	switch {
+	case err == nil:
+	case errors.Is(err, fs.ErrNotExist):
+		for _, n := range names {
+			if torchdcp.IsRankLocalMetadata(n) {
+				return nil, nil, fmt.Errorf("%w: %s holds rank-local %s and no .metadata", ErrUnsupported, path, n)
+			}
+		}
+		return names, &torchdcp.Metadata{}, nil
+	default:
+		return nil, nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
+	if err != nil {
+		return nil, nil, fmt.Errorf("dcpwrite: %s: %w", path, err)
+	}
+	switch {
+	case m.Class.Name != "Metadata":
+		return nil, nil, fmt.Errorf("%w: %s: root class %s (its extra fields would be lost on rewrite)", ErrUnsupported, path, m.Class)
+	case m.PlannerErr != nil:
+		return nil, nil, fmt.Errorf("%w: %s: %v (a custom planner's data cannot be carried over)", ErrUnsupported, path, m.PlannerErr)
+	}
+	return names, m, nil
+}
+
+func referencedFiles(m *torchdcp.Metadata) map[string]bool {
 	referenced := map[string]bool{}
-	for _, s := range m.storage {
-		referenced[filepath.Clean(s.info.RelativePath)] = true
+	for _, s := range m.Storage {
+		referenced[filepath.Clean(s.Info.RelativePath)] = true
 	}
 	return referenced
 }
@@ -192,29 +208,12 @@ func removeUnreferenced(path string, names []string, referenced map[string]bool)
 // removed. A directory OpenDir would refuse, or whose .metadata cannot be
 // read, is left alone. No writer may be using the directory.
 func RemoveStale(path string) ([]string, error) {
-	names, err := readDirNames(path)
-	if err != nil {
-		return nil, fmt.Errorf("dcpwrite: %w", err)
-	}
-	meta := &metadata{}
-	b, err := readLimited(filepath.Join(path, torchdcp.MetadataFile), maxMetadataBytes)
+	names, meta, err := loadCommitted(path)
 	switch {
-	case err == nil:
-		m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
-		if err != nil {
-			return nil, nil
-		}
-		if meta, err = fromDecoded(m); err != nil {
-			return nil, nil
-		}
-	case errors.Is(err, fs.ErrNotExist):
-		for _, n := range names {
-			if torchdcp.IsRankLocalMetadata(n) {
-				return nil, nil
-			}
-		}
-	default:
-		return nil, fmt.Errorf("dcpwrite: %w", err)
+	case errors.Is(err, ErrUnsupported), errors.Is(err, ckpt.ErrInvalid):
+		return nil, nil
+	case err != nil:
+		return nil, err
 	}
 	removed, err := removeUnreferenced(path, names, referencedFiles(meta))
 	if len(removed) > 0 {
@@ -234,9 +233,9 @@ func (d *Dir) Committed() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []string
-	for _, e := range d.meta.entries {
-		if e.tensor != nil {
-			out = append(out, e.fqn)
+	for _, it := range d.meta.Items {
+		if it.Tensor != nil {
+			out = append(out, it.FQN)
 		}
 	}
 	return out
@@ -324,7 +323,7 @@ func (d *Dir) cleanup(created []string, n int, err error) error {
 
 // writeShards writes the shard files numbered n of a planned commit from
 // src, each fsynced and closed, and returns where every chunk went (by
-// storageKey) and the paths of the files it created (also on failure).
+// Index.Key) and the paths of the files it created (also on failure).
 func (d *Dir) writeShards(src io.ReaderAt, h *safetensors.Header, plan []planned, n int) (map[string]torchdcp.StorageInfo, []string, error) {
 	// Work per rank, in header (data) order, so each rank's file reads the
 	// source front to back.
@@ -391,7 +390,7 @@ func (d *Dir) writeShards(src io.ReaderAt, h *safetensors.Header, plan []planned
 				return fmt.Errorf("dcpwrite: %s: tensor %q chunk %v: %w", rel, wk.p.info.Name, wk.c.Offsets, err)
 			}
 			mu.Lock()
-			infos[storageKey(wk.p.fqn, wk.c.Offsets)] = torchdcp.StorageInfo{
+			infos[torchdcp.Index{FQN: wk.p.fqn, Offset: wk.c.Offsets}.Key()] = torchdcp.StorageInfo{
 				RelativePath: rel, Offset: start, Length: w.Pos() - start,
 			}
 			mu.Unlock()
@@ -439,36 +438,39 @@ func (d *Dir) writeShards(src io.ReaderAt, h *safetensors.Header, plan []planned
 // numbered n. Holding commitMu. On failure before the rename the files are
 // removed and nothing is committed.
 func (d *Dir) commitMeta(plan []planned, infos map[string]torchdcp.StorageInfo, created []string, n int) error {
-	meta := d.meta.clone()
-	if meta.planner == nil {
-		// Entries from before without a path get (fqn,) when encoded.
-		meta.planner = map[string][]any{}
-	}
+	var (
+		items   []torchdcp.Item
+		planner []torchdcp.PlannerEntry
+		storage []torchdcp.StorageEntry
+	)
 	for _, p := range plan {
 		boxes := make([]torchdcp.ChunkMetadata, len(p.chunks))
 		for i, c := range p.chunks {
 			boxes[i] = torchdcp.ChunkMetadata{Offsets: c.Offsets, Sizes: c.Sizes}
 		}
-		meta.entries = append(meta.entries, entry{fqn: p.fqn, tensor: &tensorMeta{
-			dtype: p.torch, layout: "torch.strided", size: clone(p.info.Shape), chunks: boxes,
+		items = append(items, torchdcp.Item{FQN: p.fqn, Tensor: &torchdcp.TensorMetadata{
+			Properties: torchdcp.TensorProperties{DType: p.torch, Layout: "torch.strided"},
+			Size:       clone(p.info.Shape), Chunks: boxes,
 		}})
-		meta.planner[p.fqn] = d.target.plannerPath(p.info.Name)
+		planner = append(planner, torchdcp.PlannerEntry{Key: p.fqn, Path: d.target.plannerPath(p.info.Name)})
 	}
 	for _, p := range plan {
 		for _, c := range p.chunks {
-			info, ok := infos[storageKey(p.fqn, c.Offsets)]
+			idx := torchdcp.Index{FQN: p.fqn, Offset: c.Offsets}
+			info, ok := infos[idx.Key()]
 			if !ok {
 				return d.cleanup(created, n, fmt.Errorf("dcpwrite: tensor %q chunk %v was not written", p.info.Name, c.Offsets))
 			}
-			meta.storage = append(meta.storage, storageEntry{fqn: p.fqn, offset: c.Offsets, info: info})
+			storage = append(storage, torchdcp.StorageEntry{Index: idx, Info: info})
 		}
 	}
+	meta := d.meta.With(items, planner, storage)
 	if d.beforeMetadata != nil {
 		if err := d.beforeMetadata(); err != nil {
 			return d.cleanup(created, n, err)
 		}
 	}
-	if err := d.writeMetadata(meta.encode()); err != nil {
+	if err := d.writeMetadata(meta); err != nil {
 		return d.cleanup(created, n, err)
 	}
 	// Committed: the rename happened.
@@ -483,10 +485,10 @@ func (d *Dir) commitMeta(plan []planned, infos map[string]torchdcp.StorageInfo, 
 
 // plan checks the header against the committed state meta and places
 // every tensor. It writes nothing.
-func (d *Dir) plan(meta *metadata, h *safetensors.Header) ([]planned, error) {
-	seen := make(map[string]bool, len(meta.entries)+len(h.Tensors))
-	for _, e := range meta.entries {
-		seen[e.fqn] = true
+func (d *Dir) plan(meta *torchdcp.Metadata, h *safetensors.Header) ([]planned, error) {
+	seen := make(map[string]bool, len(meta.Items)+len(h.Tensors))
+	for _, it := range meta.Items {
+		seen[it.FQN] = true
 	}
 	plan := make([]planned, 0, len(h.Tensors))
 	for _, ti := range h.Tensors {
@@ -530,7 +532,7 @@ func dedupEmpty(cs []RankChunk) []RankChunk {
 	seen := map[string]bool{}
 	out := cs[:0:0]
 	for _, c := range cs {
-		k := storageKey("", c.Offsets)
+		k := torchdcp.Index{Offset: c.Offsets}.Key()
 		n, _ := ckpt.NumElements(c.Sizes)
 		if seen[k] && n == 0 {
 			continue
@@ -543,13 +545,13 @@ func dedupEmpty(cs []RankChunk) []RankChunk {
 
 // writeMetadata replaces .metadata atomically: write .metadata.tmp, fsync,
 // rename over .metadata.
-func (d *Dir) writeMetadata(b []byte) error {
+func (d *Dir) writeMetadata(m *torchdcp.Metadata) error {
 	tmp := filepath.Join(d.path, torchdcp.MetadataTmp)
 	f, err := d.create(tmp, false)
 	if err != nil {
 		return fmt.Errorf("dcpwrite: %w", err)
 	}
-	_, err = f.Write(b)
+	err = torchdcp.EncodeMetadata(f, m)
 	if err == nil {
 		err = f.Sync()
 	}

@@ -79,7 +79,7 @@ type Eager struct {
 
 	slot     sync.Once
 	created  []string                        // paths of the files created
-	infos    map[string]torchdcp.StorageInfo // by storageKey
+	infos    map[string]torchdcp.StorageInfo // by Index.Key
 	ran      bool                            // Run returned nil
 	finished bool                            // committed or discarded
 }
@@ -270,7 +270,7 @@ func (e *Eager) work(files map[int]*rankOut, infos map[string]torchdcp.StorageIn
 			if err != nil {
 				return fmt.Errorf("dcpwrite: %s: tensor %q chunk %v: %w", rf.rel, p.info.Name, c.Offsets, err)
 			}
-			infos[storageKey(p.fqn, c.Offsets)] = torchdcp.StorageInfo{
+			infos[torchdcp.Index{FQN: p.fqn, Offset: c.Offsets}.Key()] = torchdcp.StorageInfo{
 				RelativePath: rf.rel, Offset: rf.pos, Length: w.Pos() - rf.pos,
 			}
 			rf.pos = w.Pos()

@@ -1,11 +1,21 @@
-// Package torchdcp reads PyTorch Distributed Checkpoints (FileSystemWriter
-// layout: a .metadata pickle plus *.distcp shard files) into the ckpt model.
+// Package torchdcp is the PyTorch Distributed Checkpoint format
+// (FileSystemWriter layout: a .metadata pickle plus *.distcp shard files of
+// torch.save records), in both directions, shaped like archive/zip:
 //
-// Open parses .metadata with the restricted pickle VM and checks everything
-// that is cheap to check (storage entries, file confinement and sizes, chunk
-// tiling) without reading shard contents. Each chunk's bytes live inside a
-// torch.save zip record; where exactly is found on the chunk's first read and
-// remembered.
+//   - names.go: the format's file names, and which names are its own.
+//   - metadata*.go: the .metadata model, DecodeMetadata (the restricted
+//     pickle VM, every field checked) and EncodeMetadata.
+//   - record*.go: a chunk's record, located and read in place (recordSource)
+//     and written (RecordWriter).
+//   - open.go: Open and the registry's Reader: a checkpoint as the ckpt
+//     model.
+//
+// Open parses .metadata and checks everything that is cheap to check
+// (storage entries, file confinement and sizes, chunk tiling) without
+// reading shard contents. Each chunk's bytes live inside a torch.save zip
+// record; where exactly is found on the chunk's first read and remembered.
+// The commit protocol of a writer (placement, numbering, .metadata written
+// last) is dcpwrite's.
 package torchdcp
 
 import (
