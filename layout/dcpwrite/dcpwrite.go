@@ -88,7 +88,7 @@ type Dir struct {
 	commitMu sync.Mutex
 	mu       sync.Mutex
 	meta     *torchdcp.Metadata // written holding commitMu and mu, read holding either; never mutated
-	nextFile int       // GUARDED_BY(mu): n of the next reserved shard files (reserve)
+	nextFile int                // GUARDED_BY(mu): n of the next reserved shard files (reserve)
 
 	// Test hooks.
 	create         func(path string, excl bool) (outFile, error)

@@ -68,4 +68,3 @@ func TestGoldenMetadata(t *testing.T) {
 	assert.Equal(t, "__0_0.distcp", m.Storage[2].Info.RelativePath)
 	assert.Equal(t, []int64{}, m.Storage[2].Index.Offset)
 }
-
