@@ -2,15 +2,19 @@
 // Distributed Checkpoint (DCP) that torch.distributed.checkpoint.load reads
 // at any world size: the write path of ckptfs.
 //
-// A Dir is a DCP directory being written into. Each Commit reshards one
-// complete safetensors file into new shard files, one per rank that holds a
-// piece of it (__{rank}_{n}.distcp, n reserved for this commit and never
-// used before), each a concatenation of torch.save zip archives, one per
-// chunk. It then rewrites .metadata atomically to cover everything
-// committed so far. .metadata is the only commit point: shard files it does
-// not name are garbage from a failed or killed writer, and OpenDir (or
-// RemoveStale) removes them. Dir.Eager does the same work while the file is
-// still being written (eager.go), with the same bytes as a result.
+// A Dir is a DCP directory being written into. Each commit reshards one
+// safetensors file into new shard files, one per rank that holds a piece of
+// it (__{rank}_{n}.distcp, n reserved for this commit and never used
+// before), each a concatenation of torch.save records, one per chunk, then
+// rewrites .metadata atomically to cover everything committed so far.
+// .metadata is the only commit point: shard files it does not name are
+// garbage from a failed or killed writer, and OpenDir (or RemoveStale)
+// removes them.
+//
+// There is one reshard pipeline (reshard.go): Dir.Reshard runs it while the
+// file is still being written, chunk by chunk as its bytes arrive, and
+// Dir.Commit runs it over a complete file at close. Both give the same
+// bytes.
 //
 // Placement (Target): every tensor is sharded on dim 0 the way FSDP2 shards
 // parameters (torch.chunk sizes over WorldSize ranks, empty boxes for ranks
@@ -25,7 +29,6 @@
 package dcpwrite
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -33,10 +36,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 
-	"github.com/ckptfs/ckptfs/layout/box"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -53,19 +54,8 @@ var (
 	ErrUnsupported = errors.New("dcpwrite: cannot extend this checkpoint")
 )
 
-const (
-	// outBufSize is the write buffer of a shard file.
-	outBufSize = 1 << 20
-	// maxMetadataBytes bounds the .metadata read by OpenDir.
-	maxMetadataBytes = torchdcp.DefaultMaxMetadataBytes
-)
-
-// copyBufSize bounds the bytes of source read at once (a variable so tests
-// can exercise run batching with small tensors).
-var copyBufSize = 4 << 20
-
-// rankWorkers is how many shard files a commit writes at once.
-const rankWorkers = 4
+// maxMetadataBytes bounds the .metadata read by OpenDir.
+const maxMetadataBytes = torchdcp.DefaultMaxMetadataBytes
 
 // outFile is what Dir writes to; tests substitute failing ones.
 type outFile interface {
@@ -81,10 +71,11 @@ type Dir struct {
 	path   string
 	target Target
 
-	// Lock order: commitMu, then mu. commitMu serializes commits and is
-	// held for their whole length (of an eager commit: its last step); mu
+	// Lock order: commitMu, then mu. commitMu serializes the last step of
+	// commits (check the names against what is committed, write .metadata);
+	// mu
 	// is held only to read or swap the committed state and to reserve file
-	// numbers, so Committed and Eager never wait for a commit's I/O.
+	// numbers, so Committed and Reshard never wait for a commit's I/O.
 	commitMu sync.Mutex
 	mu       sync.Mutex
 	meta     *torchdcp.Metadata // written holding commitMu and mu, read holding either; never mutated
@@ -250,40 +241,6 @@ type planned struct {
 	chunks []RankChunk
 }
 
-// Commit reshards one complete safetensors file into new shard files and
-// rewrites .metadata to cover it and everything committed before. src holds
-// the file and h is its validated header. Tensors are placed by the Target.
-//
-// Shard files are __{rank}_{n}.distcp with the same n, never used before,
-// for every rank that gets a chunk; each is written, fsynced and closed
-// before .metadata is replaced (write .metadata.tmp, fsync, rename, fsync
-// the directory). Nothing is committed when Commit fails before the rename:
-// a name already in the checkpoint (ErrExists), a dtype torch cannot hold
-// (ErrDType), chunk boxes that do not tile a tensor, a short source, an I/O
-// error or a full disk; the shard files it wrote are removed. A failure to
-// fsync the directory after the rename is reported, but the commit stands.
-//
-// Memory is bounded by a copy buffer of 4 MiB and a 1 MiB write buffer, not
-// by tensor size.
-func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
-	if h == nil {
-		return errors.New("dcpwrite: nil header")
-	}
-	d.commitMu.Lock()
-	defer d.commitMu.Unlock()
-
-	plan, err := d.plan(d.meta, h) // d.meta only changes under commitMu
-	if err != nil {
-		return err
-	}
-	n := d.reserve()
-	infos, created, err := d.writeShards(src, h, plan, n)
-	if err != nil {
-		return d.cleanup(created, n, err)
-	}
-	return d.commitMeta(plan, infos, created, n)
-}
-
 // reserve takes the number n of a commit's shard files __{rank}_{n}.distcp.
 // Numbers are never shared: an eager commit reserves one while its file is
 // still being written, and other commits go on meanwhile.
@@ -319,118 +276,6 @@ func (d *Dir) cleanup(created []string, n int, err error) error {
 		d.release(n)
 	}
 	return err
-}
-
-// writeShards writes the shard files numbered n of a planned commit from
-// src, each fsynced and closed, and returns where every chunk went (by
-// Index.Key) and the paths of the files it created (also on failure).
-func (d *Dir) writeShards(src io.ReaderAt, h *safetensors.Header, plan []planned, n int) (map[string]torchdcp.StorageInfo, []string, error) {
-	// Work per rank, in header (data) order, so each rank's file reads the
-	// source front to back.
-	type work struct {
-		p *planned
-		c RankChunk
-	}
-	byRank := map[int][]work{}
-	for i := range plan {
-		for _, c := range plan[i].chunks {
-			byRank[c.Rank] = append(byRank[c.Rank], work{&plan[i], c})
-		}
-	}
-	ranks := make([]int, 0, len(byRank))
-	for r := range byRank {
-		ranks = append(ranks, r)
-	}
-	sort.Ints(ranks)
-
-	// Ranks are written in parallel by a few workers, each with its own
-	// buffer: one rank's fsync overlaps the next rank's copy. The files are
-	// named before any is written, so names do not depend on timing.
-	files := make([]string, len(ranks))
-	for i, r := range ranks {
-		files[i] = torchdcp.ShardName(r, n)
-	}
-	var (
-		mu      sync.Mutex
-		created []string                            // GUARDED_BY(mu)
-		infos   = map[string]torchdcp.StorageInfo{} // GUARDED_BY(mu)
-		failed  error                               // GUARDED_BY(mu); first error
-	)
-	fail := func(err error) {
-		mu.Lock()
-		if failed == nil {
-			failed = err
-		}
-		mu.Unlock()
-	}
-	stopped := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return failed != nil
-	}
-	writeRank := func(i int, buf []byte) error {
-		rel := files[i]
-		full := filepath.Join(d.path, rel)
-		f, err := d.create(full, true)
-		if err != nil {
-			return fmt.Errorf("dcpwrite: %w", err)
-		}
-		mu.Lock()
-		created = append(created, full)
-		mu.Unlock()
-		w := newShardWriter(f)
-		for _, wk := range byRank[ranks[i]] {
-			if stopped() {
-				f.Close()
-				return nil
-			}
-			start := w.Pos()
-			if err := writeChunk(w, src, h.DataStart+wk.p.info.Begin, wk.p, wk.c, buf); err != nil {
-				f.Close()
-				return fmt.Errorf("dcpwrite: %s: tensor %q chunk %v: %w", rel, wk.p.info.Name, wk.c.Offsets, err)
-			}
-			mu.Lock()
-			infos[torchdcp.Index{FQN: wk.p.fqn, Offset: wk.c.Offsets}.Key()] = torchdcp.StorageInfo{
-				RelativePath: rel, Offset: start, Length: w.Pos() - start,
-			}
-			mu.Unlock()
-		}
-		if err := w.Flush(); err != nil {
-			f.Close()
-			return fmt.Errorf("dcpwrite: %s: %w", rel, err)
-		}
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return fmt.Errorf("dcpwrite: %s: fsync: %w", rel, err)
-		}
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("dcpwrite: %s: %w", rel, err)
-		}
-		return nil
-	}
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(rankWorkers, len(ranks)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, copyBufSize)
-			for i := range next {
-				if err := writeRank(i, buf); err != nil {
-					fail(err)
-				}
-			}
-		}()
-	}
-	for i := range ranks {
-		if stopped() {
-			break
-		}
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return infos, created, failed
 }
 
 // commitMeta rewrites .metadata to hold what is committed plus plan, whose
@@ -604,120 +449,4 @@ func readLimited(path string, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
 	}
 	return b, nil
-}
-
-// shardWriter buffers writes to a shard file and tracks the position.
-type shardWriter struct {
-	f   outFile
-	bw  *bufio.Writer
-	pos int64
-}
-
-func newShardWriter(f outFile) *shardWriter {
-	return &shardWriter{f: f, bw: bufio.NewWriterSize(f, outBufSize)}
-}
-
-func (w *shardWriter) Write(p []byte) (int, error) {
-	n, err := w.bw.Write(p)
-	w.pos += int64(n)
-	return n, err
-}
-
-func (w *shardWriter) Pos() int64 { return w.pos }
-
-func (w *shardWriter) Flush() error { return w.bw.Flush() }
-
-func (w *shardWriter) Patch(p []byte, off int64) error {
-	if err := w.bw.Flush(); err != nil {
-		return err
-	}
-	_, err := w.f.WriteAt(p, off)
-	return err
-}
-
-// writeChunk writes one chunk of a tensor whose bytes start at base in src
-// as a torch.save record.
-func writeChunk(w torchdcp.PosWriter, src io.ReaderAt, base int64, p *planned, c RankChunk, buf []byte) error {
-	rec, err := torchdcp.NewRecordWriter(w, p.torch, p.es, c.Sizes)
-	if err != nil {
-		return err
-	}
-	if err := copyBox(rec, src, base, p.info.Shape, c.Offsets, c.Sizes, p.es, buf); err != nil {
-		return err
-	}
-	return rec.Close()
-}
-
-// copyBox writes the box (offsets, sizes) of a C-order tensor of the given
-// shape and element size, stored at base in src, to w in C order. The box
-// is a sequence of equal runs that are contiguous in the source (one run
-// for a dim-0 box, one per row for a dim-1 box of a matrix); runs are
-// gathered with one ReadAt per buffer-full of source span, never one per
-// run.
-func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []int64, es int64, buf []byte) error {
-	emit := func(b []byte) error {
-		_, err := w.Write(b)
-		return err
-	}
-	g, err := box.New(shape, es, box.Box{Offsets: offsets, Sizes: sizes})
-	if err != nil || g.Bytes() == 0 {
-		return err
-	}
-	runLen, runs, bufLen := g.RunLen(), g.Runs(), int64(len(buf))
-	for r := int64(0); r < runs; {
-		first := g.RunStart(r)
-		if runLen > bufLen {
-			if err := copyRange(src, base+first, runLen, buf, emit); err != nil {
-				return err
-			}
-			r++
-			continue
-		}
-		// Runs r..k-1: those whose span from first fits in buf.
-		k := r + 1
-		for k < runs && g.RunStart(k)+runLen-first <= bufLen {
-			k++
-		}
-		if err := readFull(src, buf[:g.RunStart(k-1)+runLen-first], base+first); err != nil {
-			return err
-		}
-		for i := r; i < k; i++ {
-			at := g.RunStart(i) - first
-			if err := emit(buf[at : at+runLen]); err != nil {
-				return err
-			}
-		}
-		r = k
-	}
-	return nil
-}
-
-// copyRange emits length bytes of src at off, a buffer at a time.
-func copyRange(src io.ReaderAt, off, length int64, buf []byte, emit func([]byte) error) error {
-	for length > 0 {
-		m := min(length, int64(len(buf)))
-		if err := readFull(src, buf[:m], off); err != nil {
-			return err
-		}
-		if err := emit(buf[:m]); err != nil {
-			return err
-		}
-		off += m
-		length -= m
-	}
-	return nil
-}
-
-// errShortSource is returned when the source ends before a chunk's bytes.
-var errShortSource = errors.New("dcpwrite: source shorter than its header says")
-
-func readFull(src io.ReaderAt, p []byte, off int64) error {
-	n, err := src.ReadAt(p, off)
-	if n == len(p) {
-		return nil
-	}
-	if err == nil || err == io.EOF {
-		return fmt.Errorf("%w: read %d of %d bytes at %d", errShortSource, n, len(p), off)
-	}
-	return err
 }

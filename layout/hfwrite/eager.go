@@ -16,7 +16,7 @@ import (
 
 // Eager reshard. A safetensors file is resharded while it is written: a
 // goroutine per file waits for the header to arrive, starts a
-// dcpwrite.Eager, and feeds it the bytes as the contiguous written prefix
+// dcpwrite.Reshard, and feeds it the bytes as the contiguous written prefix
 // grows, so that Commit only finishes the tail and writes .metadata. The
 // attempt is dropped, and Commit does what it does without it, whenever its
 // input may differ from the final file: a write or truncate that changes
@@ -234,7 +234,7 @@ func (p *progress) writing(off, end int64) bool {
 	return false
 }
 
-// growing is a spool file as the source of a dcpwrite.Eager.
+// growing is a spool file as the source of a dcpwrite.Reshard.
 type growing struct {
 	f *os.File
 	p *progress
@@ -248,7 +248,7 @@ type eagerRun struct {
 	done chan struct{} // closed when the goroutine is done
 	// Set before done is closed: the attempt, ready to commit, or nil when
 	// it failed or was abandoned (its files are removed then).
-	ec  *dcpwrite.Eager
+	ec  *dcpwrite.Reshard
 	err error // why ec is nil, for tests and logs
 }
 
@@ -261,7 +261,7 @@ func (f *File) runEager(fd *os.File, run *eagerRun) {
 		run.err = err
 		return
 	}
-	ec, err := f.w.dir.Eager(src, h)
+	ec, err := f.w.dir.Reshard(src, h)
 	if err != nil {
 		run.err = err
 		return

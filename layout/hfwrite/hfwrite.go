@@ -10,7 +10,7 @@
 //     rules of safetensors.ReadHeader, checked against a shard index
 //     received earlier, and the file is resharded into DCP shard files by
 //     dcpwrite.Dir.Commit, which rewrites .metadata atomically. Usually the
-//     file was resharded while it was written (dcpwrite.Eager, see
+//     file was resharded while it was written (dcpwrite.Reshard, see
 //     eager.go) and Commit only finishes that: the result is the same.
 //   - "*.safetensors.index.json" (a shard index): parsed and checked
 //     against the tensors received; it is not stored, since the view of the
@@ -275,7 +275,7 @@ func (f *File) startEager() {
 // takeEager waits for the eager reshard to end and returns it, ready to
 // commit, or nil. The caller then owns it: it must Commit or Discard it.
 // Called holding commitMu, after prog was sealed or stopped.
-func (f *File) takeEager() *dcpwrite.Eager {
+func (f *File) takeEager() *dcpwrite.Reshard {
 	f.mu.Lock()
 	run := f.eager
 	f.mu.Unlock()
@@ -467,7 +467,7 @@ func (f *File) finish(err error) {
 // file is sealed: its name and kind are fixed and f.f stays open. ec, the
 // finished eager reshard of a safetensors file or nil, is committed or
 // discarded.
-func (f *File) commit(name string, kind Kind, ec *dcpwrite.Eager, used *bool) error {
+func (f *File) commit(name string, kind Kind, ec *dcpwrite.Reshard, used *bool) error {
 	src := source{w: f.w, f: f.f, name: name, eager: ec, used: used}
 	if kind == KindSidecar {
 		if err := f.f.Sync(); err != nil {
@@ -489,8 +489,8 @@ type source struct {
 	w     *Writer
 	f     *os.File
 	name  string
-	eager *dcpwrite.Eager // the eager reshard of f, or nil; committed or discarded
-	used  *bool           // if not nil, set when eager was committed
+	eager *dcpwrite.Reshard // the eager reshard of f, or nil; committed or discarded
+	used  *bool             // if not nil, set when eager was committed
 }
 
 // commit commits a safetensors file or a shard index. Holding w.commitMu.
