@@ -503,13 +503,14 @@ func TestWriteRefused(t *testing.T) {
 	require.NoError(t, err)
 	src := t.TempDir()
 	// an existing checkpoint
-	w, err := hfwrite.Create(filepath.Join(src, "ckpt"), dcpwrite.Target{})
+	w, err := hfwrite.Create(filepath.Join(src, "ckpt"), hfwrite.Options{})
 	require.NoError(t, err)
-	wf, err := w.NewFile("a.safetensors")
+	wh, err := w.Create("a.safetensors")
 	require.NoError(t, err)
-	_, err = wf.WriteAt(a, 0)
+	_, err = wh.WriteAt(a, 0)
 	require.NoError(t, err)
-	require.NoError(t, wf.Commit())
+	require.NoError(t, wh.Flush())
+	wh.Release()
 	require.NoError(t, w.Close())
 	require.NoError(t, os.Mkdir(filepath.Join(src, "plain"), 0o755))
 

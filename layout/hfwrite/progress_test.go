@@ -126,23 +126,21 @@ func TestEagerSameAsFallback(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eager, fallback := filepath.Join(t.TempDir(), "e"), filepath.Join(t.TempDir(), "f")
-			we, err := Create(eager, tc.target)
+			we, err := Create(eager, Options{Target: tc.target})
 			require.NoError(t, err)
-			wf, err := Create(fallback, tc.target)
+			wf, err := Create(fallback, Options{Target: tc.target})
 			require.NoError(t, err)
 			for i, specs := range eagerSpecs {
 				data := stFile(t, byte(i), specs...)
 				name := "model-" + string(rune('a'+i)) + ".safetensors"
 
-				f, err := we.NewFile(name)
-				require.NoError(t, err)
+				f := create(t, we, name)
 				writeSeq(t, f, data, 1000)
 				require.NoError(t, f.Commit())
 				assert.True(t, f.Eager(), "written front to back: committed eagerly")
 
 				// Rewriting bytes already resharded voids the eager reshard.
-				g, err := wf.NewFile(name)
-				require.NoError(t, err)
+				g := create(t, wf, name)
 				writeSeq(t, g, data, 1000)
 				waitClaimed(t, g, len(data))
 				_, err = g.WriteAt(data[100:200], 100)
@@ -166,22 +164,20 @@ func TestEagerOutOfOrder(t *testing.T) {
 	half := len(data) / 2
 	for _, tc := range []struct {
 		name  string
-		write func(t *testing.T, w *Writer) *File
+		write func(t *testing.T, w *Session) *File
 		eager int // 1: committed eagerly, 0: not, -1: either (timing)
 	}{
-		{"hole filled later", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
-			_, err = f.WriteAt(data[half:], int64(half))
+		{"hole filled later", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			writeSeq(t, f, data[:half], 777)
 			return f
 		}, 1},
-		{"overwrite before the resharder reads", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"overwrite before the resharder reads", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			// The header is missing: nothing is read yet.
-			_, err = f.WriteAt(other[100:], 100)
+			_, err := f.WriteAt(other[100:], 100)
 			require.NoError(t, err)
 			_, err = f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
@@ -190,9 +186,8 @@ func TestEagerOutOfOrder(t *testing.T) {
 			writeSeq(t, f, data[:half], 777)
 			return f
 		}, -1},
-		{"concurrent writers", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"concurrent writers", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			const piece, n = 1000, 4
 			var wg sync.WaitGroup
 			for g := range n {
@@ -208,77 +203,70 @@ func TestEagerOutOfOrder(t *testing.T) {
 			wg.Wait()
 			return f
 		}, 1},
-		{"rewrite of resharded bytes", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"rewrite of resharded bytes", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, other, 4096)
 			waitClaimed(t, f, len(other))
 			writeSeq(t, f, data, 4096) // seek back, write it all again
 			return f
 		}, 0},
-		{"truncate", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"truncate", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, other, 4096)
 			waitClaimed(t, f, len(other))
 			require.NoError(t, f.Truncate(0))
 			writeSeq(t, f, data, 4096)
 			return f
 		}, 0},
-		{"truncate before writing", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"truncate before writing", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			require.NoError(t, f.Truncate(0))
 			writeSeq(t, f, data, 4096)
 			return f
 		}, 1},
-		{"renamed from a temp name", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile(".tmp123")
-			require.NoError(t, err)
+		{"renamed from a temp name", func(t *testing.T, w *Session) *File {
+			f := create(t, w, ".tmp123")
 			writeSeq(t, f, data[:half], 4096)
-			require.NoError(t, f.Rename("m.safetensors"))
-			_, err = f.WriteAt(data[half:], int64(half))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			return f
 		}, 1},
-		{"renamed when complete", func(t *testing.T, w *Writer) *File {
+		{"renamed when complete", func(t *testing.T, w *Session) *File {
 			// safetensors' save_file: a temp file renamed once written.
-			f, err := w.NewFile(".tmpAbC123")
-			require.NoError(t, err)
+			f := create(t, w, ".tmpAbC123")
 			writeSeq(t, f, data, 4096)
-			require.NoError(t, f.Rename("m.safetensors"))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
 			return f
 		}, 1},
-		{"renamed away and back", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"renamed away and back", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, data[:half], 4096)
-			require.NoError(t, f.Rename("m.bin"))
-			require.NoError(t, f.Rename("m.safetensors"))
-			_, err = f.WriteAt(data[half:], int64(half))
+			require.NoError(t, w.Rename(f.Name(), "m.bin", false))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			return f
 		}, 1},
-		{"renamed to an index and back", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"renamed to an index and back", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, data[:half], 4096)
-			require.NoError(t, f.Rename("m.safetensors.index.json"))
-			require.NoError(t, f.Rename("m.safetensors"))
-			_, err = f.WriteAt(data[half:], int64(half))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors.index.json", false))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			return f
 		}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := filepath.Join(t.TempDir(), "want")
-			w, err := Create(want, target)
+			w, err := Create(want, Options{Target: target})
 			require.NoError(t, err)
 			require.NoError(t, put(t, w, "m.safetensors", data))
 			require.NoError(t, w.Close())
 
 			dir := filepath.Join(t.TempDir(), "got")
-			w, err = Create(dir, target)
+			w, err = Create(dir, Options{Target: target})
 			require.NoError(t, err)
 			f := tc.write(t, w)
 			require.NoError(t, f.Commit())
@@ -295,14 +283,13 @@ func TestEagerOutOfOrder(t *testing.T) {
 // before it is closed is stored as-is; its eager shard files go.
 func TestEagerRenamedToSidecar(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "c")
-	w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 	require.NoError(t, err)
 	data := stFile(t, 1, eagerSpecs[0]...)
-	f, err := w.NewFile("m.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "m.safetensors")
 	writeSeq(t, f, data, 4096)
 	waitClaimed(t, f, len(data))
-	require.NoError(t, f.Rename("m.bin"))
+	require.NoError(t, w.Rename(f.Name(), "m.bin", false))
 	require.NoError(t, f.Commit())
 	require.NoError(t, w.Close())
 	got := dirFiles(t, dir)
@@ -315,19 +302,18 @@ func TestEagerRenamedToSidecar(t *testing.T) {
 // no shard file is left.
 func TestEagerFailureCommitsNothing(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "c")
-	w, err := Create(dir, dcpwrite.Target{WorldSize: 3})
+	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "a.safetensors", stFile(t, 1, eagerSpecs[0]...)))
 	require.NoError(t, w.Close())
 	before := dirFiles(t, dir)
-	w, err = Create(dir, dcpwrite.Target{WorldSize: 3})
+	w, err = Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	planted := filepath.Join(dir, "__2_1.distcp")
 	require.NoError(t, os.WriteFile(planted, []byte("not ours"), 0o644))
 
 	data := stFile(t, 2, eagerSpecs[1]...)
-	f, err := w.NewFile("b.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "b.safetensors")
 	writeSeq(t, f, data, 4096)
 	err = f.Commit()
 	require.ErrorIs(t, err, ErrCommit)
@@ -337,7 +323,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 	assert.Equal(t, before, dirFiles(t, dir))
 
 	// The directory is usable, the file number free.
-	w, err = Create(dir, dcpwrite.Target{WorldSize: 3})
+	w, err = Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "b.safetensors", data))
 	require.NoError(t, w.Close())
@@ -351,7 +337,7 @@ func TestEagerKilledWriter(t *testing.T) {
 	for _, clean := range []string{"CleanStale", "Create"} {
 		t.Run(clean, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "k")
-			w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+			w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 			require.NoError(t, err)
 			require.NoError(t, put(t, w, "a.safetensors", stFile(t, 1, eagerSpecs[0]...)))
 			require.NoError(t, w.Close())
@@ -382,7 +368,7 @@ func TestEagerKilledWriter(t *testing.T) {
 				require.NoError(t, err)
 				assert.True(t, removed)
 			} else {
-				w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+				w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 				require.NoError(t, err)
 				require.NoError(t, w.Close())
 			}
@@ -398,10 +384,9 @@ func TestHelperEagerKilled(t *testing.T) {
 	if dir == "" {
 		t.Skip("run by TestEagerKilledWriter")
 	}
-	w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 	require.NoError(t, err)
-	f, err := w.NewFile("b.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "b.safetensors")
 	data := stFile(t, 2, eagerSpecs[1]...)
 	writeSeq(t, f, data[:len(data)*3/4], 4096)
 	waitClaimed(t, f, len(data)/2)
