@@ -1,11 +1,9 @@
 package vfs
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -60,24 +58,6 @@ func TestKilledWriteDebrisHidden(t *testing.T) {
 	require.Equal(t, []string{"config.json"}, listDir(t, back))
 }
 
-// syncBuffer is a log sink the mount's goroutines write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestWriteEmptySafetensors: a .safetensors file closed empty (touch, `: >`)
 // is not committed and does not stay in the directory. close(2) cannot
 // report it, since the close of a descriptor that wrote nothing cannot be
@@ -88,7 +68,7 @@ func TestWriteEmptySafetensors(t *testing.T) {
 	a, err := os.ReadFile(filepath.Join(in, "model-00001-of-00002.safetensors"))
 	require.NoError(t, err)
 	src := t.TempDir()
-	var logs syncBuffer
+	var logs lockedBuffer
 	fsys := newFS(t, src, writable(dcpwrite.Target{WorldSize: 2}), func(o *Options) {
 		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})

@@ -1,10 +1,11 @@
 package hfwrite
 
 import (
-	"bytes"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,21 +18,11 @@ import (
 // st returns a safetensors file of F32 tensors of the given lengths.
 func st(t *testing.T, tensors map[string]int64) []byte {
 	t.Helper()
-	var infos []safetensors.TensorInfo
-	for n, l := range tensors {
-		infos = append(infos, safetensors.TensorInfo{Name: n, DType: safetensors.F32, Shape: []int64{l}})
+	var specs []tspec
+	for _, n := range slices.Sorted(maps.Keys(tensors)) {
+		specs = append(specs, tspec{n, safetensors.F32, []int64{tensors[n]}})
 	}
-	safetensors.SortForWrite(infos)
-	infos = safetensors.Layout(infos)
-	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, nil, infos)
-	require.NoError(t, err)
-	for _, ti := range infos {
-		_, err := w.Write(bytes.Repeat([]byte{byte(len(ti.Name))}, int(ti.Size())))
-		require.NoError(t, err)
-	}
-	require.NoError(t, w.Close())
-	return buf.Bytes()
+	return stFile(t, 1, specs...)
 }
 
 // create starts writing name in s.
