@@ -2,11 +2,13 @@
 // (FileSystemWriter layout: a .metadata pickle plus *.distcp shard files of
 // torch.save records), in both directions, shaped like archive/zip:
 //
-//   - names.go: the format's file names, and which names are its own.
+//   - names.go: the format's file names, and which names are its own;
+//     dtypes.go: the dtypes a record can hold (torch's storage classes).
 //   - metadata*.go: the .metadata model, DecodeMetadata (the restricted
 //     pickle VM, every field checked) and EncodeMetadata.
-//   - record*.go: a chunk's record, located and read in place (recordSource)
-//     and written (RecordWriter).
+//   - record*.go: a chunk's record (a torch.save archive), located
+//     (record.go) and read in place (recordsource.go), and written
+//     (recordwrite.go: RecordWriter).
 //   - open.go: Open and the registry's Reader: a checkpoint as the ckpt
 //     model.
 //
