@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -471,10 +470,9 @@ func TestWriteConcurrentFiles(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	require.Equal(t, want, readTensors(t, dir))
-	shards := regexp.MustCompile(`^__[0-9]+_[0-9]+\.distcp$`)
 	var n int
 	for _, f := range listDir(t, filepath.Join(src, "new")) {
-		if shards.MatchString(f) {
+		if _, _, ok := torchdcp.ParseShardName(f); ok {
 			n++
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -25,6 +26,8 @@ type spec struct {
 	dtype safetensors.DType
 	shape []int64
 }
+
+func (s spec) st() sttest.Spec { return sttest.Spec{Name: s.name, DType: s.dtype, Shape: s.shape} }
 
 // stFile is a safetensors file built in memory.
 type stFile struct {
@@ -54,29 +57,24 @@ func fill(name string, dtype safetensors.DType, n int64, seed int) []byte {
 	return b
 }
 
-// makeST writes a safetensors file holding specs, through the safetensors
-// package's streaming Writer, and parses its header back.
+// makeST writes a safetensors file holding specs and parses its header
+// back.
 func makeST(t testing.TB, seed int, specs ...spec) *stFile {
 	t.Helper()
-	infos := make([]safetensors.TensorInfo, len(specs))
+	data, raw := sttest.Build(t, nil, func(ti safetensors.TensorInfo) []byte {
+		return fill(ti.Name, ti.DType, ti.Size(), seed)
+	}, sttests(specs)...)
+	h, err := safetensors.ReadHeader(bytes.NewReader(data), int64(len(data)))
+	require.NoError(t, err)
+	return &stFile{data: data, header: h, raw: raw}
+}
+
+func sttests(specs []spec) []sttest.Spec {
+	out := make([]sttest.Spec, len(specs))
 	for i, s := range specs {
-		infos[i] = safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape}
+		out[i] = s.st()
 	}
-	infos = safetensors.Layout(infos)
-	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, nil, infos)
-	require.NoError(t, err)
-	raw := map[string][]byte{}
-	for _, ti := range infos {
-		b := fill(ti.Name, ti.DType, ti.Size(), seed)
-		raw[ti.Name] = b
-		_, err := w.Write(b)
-		require.NoError(t, err)
-	}
-	require.NoError(t, w.Close())
-	h, err := safetensors.ReadHeader(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
-	require.NoError(t, err)
-	return &stFile{data: buf.Bytes(), header: h, raw: raw}
+	return out
 }
 
 // boxBytes extracts a box from a C-order tensor naively, element by element.

@@ -2,7 +2,6 @@ package hfwrite
 
 import (
 	"bufio"
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -29,24 +30,22 @@ type tspec struct {
 // stFile returns a safetensors file of specs with bytes derived from seed.
 func stFile(t *testing.T, seed byte, specs ...tspec) []byte {
 	t.Helper()
-	infos := make([]safetensors.TensorInfo, len(specs))
-	for i, s := range specs {
-		infos[i] = safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape}
-	}
-	infos = safetensors.Layout(infos)
-	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, map[string]string{"format": "pt"}, infos)
-	require.NoError(t, err)
-	for _, ti := range infos {
+	data, _ := sttest.Build(t, map[string]string{"format": "pt"}, func(ti safetensors.TensorInfo) []byte {
 		b := make([]byte, ti.Size())
 		for i := range b {
 			b[i] = seed + byte(i*7+i/251)
 		}
-		_, err := w.Write(b)
-		require.NoError(t, err)
+		return b
+	}, sttests(specs)...)
+	return data
+}
+
+func sttests(specs []tspec) []sttest.Spec {
+	out := make([]sttest.Spec, len(specs))
+	for i, s := range specs {
+		out[i] = sttest.Spec{Name: s.name, DType: s.dtype, Shape: s.shape}
 	}
-	require.NoError(t, w.Close())
-	return buf.Bytes()
+	return out
 }
 
 var eagerSpecs = [][]tspec{
@@ -95,15 +94,13 @@ func dirFiles(t *testing.T, dir string) map[string][]byte {
 	return out
 }
 
-var shardRE = regexp.MustCompile(`^__[0-9]+_[0-9]+\.distcp$`)
-
 func shards(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	var out []string
 	for _, e := range ents {
-		if shardRE.MatchString(e.Name()) {
+		if _, _, ok := torchdcp.ParseShardName(e.Name()); ok {
 			out = append(out, e.Name())
 		}
 	}
