@@ -139,7 +139,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	case KindGenerated:
 		copy(want, f.data[off:])
 	case KindPassthrough:
-		err = readFull(f.src, want, off)
+		err = ckpt.ReadFullAt(f.src, want, off)
 	case KindSafetensors:
 		err = f.readTensors(want, off)
 	}

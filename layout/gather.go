@@ -2,7 +2,6 @@ package layout
 
 import (
 	"fmt"
-	"io"
 	"sync"
 
 	"github.com/ckptfs/ckptfs/layout/box"
@@ -83,14 +82,14 @@ func (g *geometry) readAt(dst []byte, pos int64) error {
 		}
 		if c.box.RunLen() == c.box.Bytes() { // one run: contiguous in the global order
 			at := c.box.Start() + l0 - pos
-			if err := readFull(c.src, dst[at:at+l1-l0], l0); err != nil {
+			if err := ckpt.ReadFullAt(c.src, dst[at:at+l1-l0], l0); err != nil {
 				return g.chunkError(c, err)
 			}
 			continue
 		}
 		bp := getBuf(l1 - l0)
 		buf := *bp
-		err := readFull(c.src, buf, l0)
+		err := ckpt.ReadFullAt(c.src, buf, l0)
 		if err == nil {
 			c.box.Spans(l0, l1, func(at, local, n int64) error {
 				copy(dst[at-pos:at-pos+n], buf[local-l0:local-l0+n])
@@ -107,15 +106,4 @@ func (g *geometry) readAt(dst []byte, pos int64) error {
 
 func (g *geometry) chunkError(c *chunkGeometry, err error) error {
 	return fmt.Errorf("tensor %q chunk at %v from %s: %w", g.tensor.Name, c.at, c.src, err)
-}
-
-func readFull(r io.ReaderAt, p []byte, off int64) error {
-	n, err := r.ReadAt(p, off)
-	if n == len(p) {
-		return nil
-	}
-	if err == nil || err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return err
 }

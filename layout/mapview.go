@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 )
 
@@ -84,7 +85,7 @@ func (v *View) model(sidecars []*File) (mapping.Model, error) {
 			return m, fmt.Errorf("layout: %s is larger than %d bytes", f.Path, maxConfigBytes)
 		}
 		b := make([]byte, f.Size)
-		if err := readFull(f, b, 0); err != nil {
+		if err := ckpt.ReadFullAt(f, b, 0); err != nil {
 			return m, fmt.Errorf("layout: %w", err)
 		}
 		cfg, err := mapping.FromHFConfig(b)

@@ -11,7 +11,9 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
+	"github.com/ckptfs/ckptfs/layout/megatron"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -316,7 +318,7 @@ func splitFiles(c *ckpt.Checkpoint, ts []viewTensor, maxSize int64) [][]viewTens
 func newestModTime(c *ckpt.Checkpoint) time.Time {
 	tree := c.Files.Tree()
 	var newest time.Time
-	for _, name := range []string{".metadata", "metadata.json"} {
+	for _, name := range []string{torchdcp.MetadataFile, megatron.ConfigFile} {
 		if info, err := tree.Stat(name); err == nil && info.ModTime.After(newest) {
 			newest = info.ModTime
 		}

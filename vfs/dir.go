@@ -14,9 +14,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
-	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/layout/source"
-	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
 // Dir is a directory of the source tree. Whether it is a checkpoint (and so
@@ -83,11 +81,14 @@ type entry struct {
 
 // children lists what the directory shows. For a checkpoint: its view files,
 // then the source entries that are not format internals; otherwise the source
-// entries. A write target shows the files being written, the view of what
-// is committed so far, and its stored sidecars. The mount root also holds
-// .ckptfs. With only != "", source entries other than only are not looked
-// at: a lookup costs one stat, not a listing of the directory.
+// entries. A write target shows what its session lists (targetChildren).
+// The mount root also holds .ckptfs. With only != "", source entries other
+// than only are not looked at: a lookup costs one stat, not a listing of the
+// directory.
 func (d *Dir) children(only string) ([]entry, syscall.Errno) {
+	if t := d.fsys.targetOf(d.real); t != nil {
+		return d.targetChildren(t, only)
+	}
 	var out []entry
 	shown := map[string]bool{}
 	add := func(e entry) {
@@ -100,11 +101,7 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 		add(entry{name: statsName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &statsFile{fsys: d.fsys} }})
 	}
 	var format ckpt.Reader // hides its internals
-	t := d.fsys.targetOf(d.real)
-	if t != nil {
-		format = torchdcp.Reader // its internals stay hidden, even before the first .metadata
-		d.targetChildren(t, add)
-	} else if f, ok := d.detect(); ok {
+	if f, ok := d.detect(); ok {
 		format = f
 		e := d.fsys.view(d.name())
 		switch {
@@ -129,15 +126,10 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	if errno != 0 {
 		return nil, errno
 	}
+	hidden := d.hidden(format, ents, only)
 	for _, info := range ents {
 		name := info.Name
-		if name == hfwrite.SpoolDir {
-			if t == nil {
-				d.fsys.cleanStale(d.real)
-			}
-			continue
-		}
-		if format != nil && format.Internal(name) {
+		if hidden(name) {
 			continue
 		}
 		real := filepath.Join(d.real, name)
@@ -151,10 +143,7 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 				return &Dir{fsys: d.fsys, real: real, rel: rel}
 			}})
 		case info.IsRegular():
-			add(entry{name: name, mode: syscall.S_IFREG, volatile: t != nil, make: func() fs.InodeEmbedder {
-				if t != nil {
-					return &sidecarNode{PassFile: PassFile{fsys: d.fsys, rel: rel}, t: t, name: name}
-				}
+			add(entry{name: name, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
 				return &PassFile{fsys: d.fsys, rel: rel}
 			}})
 		}

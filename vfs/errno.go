@@ -1,52 +1,78 @@
 package vfs
 
 import (
+	"context"
 	"errors"
+	"io/fs"
 	"log/slog"
-	"os"
 	"syscall"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
 )
 
-// toErrno is the one place Go errors become errnos. Errors that mean "the
-// source is not what it should be" are EIO; an unexpected error is EIO too,
-// with one log line naming what was being done (the layout errors already
-// name the view file, offset, tensor and source file). A file that could not
-// be committed is EIO whatever the cause (a full disk included), so that
-// close(2) reports it; the log line names the cause.
+// errnos maps the sentinel errors of the layers below to what a file
+// system call returns, in order: the first that matches (errors.Is) wins.
+// quiet ones are answers, not problems: they are not logged.
+var errnos = []struct {
+	err   error
+	errno syscall.Errno
+	quiet bool
+}{
+	// The source is not what it should be, or a file could not be
+	// committed (whatever the cause, a full disk included, so that close(2)
+	// reports it; the log line names the cause).
+	{ckpt.ErrSourceChanged, syscall.EIO, false},
+	{ckpt.ErrInvalid, syscall.EIO, false},
+	{hfwrite.ErrCommit, syscall.EIO, false},
+	{hfwrite.ErrDone, syscall.EIO, false},
+	// The rules of a write session.
+	{hfwrite.ErrReserved, syscall.EPERM, true},
+	{hfwrite.ErrCommitted, syscall.EPERM, true},
+	{hfwrite.ErrBusy, syscall.EBUSY, true},
+	{hfwrite.ErrReadOnly, syscall.EROFS, true},
+	{hfwrite.ErrStale, syscall.ESTALE, true},
+	// The request was interrupted.
+	{context.Canceled, syscall.EINTR, true},
+	{context.DeadlineExceeded, syscall.EINTR, true},
+	// The standard library's.
+	{fs.ErrNotExist, syscall.ENOENT, true},
+	{fs.ErrExist, syscall.EEXIST, true},
+	{fs.ErrPermission, syscall.EACCES, true},
+}
+
+// toErrno is the one place Go errors become errnos (errnos above): an
+// errno passes through (ENOSPC from a write, logged), an unexpected error
+// is EIO. Every error but the quiet ones gets one log line naming what was
+// being done (the layout errors already name the view file, offset, tensor
+// and source file).
 func toErrno(log *slog.Logger, what string, err error) syscall.Errno {
 	if err == nil {
 		return 0
 	}
-	var errno syscall.Errno
-	switch {
-	case errors.Is(err, ckpt.ErrSourceChanged), errors.Is(err, ckpt.ErrInvalid),
-		errors.Is(err, hfwrite.ErrCommit), errors.Is(err, hfwrite.ErrDone):
-		errno = syscall.EIO
-	case errors.Is(err, hfwrite.ErrReserved):
-		errno = syscall.EPERM
-	case errors.Is(err, os.ErrNotExist):
-		return syscall.ENOENT
-	case errors.Is(err, os.ErrExist):
-		return syscall.EEXIST
-	case errors.Is(err, os.ErrPermission):
-		return syscall.EACCES
-	case errors.As(err, &errno):
-		if errno == syscall.ENOENT {
-			return errno
-		}
-	default:
-		errno = syscall.EIO
+	errno, quiet := mapErr(err)
+	if !quiet {
+		log.Error(what, "errno", errno.Error(), "err", err)
 	}
-	log.Error(what, "errno", errno.Error(), "err", err)
 	return errno
+}
+
+func mapErr(err error) (errno syscall.Errno, quiet bool) {
+	for _, m := range errnos {
+		if errors.Is(err, m.err) {
+			return m.errno, m.quiet
+		}
+	}
+	if errors.As(err, &errno) && errno != 0 {
+		return errno, false
+	}
+	return syscall.EIO, false
 }
 
 // discard takes the log lines of errors that were logged before.
 var discard = slog.New(slog.DiscardHandler)
 
 // toErrnoLogged maps an error that was already logged: a commit's result,
-// which every later close of the file returns again.
+// which the session reported and every later close of the file returns
+// again.
 func toErrnoLogged(err error) syscall.Errno { return toErrno(discard, "", err) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
@@ -69,14 +70,13 @@ func (f *ViewFile) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, when
 }
 
 func seekNoHoles(off uint64, whence uint32, size int64) (uint64, syscall.Errno) {
-	const seekData, seekHole = 3, 4
 	if off >= uint64(size) {
 		return 0, syscall.ENXIO
 	}
 	switch whence {
-	case seekData:
+	case unix.SEEK_DATA:
 		return off, 0
-	case seekHole:
+	case unix.SEEK_HOLE:
 		return uint64(size), 0
 	}
 	return 0, syscall.EINVAL
@@ -254,14 +254,7 @@ func (f *FS) Stats() Stats {
 	}
 	f.mu.Unlock()
 	for _, t := range targets {
-		vs := ViewStats{Dir: t.dir, Writing: true}
-		t.mu.Lock()
-		if e := t.view; e != nil && e.view != nil {
-			vs.Format = string(e.view.Checkpoint.Format)
-			vs.Files, vs.Tensors, vs.Bytes = len(e.view.Files), len(e.view.Tensors), e.view.TotalSize()
-		}
-		t.mu.Unlock()
-		s.Views = append(s.Views, vs)
+		s.Views = append(s.Views, t.stats())
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -157,38 +157,49 @@ func (f *FS) view(dir string) *viewEntry {
 }
 
 // build opens the checkpoint in the source directory dir and plans its
-// view into e. A view that leaves out tensors which are not optimizer
-// state gets one log line: a loader would get them freshly initialised.
+// view into e.
 func (f *FS) build(e *viewEntry, dir string) {
 	e.dir = dir
-	sub, err := source.Sub(f.tree, dir)
-	var c *layout.Checkpoint
-	if err == nil {
-		c, err = layout.OpenTree(sub)
-	}
-	if err == nil {
-		e.view, err = layout.Plan(c, f.opts.Plan)
-		if err != nil {
-			c.Close()
-		}
-	}
-	if err != nil {
-		e.err = err
-		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+	e.view, e.err = f.openView(dir)
+	if e.err != nil {
 		return
-	}
-	for _, w := range e.view.Warnings {
-		f.log.Warn(w, "dir", f.tree.Path(dir))
-	}
-	if left := e.view.LeavesOutWeights(); len(left) > 0 {
-		f.log.Warn("view leaves out tensors that are not optimizer state (ckptfs inspect lists them)",
-			"dir", f.tree.Path(dir), "count", len(left), "first", left[0].Name, "reason", left[0].Reason)
 	}
 	e.ids = map[string]uint64{}
 	for _, vf := range e.view.Files {
 		e.ids[vf.Name] = f.nextID.Add(1)
 	}
 	e.built = time.Now()
+}
+
+// openView opens the checkpoint in the source directory dir and plans its
+// view: for a checkpoint of the source, and for a write target after each
+// change. A view that leaves out tensors which are not optimizer state gets
+// one log line: a loader would get them freshly initialised.
+func (f *FS) openView(dir string) (*layout.View, error) {
+	sub, err := source.Sub(f.tree, dir)
+	var c *layout.Checkpoint
+	if err == nil {
+		c, err = layout.OpenTree(sub)
+	}
+	var view *layout.View
+	if err == nil {
+		view, err = layout.Plan(c, f.opts.Plan)
+		if err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+		return nil, err
+	}
+	for _, w := range view.Warnings {
+		f.log.Warn(w, "dir", f.tree.Path(dir))
+	}
+	if left := view.LeavesOutWeights(); len(left) > 0 {
+		f.log.Warn("view leaves out tensors that are not optimizer state (ckptfs inspect lists them)",
+			"dir", f.tree.Path(dir), "count", len(left), "first", left[0].Name, "reason", left[0].Reason)
+	}
+	return view, nil
 }
 
 // inode derives a stable inode number from the path inside the mount, so
@@ -204,7 +215,8 @@ func inode(rel string) uint64 {
 }
 
 // Close releases the shard files of every opened checkpoint and ends the
-// write targets: files still being written are dropped, spools removed.
+// write targets' sessions: files still being written are dropped, spools
+// removed.
 func (f *FS) Close() {
 	if f.prefill != nil {
 		f.prefill.stop()
@@ -215,13 +227,8 @@ func (f *FS) Close() {
 	f.targets = map[string]*target{}
 	f.mu.Unlock()
 	for _, t := range targets {
-		if err := t.w.Close(); err != nil {
-			f.log.Error("closing write target", "dir", t.w.Path(), "err", err)
-		}
-	}
-	for _, t := range targets {
-		if e := t.takeView(); e != nil && e.view != nil {
-			e.view.Close()
+		if err := t.s.Close(); err != nil {
+			f.log.Error("closing write target", "dir", t.s.Path(), "err", err)
 		}
 	}
 	f.mu.Lock()

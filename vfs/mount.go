@@ -5,12 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // MountOptions are the kernel-facing settings of a mount.
@@ -87,26 +86,11 @@ func setReadAhead(mnt string, kb int) error {
 	return os.WriteFile(path, []byte(strconv.Itoa(kb)), 0o644)
 }
 
-// ReadAheadKB reads back the read_ahead_kb of a mount.
-func ReadAheadKB(mnt string) (int, error) {
-	path, err := bdiReadAhead(mnt)
-	if err != nil {
-		return 0, err
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(strings.TrimSpace(string(b)))
-}
-
 // bdiReadAhead is the sysfs knob of the mount's anonymous device.
 func bdiReadAhead(mnt string) (string, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(mnt, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); err != nil {
 		return "", err
 	}
-	major := (st.Dev>>8)&0xfff | (st.Dev>>32)&^0xfff
-	minor := st.Dev&0xff | (st.Dev>>12)&^0xff
-	return fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", major, minor), nil
+	return fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)), nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
@@ -326,11 +327,10 @@ func TestSeekDataHole(t *testing.T) {
 	defer fd.Close()
 	fi, err := fd.Stat()
 	require.NoError(t, err)
-	const seekData, seekHole = 3, 4
-	off, err := fd.Seek(10, seekData)
+	off, err := fd.Seek(10, unix.SEEK_DATA)
 	require.NoError(t, err)
 	require.Equal(t, int64(10), off)
-	off, err = fd.Seek(10, seekHole)
+	off, err = fd.Seek(10, unix.SEEK_HOLE)
 	require.NoError(t, err)
 	require.Equal(t, fi.Size(), off)
 }

@@ -3,8 +3,8 @@ package vfs
 import (
 	"context"
 	"errors"
-	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -13,53 +13,44 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
-// The write path. In a writable mount, mkdir creates a write target: a new
-// source directory that hfwrite turns into a DCP checkpoint, one closed file
-// at a time. A directory stays a write target for the life of the mount; it
-// lists the files being written, the HF view of what is committed so far,
-// and its stored sidecars. Every entry in it is volatile (the kernel caches
-// it for a jiffy) because any commit may change it, and each rebuilt view
-// gets fresh inode numbers, so nothing stale is served from the kernel's
-// caches. After a remount the directory is an ordinary, read-only checkpoint.
+// The write path: go-fuse nodes over hfwrite sessions. In a writable mount,
+// mkdir creates a write target: a new source directory that an
+// hfwrite.Session turns into a DCP checkpoint, one closed file at a time.
+// What the directory shows, and what each operation on it may do, is the
+// session's (its package doc lists the rules); this file maps them onto
+// nodes, handles, inode numbers and timeouts. A directory stays a write
+// target for the life of the mount; after a remount it is an ordinary,
+// read-only checkpoint.
 //
-// A file is committed at the first flush (close) of a handle that wrote data
-// to it, and close(2) gets the result: EIO when nothing was committed. The
-// kernel flushes at every close of a descriptor, dups included, so a flush
-// before any write (a shell's `>` redirection opens, dups and closes) does
-// not commit. A file that was only created or truncated, never written,
-// commits when its last handle is released, as does one whose writer never
-// flushed (rare); those errors can only be logged.
+// Every entry in a write target is volatile (the kernel caches it for a
+// jiffy) because any commit may change it, and each view the session
+// builds gets fresh inode numbers, so nothing stale is served from the
+// kernel's caches.
 //
-// Lock order: upload.mu, then target.mu, then FS.mu. hfwrite's locks are
-// taken inside its calls; upload.mu is held across a commit.
+// Lock order: target.mu, then FS.mu; the session's locks are taken inside
+// its calls.
 
-const (
-	// volatileTimeout is the entry and attr timeout of everything in a write
-	// target. go-fuse replaces a zero timeout by the mount default, so the
-	// smallest non-zero one is used: the kernel rounds it up to one jiffy.
-	volatileTimeout = time.Nanosecond
-	// dcpMetadataTmp is the temporary file dcpwrite renames over .metadata.
-	dcpMetadataTmp = ".metadata.tmp"
-)
+// volatileTimeout is the entry and attr timeout of everything in a write
+// target. go-fuse replaces a zero timeout by the mount default, so the
+// smallest non-zero one is used: the kernel rounds it up to one jiffy.
+const volatileTimeout = time.Nanosecond
 
 // target is a directory created by mkdir in a writable mount.
 type target struct {
-	w   *hfwrite.Writer
-	dir string // path in the source tree
+	s   *hfwrite.Session
 	rel string // path inside the mount
 
-	mu      sync.Mutex
-	uploads map[string]*upload // GUARDED_BY(mu): files being written, by name
-	view    *viewEntry         // GUARDED_BY(mu): view of what is committed; nil until built
-	viewGen uint64             // GUARDED_BY(mu): writer generation view was built at
-	serial  uint64             // GUARDED_BY(mu): number of views built; part of their inode numbers
-	stale   bool               // GUARDED_BY(mu): view must be rebuilt (a sidecar was removed or renamed)
-	seq     uint64             // GUARDED_BY(mu): uploads started; part of their inode numbers
+	mu   sync.Mutex
+	view *hfwrite.View     // GUARDED_BY(mu): the last view listed (for stats; not a reference)
+	ids  map[string]uint64 // GUARDED_BY(mu): cache ids of its files
 }
 
 // sourceKey is the key of a source directory in FS.targets: its
@@ -88,8 +79,53 @@ func (f *FS) targetOf(dir string) *target {
 	return f.targets[key]
 }
 
-// cleanStale removes the spool a killed ckptfs left in dir, once per
-// directory and mount, in writable mounts only.
+// reportCommit counts and logs the outcome of a commit (hfwrite's
+// Options.OnCommit).
+func (f *FS) reportCommit(r hfwrite.Report) {
+	if errors.Is(r.Err, hfwrite.ErrEmpty) {
+		f.log.Warn("empty file not committed (a tensor file or index needs content)", "file", r.Path)
+		return
+	}
+	if observe := f.opts.CommitObserver; observe != nil {
+		observe(r.Took, r.Err)
+	}
+	if r.Err != nil {
+		f.commitErrors.Add(1)
+		toErrno(f.log, "commit "+r.Path, r.Err)
+		return
+	}
+	f.commits.Add(1)
+	f.log.Debug("committed", "file", r.Path, "bytes", r.Size, "took", r.Took.Round(time.Millisecond),
+		"written_in", time.Since(r.Started).Round(time.Millisecond), "eager", r.Eager)
+}
+
+// hidden returns what children leaves out of the source entries ents of a
+// directory that is not a write target (with only != "", ents is at most
+// that name): its format's internals, any write session's spool, and,
+// beside a spool (a killed session's, or another mount's), the DCP files
+// the session was writing: in every mode. A writable mount removes what a
+// killed session left the first time it sees it.
+func (d *Dir) hidden(format ckpt.Reader, ents []source.Info, only string) func(name string) bool {
+	spool := false
+	switch {
+	case only == "":
+		for _, e := range ents {
+			spool = spool || e.Name == hfwrite.SpoolDir
+		}
+	case hfwrite.Hidden(only):
+		_, err := d.fsys.tree.Stat(path.Join(d.name(), hfwrite.SpoolDir))
+		spool = err == nil
+	}
+	if spool {
+		d.fsys.cleanStale(d.real)
+	}
+	return func(name string) bool {
+		return name == hfwrite.SpoolDir || (format != nil && format.Internal(name)) || (spool && hfwrite.Hidden(name))
+	}
+}
+
+// cleanStale removes what a killed session left in dir (hfwrite.CleanStale),
+// once per directory and mount, in writable mounts only.
 func (f *FS) cleanStale(dir string) {
 	if !f.opts.Writable {
 		return
@@ -124,77 +160,84 @@ func (d *Dir) writable() bool {
 	return !isCkpt
 }
 
-// currentView returns the view of what is committed in t, rebuilt after
-// each commit, and the serial number of that build; nil before the first
-// tensor is committed.
-func (t *target) currentView(f *FS) (*viewEntry, uint64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.w.Tensors() == 0 {
-		return nil, 0
+// targetChildren lists a write target (see Dir.children): the files being
+// written, the view of what is committed (or the error that keeps it from
+// showing), the stored files and the subdirectories.
+func (d *Dir) targetChildren(t *target, only string) ([]entry, syscall.Errno) {
+	l, err := t.s.Entries(only)
+	if err != nil {
+		return nil, toErrno(d.fsys.log, "readdir "+d.real, err)
 	}
-	gen := t.w.Generation()
-	if t.view != nil && t.viewGen == gen && !t.stale {
-		return t.view, t.serial
-	}
-	// The outdated view is dropped: nodes and handles that still use it keep
-	// it alive, and its shard files are closed when it is collected.
-	e := &viewEntry{}
-	f.build(e, t.rel)
-	t.view, t.viewGen, t.stale = e, gen, false
-	t.serial++
-	return e, t.serial
-}
-
-// invalidate makes the next listing rebuild the view.
-func (t *target) invalidate() {
-	t.mu.Lock()
-	t.stale = true
-	t.mu.Unlock()
-}
-
-// takeView detaches the current view (at unmount).
-func (t *target) takeView() *viewEntry {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.view
-	t.view = nil
-	return e
-}
-
-// targetChildren adds the entries of a write target that do not come from
-// its source listing: files being written (they shadow any other entry of
-// the same name), then the view of what is committed.
-func (d *Dir) targetChildren(t *target, add func(entry)) {
-	t.mu.Lock()
-	for name, up := range t.uploads {
-		if up.node == nil {
-			continue // an existing file being rewritten: its entry shows
+	defer l.View.Release()
+	var out []entry
+	shown := map[string]bool{}
+	add := func(e entry) {
+		if !shown[e.name] && (only == "" || e.name == only) {
+			shown[e.name] = true
+			e.volatile = true
+			out = append(out, e)
 		}
-		node := up.node
-		add(entry{name: name, mode: syscall.S_IFREG, volatile: true, ino: up.ino, make: func() fs.InodeEmbedder { return node }})
 	}
-	t.mu.Unlock()
-	e, serial := t.currentView(d.fsys)
-	if e == nil {
-		return
+	for _, f := range l.Writing {
+		add(entry{name: f.Name(), mode: syscall.S_IFREG, ino: inode(path.Join(t.rel, f.Name()) + "\x00upload" + strconv.FormatUint(f.Seq(), 10)),
+			make: func() fs.InodeEmbedder { return &writeNode{fsys: d.fsys, f: f} }})
 	}
-	viewIno := func(name string) uint64 {
-		return inode(filepath.Join(d.rel, name) + "\x00view" + strconv.FormatUint(serial, 10))
+	if v := l.View; v != nil {
+		ids := t.idsOf(d.fsys, v)
+		ino := func(name string) uint64 {
+			return inode(path.Join(t.rel, name) + "\x00view" + strconv.FormatUint(v.Serial, 10))
+		}
+		if v.Err != nil {
+			msg := []byte("ckptfs could not show this checkpoint:\n" + v.Err.Error() + "\n")
+			add(entry{name: errorName, mode: syscall.S_IFREG, ino: ino(errorName), make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
+		} else {
+			for _, vf := range v.Files {
+				id := ids[vf.Name]
+				add(entry{name: vf.Name, mode: syscall.S_IFREG, ino: ino(vf.Name), make: func() fs.InodeEmbedder {
+					return &targetViewFile{ViewFile: ViewFile{fsys: d.fsys, file: vf, id: id}, t: t, v: v}
+				}})
+			}
+		}
 	}
-	if e.err != nil {
-		msg := []byte("ckptfs could not show this checkpoint:\n" + e.err.Error() + "\n")
-		add(entry{name: errorName, mode: syscall.S_IFREG, volatile: true, ino: viewIno(errorName),
-			make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
-		return
-	}
-	for _, vf := range e.view.Files {
-		vf, id := vf, e.ids[vf.Name]
-		ino := viewIno(vf.Name)
-		add(entry{name: vf.Name, mode: syscall.S_IFREG, volatile: true, ino: ino, make: func() fs.InodeEmbedder {
-			return &targetViewFile{ViewFile: ViewFile{fsys: d.fsys, file: vf, id: id}, t: t}
+	for _, name := range l.Stored {
+		rel := path.Join(d.rel, name)
+		add(entry{name: name, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
+			return &sidecarNode{PassFile: PassFile{fsys: d.fsys, rel: rel}, t: t, name: name}
 		}})
 	}
+	for _, name := range l.Dirs {
+		real, rel := filepath.Join(d.real, name), path.Join(d.rel, name)
+		add(entry{name: name, mode: syscall.S_IFDIR, make: func() fs.InodeEmbedder { return &Dir{fsys: d.fsys, real: real, rel: rel} }})
+	}
+	return out, 0
+}
+
+// idsOf returns the cache ids of the files of v, giving them fresh ones
+// the first time v is listed.
+func (t *target) idsOf(f *FS, v *hfwrite.View) map[string]uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.view != v {
+		t.view, t.ids = v, map[string]uint64{}
+		if v.View != nil {
+			for _, vf := range v.Files {
+				t.ids[vf.Name] = f.nextID.Add(1)
+			}
+		}
+	}
+	return t.ids
+}
+
+// stats describes the target's last listed view.
+func (t *target) stats() ViewStats {
+	vs := ViewStats{Dir: t.s.Path(), Writing: true}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if v := t.view; v != nil && v.View != nil {
+		vs.Format = string(v.Checkpoint.Format)
+		vs.Files, vs.Tensors, vs.Bytes = len(v.Files), len(v.Tensors), v.TotalSize()
+	}
+	return vs
 }
 
 var (
@@ -216,27 +259,29 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	if name == hfwrite.SpoolDir {
 		return nil, syscall.EPERM
 	}
-	real := filepath.Join(d.real, name)
+	real, rel := filepath.Join(d.real, name), path.Join(d.rel, name)
 	if err := os.Mkdir(real, 0o755); err != nil {
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
-	w, err := hfwrite.Create(real, d.fsys.opts.Target)
+	s, err := hfwrite.Create(real, hfwrite.Options{
+		Target:   d.fsys.opts.Target,
+		View:     func() (*layout.View, error) { return d.fsys.openView(rel) },
+		OnCommit: d.fsys.reportCommit,
+	})
 	if err != nil {
 		os.Remove(real)
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
-	rel := filepath.Join(d.rel, name)
-	t := &target{w: w, dir: real, rel: rel, uploads: map[string]*upload{}}
 	key := sourceKey(real)
 	d.fsys.mu.Lock()
 	closed := d.fsys.closed
 	if !closed {
-		d.fsys.targets[key] = t
+		d.fsys.targets[key] = &target{s: s, rel: rel}
 		d.fsys.cleaned[key] = true
 	}
 	d.fsys.mu.Unlock()
 	if closed {
-		w.Close()
+		s.Close()
 		return nil, syscall.EROFS
 	}
 	node := &Dir{fsys: d.fsys, real: real, rel: rel}
@@ -257,56 +302,32 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 	if t == nil {
 		return nil, nil, 0, syscall.EROFS
 	}
-	up, errno := t.start(d.fsys, name, true)
-	if errno != 0 {
-		return nil, nil, 0, errno
+	h, err := t.s.Create(name)
+	if err != nil {
+		return nil, nil, 0, toErrno(d.fsys.log, "create "+filepath.Join(d.real, name), err)
 	}
-	child := d.NewInode(ctx, up.node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: up.ino})
-	h := up.open(true)
-	up.attr(&out.Attr)
+	f := h.File()
+	node := &writeNode{fsys: d.fsys, f: f}
+	child := d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFREG,
+		Ino: inode(path.Join(t.rel, name) + "\x00upload" + strconv.FormatUint(f.Seq(), 10))})
+	node.attr(&out.Attr)
 	out.SetEntryTimeout(volatileTimeout)
 	out.SetAttrTimeout(volatileTimeout)
-	return child, h, fuse.FOPEN_DIRECT_IO, 0
+	return child, &writeHandle{fsys: d.fsys, h: h}, fuse.FOPEN_DIRECT_IO, 0
 }
 
-// Unlink removes a stored sidecar of a write target, or drops a file being
-// written (its writer's close then fails). Committed tensors stay.
+// Unlink removes a name of a write target (hfwrite.Session.Remove).
 func (d *Dir) Unlink(ctx context.Context, name string) syscall.Errno {
 	t := d.fsys.targetOf(d.real)
 	if t == nil {
 		return syscall.EROFS
 	}
-	t.mu.Lock()
-	up := t.uploads[name]
-	if up != nil {
-		delete(t.uploads, name)
-		t.mu.Unlock()
-		up.file.Abort()
-		return 0
-	}
-	t.mu.Unlock()
-	if kind, err := hfwrite.KindOf(name); err != nil || kind != hfwrite.KindSidecar {
-		if d.shows(name) {
-			return syscall.EPERM
-		}
-		return syscall.ENOENT
-	}
-	if err := os.Remove(filepath.Join(t.dir, name)); err != nil {
-		return toErrno(d.fsys.log, "unlink "+filepath.Join(t.dir, name), err)
-	}
-	t.invalidate()
-	return 0
+	return toErrno(d.fsys.log, "unlink "+filepath.Join(d.real, name), t.s.Remove(name))
 }
 
-// Rename within a write target supports the write-to-temp-then-rename
-// pattern (safetensors' save_file renames its open temp file; others close
-// it first): a file being written takes the new name, and so is committed
-// as that kind of file when closed; a stored file renamed to a safetensors
-// or index name is committed then (EIO when it cannot be). Committed tensors
-// cannot be renamed (EPERM); renames across directories are EXDEV, so that
-// mv falls back to copying.
+// Rename within a write target (hfwrite.Session.Rename). Renames across
+// directories are EXDEV, so that mv falls back to copying.
 func (d *Dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	const renameNoReplace = 1
 	t := d.fsys.targetOf(d.real)
 	if t == nil {
 		return syscall.EROFS
@@ -315,73 +336,14 @@ func (d *Dir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedde
 	if !ok || d.fsys.targetOf(np.real) != t {
 		return syscall.EXDEV
 	}
-	if flags&^renameNoReplace != 0 {
+	if flags&^unix.RENAME_NOREPLACE != 0 {
 		return syscall.EINVAL
 	}
-	if flags&renameNoReplace != 0 && d.shows(newName) {
-		return syscall.EEXIST
+	err := t.s.Rename(name, newName, flags&unix.RENAME_NOREPLACE != 0)
+	if errors.Is(err, hfwrite.ErrCommit) {
+		return toErrnoLogged(err) // reported by the session
 	}
-	if name == newName {
-		return 0
-	}
-	t.mu.Lock()
-	up := t.uploads[name]
-	if up != nil {
-		if t.uploads[newName] != nil {
-			t.mu.Unlock()
-			return syscall.EBUSY
-		}
-		if err := up.file.Rename(newName); err != nil {
-			t.mu.Unlock()
-			return toErrno(d.fsys.log, "rename "+filepath.Join(t.dir, name), err)
-		}
-		delete(t.uploads, name)
-		t.uploads[newName] = up
-		t.mu.Unlock()
-		// A complete safetensors file renamed into place is committed now,
-		// so that rename(2) reports a failure: safetensors' save_file never
-		// checks close. A file still incomplete commits at close.
-		if up.file.Complete() {
-			if err := up.commit(); err != nil {
-				return toErrnoLogged(err)
-			}
-		}
-		return 0
-	}
-	busy := t.uploads[newName] != nil
-	t.mu.Unlock()
-	if busy {
-		return syscall.EBUSY
-	}
-	if k, err := hfwrite.KindOf(name); err != nil || k != hfwrite.KindSidecar {
-		if d.shows(name) {
-			return syscall.EPERM
-		}
-		return syscall.ENOENT
-	}
-	if fi, err := os.Lstat(filepath.Join(t.dir, name)); err != nil || !fi.Mode().IsRegular() {
-		return syscall.ENOENT
-	}
-	err := t.w.RenameStored(name, newName)
-	t.invalidate()
-	if err != nil {
-		return toErrno(d.fsys.log, "rename "+filepath.Join(t.dir, name), err)
-	}
-	return 0
-}
-
-// shows reports whether d lists name.
-func (d *Dir) shows(name string) bool {
-	kids, errno := d.children(name)
-	if errno != 0 {
-		return false
-	}
-	for _, e := range kids {
-		if e.name == name {
-			return true
-		}
-	}
-	return false
+	return toErrno(d.fsys.log, "rename "+filepath.Join(d.real, name), err)
 }
 
 // Setattr on a directory: time and mode changes are accepted and ignored in
@@ -391,383 +353,4 @@ func (d *Dir) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn,
 		return syscall.EROFS
 	}
 	return d.Getattr(ctx, fh, out)
-}
-
-// start registers a new upload of name in t. With node, the upload gets
-// its own inode (a file created by Create).
-func (t *target) start(f *FS, name string, node bool) (*upload, syscall.Errno) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, busy := t.uploads[name]; busy {
-		return nil, syscall.EBUSY
-	}
-	file, err := t.w.NewFile(name)
-	if err != nil {
-		return nil, toErrno(f.log, "create "+filepath.Join(t.dir, name), err)
-	}
-	t.seq++
-	up := &upload{fsys: f, t: t, file: file, mtime: time.Now()}
-	if node {
-		up.node = &writeNode{up: up}
-		up.ino = inode(filepath.Join(t.rel, name) + "\x00upload" + strconv.FormatUint(t.seq, 10))
-	}
-	t.uploads[name] = up
-	return up, 0
-}
-
-// openForWrite starts rewriting the existing file name of t through a node
-// that is not a writeNode (a view file or a stored sidecar). A sidecar's
-// spool starts as a copy of it unless opened with O_TRUNC (the mount
-// negotiates atomic O_TRUNC); a tensor file starts empty.
-func (t *target) openForWrite(f *FS, name string, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	up, errno := t.start(f, name, false)
-	if errno != 0 {
-		return nil, 0, errno
-	}
-	if flags&syscall.O_TRUNC != 0 {
-		up.markDirty()
-	} else if up.file.Kind() == hfwrite.KindSidecar {
-		if err := copyInto(up.file, filepath.Join(t.dir, name)); err != nil {
-			t.forget(up)
-			up.file.Abort()
-			return nil, 0, toErrno(f.log, "open "+filepath.Join(t.dir, name), err)
-		}
-	}
-	return up.open(false), fuse.FOPEN_DIRECT_IO, 0
-}
-
-// forget removes up from the files being written, if it is still there.
-func (t *target) forget(up *upload) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.uploads[up.file.Name()] == up {
-		delete(t.uploads, up.file.Name())
-	}
-}
-
-func copyInto(dst *hfwrite.File, src string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	defer in.Close()
-	_, err = io.Copy(io.NewOffsetWriter(dst, 0), in)
-	return err
-}
-
-// upload is one file being written into a target.
-type upload struct {
-	fsys  *FS
-	t     *target
-	file  *hfwrite.File
-	node  *writeNode // nil when an existing node was opened for writing
-	ino   uint64
-	mtime time.Time
-
-	mu       sync.Mutex
-	handles  int  // GUARDED_BY(mu): open handles
-	dirty    bool // GUARDED_BY(mu): written, truncated or created
-	finished bool // GUARDED_BY(mu): committed or dropped
-}
-
-func (u *upload) open(created bool) *writeHandle {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.handles++
-	if created {
-		u.dirty = true
-	}
-	return &writeHandle{up: u}
-}
-
-func (u *upload) markDirty() {
-	u.mu.Lock()
-	u.dirty = true
-	u.mu.Unlock()
-}
-
-func (u *upload) path() string { return filepath.Join(u.t.dir, u.file.Name()) }
-
-// commit commits the file once, logging a failure; every call returns the
-// result (map it with toErrnoLogged).
-func (u *upload) commit() error {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if !u.finished {
-		u.finished = true
-		start := time.Now()
-		err := u.file.Commit()
-		if observe := u.fsys.opts.CommitObserver; observe != nil {
-			observe(time.Since(start), err)
-		}
-		u.t.forget(u)
-		if err != nil {
-			u.fsys.commitErrors.Add(1)
-			toErrno(u.fsys.log, "commit "+u.path(), err)
-		} else {
-			u.fsys.commits.Add(1)
-			size, _ := u.file.Size()
-			u.fsys.log.Debug("committed", "file", u.path(), "bytes", size, "took", time.Since(start).Round(time.Millisecond),
-				"written_in", start.Sub(u.mtime).Round(time.Millisecond), "eager", u.file.Eager())
-		}
-	}
-	_, err := u.file.Done()
-	return err
-}
-
-// release drops a handle; the last one commits a file that was changed but
-// never flushed, and drops one that was not changed.
-func (u *upload) release() {
-	u.mu.Lock()
-	u.handles--
-	last := u.handles == 0 && !u.finished
-	dirty := u.dirty
-	u.mu.Unlock()
-	if !last {
-		return
-	}
-	if !dirty {
-		u.mu.Lock()
-		u.finished = true
-		u.mu.Unlock()
-		u.t.forget(u)
-		u.file.Abort()
-		return
-	}
-	u.commit() // logs a failure; nobody else can be told
-}
-
-func (u *upload) attr(a *fuse.Attr) syscall.Errno {
-	size, err := u.file.Size()
-	if err != nil {
-		return toErrno(u.fsys.log, "stat "+u.path(), err)
-	}
-	setAttr(a, u.mtime, size, syscall.S_IFREG|0o644)
-	return 0
-}
-
-// truncate changes the size of the file being written.
-func (u *upload) truncate(size uint64) syscall.Errno {
-	if err := u.file.Truncate(int64(size)); err != nil {
-		return toErrno(u.fsys.log, "truncate "+u.path(), err)
-	}
-	u.markDirty()
-	return 0
-}
-
-// writeNode is a file created in a write target, until it is committed.
-type writeNode struct {
-	fs.Inode
-	up *upload
-}
-
-var (
-	_ = (fs.NodeGetattrer)((*writeNode)(nil))
-	_ = (fs.NodeSetattrer)((*writeNode)(nil))
-	_ = (fs.NodeOpener)((*writeNode)(nil))
-)
-
-func (n *writeNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.SetTimeout(volatileTimeout)
-	return n.up.attr(&out.Attr)
-}
-
-func (n *writeNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if size, ok := in.GetSize(); ok {
-		if errno := n.up.truncate(size); errno != 0 {
-			return errno
-		}
-	}
-	return n.Getattr(ctx, fh, out)
-}
-
-func (n *writeNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	n.up.mu.Lock()
-	finished := n.up.finished
-	n.up.mu.Unlock()
-	if finished {
-		return nil, 0, syscall.ESTALE // committed: the name now shows what was committed
-	}
-	if flags&syscall.O_TRUNC != 0 && flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
-		if errno := n.up.truncate(0); errno != 0 {
-			return nil, 0, errno
-		}
-	}
-	return n.up.open(false), fuse.FOPEN_DIRECT_IO, 0
-}
-
-// writeHandle is one open of a file being written.
-type writeHandle struct {
-	up *upload
-
-	mu    sync.Mutex
-	wrote bool // GUARDED_BY(mu): data was written through this handle
-}
-
-var (
-	_ = (fs.FileWriter)((*writeHandle)(nil))
-	_ = (fs.FileReader)((*writeHandle)(nil))
-	_ = (fs.FileFlusher)((*writeHandle)(nil))
-	_ = (fs.FileReleaser)((*writeHandle)(nil))
-	_ = (fs.FileFsyncer)((*writeHandle)(nil))
-	_ = (fs.FileGetattrer)((*writeHandle)(nil))
-	_ = (fs.FileSetattrer)((*writeHandle)(nil))
-)
-
-func (h *writeHandle) setWrote() {
-	h.mu.Lock()
-	h.wrote = true
-	h.mu.Unlock()
-	h.up.markDirty()
-}
-
-func (h *writeHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	n, err := h.up.file.WriteAt(data, off)
-	if n > 0 || err == nil {
-		h.setWrote()
-	}
-	if err != nil {
-		return uint32(n), toErrno(h.up.fsys.log, "write "+h.up.path(), err)
-	}
-	return uint32(n), 0
-}
-
-func (h *writeHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	n, err := h.up.file.ReadAt(dest, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, toErrno(h.up.fsys.log, "read "+h.up.path(), err)
-	}
-	return fuse.ReadResultData(dest[:n]), 0
-}
-
-// Flush is close(2): a handle that wrote commits the file and returns the
-// result.
-func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
-	h.mu.Lock()
-	wrote := h.wrote
-	h.mu.Unlock()
-	if !wrote {
-		return 0
-	}
-	return toErrnoLogged(h.up.commit())
-}
-
-func (h *writeHandle) Release(ctx context.Context) syscall.Errno {
-	h.up.release()
-	return 0
-}
-
-// Fsync does nothing: nothing is durable, or visible, before the file is
-// closed, and close makes it durable.
-func (h *writeHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
-
-func (h *writeHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
-	out.SetTimeout(volatileTimeout)
-	return h.up.attr(&out.Attr)
-}
-
-func (h *writeHandle) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if size, ok := in.GetSize(); ok {
-		if errno := h.up.truncate(size); errno != 0 {
-			return errno
-		}
-	}
-	return h.Getattr(ctx, out)
-}
-
-// targetViewFile is a file of a write target's view: read like any view
-// file; opening it for writing starts writing a new file of that name.
-type targetViewFile struct {
-	ViewFile
-	t *target
-}
-
-var (
-	_ = (fs.NodeOpener)((*targetViewFile)(nil))
-	_ = (fs.NodeGetattrer)((*targetViewFile)(nil))
-	_ = (fs.NodeSetattrer)((*targetViewFile)(nil))
-)
-
-func (f *targetViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
-		return f.t.openForWrite(f.fsys, f.file.Name, flags)
-	}
-	return f.ViewFile.Open(ctx, flags)
-}
-
-func (f *targetViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if h, ok := fh.(*writeHandle); ok {
-		return h.Getattr(ctx, out)
-	}
-	errno := f.ViewFile.Getattr(ctx, fh, out)
-	if f.file.Kind == layout.KindPassthrough {
-		out.Mode = syscall.S_IFREG | 0o644 // a stored file: it may be rewritten
-	}
-	out.SetTimeout(volatileTimeout)
-	return errno
-}
-
-func (f *targetViewFile) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	return f.t.setattr(ctx, f.file.Name, fh, in, out, f.Getattr)
-}
-
-// sidecarNode is a stored file of a write target (config.json, ...).
-type sidecarNode struct {
-	PassFile
-	t    *target
-	name string
-}
-
-var (
-	_ = (fs.NodeOpener)((*sidecarNode)(nil))
-	_ = (fs.NodeGetattrer)((*sidecarNode)(nil))
-	_ = (fs.NodeSetattrer)((*sidecarNode)(nil))
-)
-
-func (f *sidecarNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
-		return f.t.openForWrite(f.fsys, f.name, flags)
-	}
-	return f.PassFile.Open(ctx, flags)
-}
-
-func (f *sidecarNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if h, ok := fh.(*writeHandle); ok {
-		return h.Getattr(ctx, out)
-	}
-	errno := f.PassFile.Getattr(ctx, fh, out)
-	out.Mode = syscall.S_IFREG | 0o644
-	out.SetTimeout(volatileTimeout)
-	return errno
-}
-
-func (f *sidecarNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	return f.t.setattr(ctx, f.name, fh, in, out, f.Getattr)
-}
-
-// setattr on an existing file of t: a size change goes to the file being
-// written under that name (through fh, or by path); time and mode changes
-// are accepted and ignored (cp -p); truncating a committed file is refused.
-func (t *target) setattr(ctx context.Context, name string, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut,
-	getattr func(context.Context, fs.FileHandle, *fuse.AttrOut) syscall.Errno) syscall.Errno {
-	if h, ok := fh.(*writeHandle); ok {
-		return h.Setattr(ctx, in, out)
-	}
-	if size, ok := in.GetSize(); ok {
-		t.mu.Lock()
-		up := t.uploads[name]
-		t.mu.Unlock()
-		if up == nil {
-			return syscall.EROFS
-		}
-		if errno := up.truncate(size); errno != 0 {
-			return errno
-		}
-		out.SetTimeout(volatileTimeout)
-		return up.attr(&out.Attr)
-	}
-	return getattr(ctx, fh, out)
 }

@@ -257,3 +257,17 @@ func SyncDir(path string) error {
 	}
 	return err
 }
+
+// ReadFullAt reads len(p) bytes at off, the one way every reader and the
+// writer read a range they need whole: a short read is an error wrapping
+// io.ErrUnexpectedEOF that says how short.
+func ReadFullAt(r io.ReaderAt, p []byte, off int64) error {
+	n, err := r.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = fmt.Errorf("%w: read %d of %d bytes at %d", io.ErrUnexpectedEOF, n, len(p), off)
+	}
+	return err
+}

@@ -61,73 +61,6 @@ func commitAll(t *testing.T, dir string, target Target, files ...*stFile) []expe
 	return exps
 }
 
-// scenario writes one checkpoint into dir and returns what it must hold.
-type scenario struct {
-	name string
-	run  func(t *testing.T, dir string) []expectation
-}
-
-var scenarios = []scenario{
-	{"dtypes", func(t *testing.T, dir string) []expectation {
-		var a, b []spec
-		for i, d := range torchDTypes() {
-			s := spec{"t_" + strings.ToLower(string(d)), d, []int64{5, 2}}
-			if i%2 == 0 {
-				a = append(a, s)
-			} else {
-				b = append(b, s)
-			}
-		}
-		a = append(a, spec{"scalar", safetensors.F32, nil})
-		return commitAll(t, dir, Target{WorldSize: 3}, makeST(t, 1, a...), makeST(t, 2, b...))
-	}},
-	{"uneven3", uneven(3)},
-	{"uneven4", uneven(4)},
-	{"prefix", func(t *testing.T, dir string) []expectation {
-		target := Target{WorldSize: 2, Prefix: "model", Rules: mustRules(t, "^embed 1\n")}
-		return commitAll(t, dir, target,
-			makeST(t, 3, spec{"layers.0.weight", safetensors.F32, []int64{4, 3}}, spec{"layers.0.bias", safetensors.BF16, []int64{4}}),
-			makeST(t, 4, spec{"embed", safetensors.F16, []int64{7, 5}}))
-	}},
-	{"like", func(t *testing.T, dir string) []expectation {
-		src := filepath.Join(dir, "..", "like-src")
-		commitAll(t, src, Target{WorldSize: 4, Rules: mustRules(t, "^a 1\n")},
-			makeST(t, 5, spec{"a", safetensors.F32, []int64{3, 8}}, spec{"b", safetensors.I64, []int64{6}}))
-		like, err := torchdcp.Open(src)
-		require.NoError(t, err)
-		defer like.Close()
-		return commitAll(t, dir, Target{WorldSize: 2, Like: like},
-			makeST(t, 6, spec{"a", safetensors.F32, []int64{3, 8}}, spec{"b", safetensors.I64, []int64{6}},
-				spec{"c", safetensors.F32, []int64{5}}, spec{"d", safetensors.F32, []int64{2, 2}}))
-	}},
-	{"batching", func(t *testing.T, dir string) []expectation {
-		defer func(n int) { copyBufSize = n }(copyBufSize)
-		copyBufSize = 10
-		target := Target{WorldSize: 3, Rules: mustRules(t, "^m 1\n^t3a 1\n^t3b 2\n")}
-		return commitAll(t, dir, target, makeST(t, 7,
-			spec{"m", safetensors.I32, []int64{6, 7}}, spec{"t3a", safetensors.U8, []int64{4, 5, 6}},
-			spec{"t3b", safetensors.I16, []int64{4, 3, 5}}, spec{"big", safetensors.F64, []int64{4, 3}}))
-	}},
-	{"zip64", func(t *testing.T, dir string) []expectation {
-		defer func(n int64) { zip64Limit = n }(zip64Limit)
-		zip64Limit = 16
-		return commitAll(t, dir, Target{WorldSize: 2},
-			makeST(t, 8, spec{"w", safetensors.BF16, []int64{9, 4}}, spec{"u", safetensors.U32, []int64{3}}))
-	}},
-}
-
-func uneven(world int) func(t *testing.T, dir string) []expectation {
-	return func(t *testing.T, dir string) []expectation {
-		target := Target{WorldSize: world, Rules: mustRules(t, "# test plan\n^col\\. 1\n^rep\\. replicate\n^nodim 3\n")}
-		return commitAll(t, dir, target, makeST(t, 9,
-			spec{"d5", safetensors.F32, []int64{5, 3}}, spec{"d2", safetensors.BF16, []int64{2, 3}},
-			spec{"d1", safetensors.I8, []int64{1}}, spec{"d0", safetensors.F32, []int64{0, 4}},
-			spec{"d40", safetensors.F32, []int64{4, 0}}, spec{"scalar", safetensors.I64, []int64{}},
-			spec{"col.w", safetensors.F16, []int64{3, 5}}, spec{"col.b", safetensors.F16, []int64{2}},
-			spec{"rep.w", safetensors.F32, []int64{4, 4}}, spec{"nodim", safetensors.F32, []int64{2, 2}}))
-	}
-}
-
 func TestRoundTrip(t *testing.T) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
@@ -268,7 +201,7 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 		{"disk full in metadata", func(d *Dir) {
 			d.create = func(p string, excl bool) (outFile, error) {
 				f, err := createFile(p, excl)
-				if err != nil || !strings.HasSuffix(p, metadataTmp) {
+				if err != nil || !strings.HasSuffix(p, torchdcp.MetadataTmp) {
 					return f, err
 				}
 				budget := int64(100)

@@ -8,11 +8,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -24,6 +26,8 @@ type spec struct {
 	dtype safetensors.DType
 	shape []int64
 }
+
+func (s spec) st() sttest.Spec { return sttest.Spec{Name: s.name, DType: s.dtype, Shape: s.shape} }
 
 // stFile is a safetensors file built in memory.
 type stFile struct {
@@ -53,29 +57,24 @@ func fill(name string, dtype safetensors.DType, n int64, seed int) []byte {
 	return b
 }
 
-// makeST writes a safetensors file holding specs, through the safetensors
-// package's streaming Writer, and parses its header back.
+// makeST writes a safetensors file holding specs and parses its header
+// back.
 func makeST(t testing.TB, seed int, specs ...spec) *stFile {
 	t.Helper()
-	infos := make([]safetensors.TensorInfo, len(specs))
+	data, raw := sttest.Build(t, nil, func(ti safetensors.TensorInfo) []byte {
+		return fill(ti.Name, ti.DType, ti.Size(), seed)
+	}, sttests(specs)...)
+	h, err := safetensors.ReadHeader(bytes.NewReader(data), int64(len(data)))
+	require.NoError(t, err)
+	return &stFile{data: data, header: h, raw: raw}
+}
+
+func sttests(specs []spec) []sttest.Spec {
+	out := make([]sttest.Spec, len(specs))
 	for i, s := range specs {
-		infos[i] = safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape}
+		out[i] = s.st()
 	}
-	infos = safetensors.Layout(infos)
-	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, nil, infos)
-	require.NoError(t, err)
-	raw := map[string][]byte{}
-	for _, ti := range infos {
-		b := fill(ti.Name, ti.DType, ti.Size(), seed)
-		raw[ti.Name] = b
-		_, err := w.Write(b)
-		require.NoError(t, err)
-	}
-	require.NoError(t, w.Close())
-	h, err := safetensors.ReadHeader(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
-	require.NoError(t, err)
-	return &stFile{data: buf.Bytes(), header: h, raw: raw}
+	return out
 }
 
 // boxBytes extracts a box from a C-order tensor naively, element by element.
@@ -245,7 +244,7 @@ func shardFiles(t *testing.T, dir string) []string {
 	require.NoError(t, err)
 	var out []string
 	for _, e := range ents {
-		if shardName.MatchString(e.Name()) {
+		if _, _, ok := torchdcp.ParseShardName(e.Name()); ok {
 			out = append(out, e.Name())
 		}
 	}
@@ -259,4 +258,65 @@ func writeExpect(t *testing.T, dir string, exps []expectation, present [][]any) 
 	b, err := json.MarshalIndent(map[string]any{"tensors": exps, "present": present}, "", " ")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Clean(dir)+".expect.json", b, 0o644))
+}
+
+// scenario writes one checkpoint into dir and returns what it must hold.
+type scenario struct {
+	name string
+	run  func(t *testing.T, dir string) []expectation
+}
+
+var scenarios = []scenario{
+	{"dtypes", func(t *testing.T, dir string) []expectation {
+		var a, b []spec
+		for i, d := range torchDTypes() {
+			s := spec{"t_" + strings.ToLower(string(d)), d, []int64{5, 2}}
+			if i%2 == 0 {
+				a = append(a, s)
+			} else {
+				b = append(b, s)
+			}
+		}
+		a = append(a, spec{"scalar", safetensors.F32, nil})
+		return commitAll(t, dir, Target{WorldSize: 3}, makeST(t, 1, a...), makeST(t, 2, b...))
+	}},
+	{"uneven3", uneven(3)},
+	{"uneven4", uneven(4)},
+	{"prefix", func(t *testing.T, dir string) []expectation {
+		target := Target{WorldSize: 2, Prefix: "model", Rules: mustRules(t, "^embed 1\n")}
+		return commitAll(t, dir, target,
+			makeST(t, 3, spec{"layers.0.weight", safetensors.F32, []int64{4, 3}}, spec{"layers.0.bias", safetensors.BF16, []int64{4}}),
+			makeST(t, 4, spec{"embed", safetensors.F16, []int64{7, 5}}))
+	}},
+	{"like", func(t *testing.T, dir string) []expectation {
+		src := filepath.Join(dir, "..", "like-src")
+		commitAll(t, src, Target{WorldSize: 4, Rules: mustRules(t, "^a 1\n")},
+			makeST(t, 5, spec{"a", safetensors.F32, []int64{3, 8}}, spec{"b", safetensors.I64, []int64{6}}))
+		like, err := torchdcp.Open(src)
+		require.NoError(t, err)
+		defer like.Close()
+		return commitAll(t, dir, Target{WorldSize: 2, Like: like},
+			makeST(t, 6, spec{"a", safetensors.F32, []int64{3, 8}}, spec{"b", safetensors.I64, []int64{6}},
+				spec{"c", safetensors.F32, []int64{5}}, spec{"d", safetensors.F32, []int64{2, 2}}))
+	}},
+	{"batching", func(t *testing.T, dir string) []expectation {
+		defer func(n int) { copyBufSize = n }(copyBufSize)
+		copyBufSize = 10
+		target := Target{WorldSize: 3, Rules: mustRules(t, "^m 1\n^t3a 1\n^t3b 2\n")}
+		return commitAll(t, dir, target, makeST(t, 7,
+			spec{"m", safetensors.I32, []int64{6, 7}}, spec{"t3a", safetensors.U8, []int64{4, 5, 6}},
+			spec{"t3b", safetensors.I16, []int64{4, 3, 5}}, spec{"big", safetensors.F64, []int64{4, 3}}))
+	}},
+}
+
+func uneven(world int) func(t *testing.T, dir string) []expectation {
+	return func(t *testing.T, dir string) []expectation {
+		target := Target{WorldSize: world, Rules: mustRules(t, "# test plan\n^col\\. 1\n^rep\\. replicate\n^nodim 3\n")}
+		return commitAll(t, dir, target, makeST(t, 9,
+			spec{"d5", safetensors.F32, []int64{5, 3}}, spec{"d2", safetensors.BF16, []int64{2, 3}},
+			spec{"d1", safetensors.I8, []int64{1}}, spec{"d0", safetensors.F32, []int64{0, 4}},
+			spec{"d40", safetensors.F32, []int64{4, 0}}, spec{"scalar", safetensors.I64, []int64{}},
+			spec{"col.w", safetensors.F16, []int64{3, 5}}, spec{"col.b", safetensors.F16, []int64{2}},
+			spec{"rep.w", safetensors.F32, []int64{4, 4}}, spec{"nodim", safetensors.F32, []int64{2, 2}}))
+	}
 }

@@ -2,7 +2,6 @@ package dcpwrite
 
 import (
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -10,40 +9,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/internal/torchpy"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
-
-// torchPython finds a Python with torch: $CKPTFS_PYTHON, else the e2e
-// virtual environment. Without one the test is skipped, unless
-// CKPTFS_REQUIRE_PYTHON=1, which makes it fail.
-func torchPython(t *testing.T) string {
-	t.Helper()
-	must := os.Getenv("CKPTFS_REQUIRE_PYTHON") == "1"
-	if testing.Short() && !must {
-		t.Skip("runs torch; skipped with -short")
-	}
-	py := os.Getenv("CKPTFS_PYTHON")
-	if py == "" {
-		py = filepath.Join("..", "..", "e2e", ".venv", "bin", "python")
-	}
-	err := exec.Command(py, "-c", "import torch.distributed.checkpoint").Run()
-	switch {
-	case err == nil:
-		return py
-	case must:
-		t.Fatalf("CKPTFS_REQUIRE_PYTHON=1 but %s cannot import torch (make venv, or set CKPTFS_PYTHON): %v", py, err)
-	default:
-		t.Skipf("no Python with torch at %s (make venv, or set CKPTFS_PYTHON; CKPTFS_REQUIRE_PYTHON=1 turns this skip into a failure): %v", py, err)
-	}
-	return ""
-}
 
 // TestTorchLoads writes every round-trip scenario, the golden checkpoint and
 // a torch-written checkpoint extended by a commit, then has real torch
 // check them with testdata/check_load.py: read_metadata, dcp.load into plain
 // tensors, and dcp_to_torch_save.
 func TestTorchLoads(t *testing.T) {
-	py := torchPython(t)
+	py := torchpy.Python(t, "torch.distributed.checkpoint")
 	root := t.TempDir()
 	var dirs []string
 	for _, sc := range scenarios {

@@ -1,10 +1,11 @@
 package hfwrite
 
 import (
-	"bytes"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,40 +18,39 @@ import (
 // st returns a safetensors file of F32 tensors of the given lengths.
 func st(t *testing.T, tensors map[string]int64) []byte {
 	t.Helper()
-	var infos []safetensors.TensorInfo
-	for n, l := range tensors {
-		infos = append(infos, safetensors.TensorInfo{Name: n, DType: safetensors.F32, Shape: []int64{l}})
+	var specs []tspec
+	for _, n := range slices.Sorted(maps.Keys(tensors)) {
+		specs = append(specs, tspec{n, safetensors.F32, []int64{tensors[n]}})
 	}
-	safetensors.SortForWrite(infos)
-	infos = safetensors.Layout(infos)
-	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, nil, infos)
-	require.NoError(t, err)
-	for _, ti := range infos {
-		_, err := w.Write(bytes.Repeat([]byte{byte(len(ti.Name))}, int(ti.Size())))
-		require.NoError(t, err)
-	}
-	require.NoError(t, w.Close())
-	return buf.Bytes()
+	return stFile(t, 1, specs...)
 }
 
-func put(t *testing.T, w *Writer, name string, data []byte) error {
+// create starts writing name in s.
+func create(t *testing.T, s *Session, name string) *File {
 	t.Helper()
-	f, err := w.NewFile(name)
+	h, err := s.Create(name)
 	require.NoError(t, err)
-	_, err = f.WriteAt(data, 0)
+	return h.File()
+}
+
+func put(t *testing.T, s *Session, name string, data []byte) error {
+	t.Helper()
+	f := create(t, s, name)
+	_, err := f.WriteAt(data, 0)
 	require.NoError(t, err)
 	return f.Commit()
 }
 
+func target(t dcpwrite.Target) Options { return Options{Target: t} }
+
 func TestKindOf(t *testing.T) {
 	for name, want := range map[string]any{
-		"model.safetensors":                 KindSafetensors,
-		"model-00001-of-00002.safetensors":  KindSafetensors,
-		"model.safetensors.index.json":      KindIndex,
-		"model.fp16.safetensors.index.json": KindIndex,
-		"config.json":                       KindSidecar,
-		".tmpAbc":                           KindSidecar,
+		"model.safetensors":                 TensorFile,
+		"model-00001-of-00002.safetensors":  TensorFile,
+		"model.safetensors.index.json":      IndexFile,
+		"model.fp16.safetensors.index.json": IndexFile,
+		"config.json":                       SidecarFile,
+		".tmpAbc":                           SidecarFile,
 		".metadata":                         ErrReserved,
 		".metadata.tmp":                     ErrReserved,
 		"__0_0.distcp":                      ErrReserved,
@@ -72,9 +72,9 @@ func TestKindOf(t *testing.T) {
 	}
 }
 
-func TestWriterCommits(t *testing.T) {
+func TestSessionCommits(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	w, err := Create(dir, dcpwrite.Target{WorldSize: 2, Prefix: "model"})
+	w, err := Create(dir, target(dcpwrite.Target{WorldSize: 2, Prefix: "model"}))
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "config.json", []byte(`{}`)))
 	require.Equal(t, 0, w.Tensors())
@@ -94,28 +94,27 @@ func TestWriterCommits(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "c.safetensors", ce.Name)
 	// the temp-then-rename pattern: the name at commit time counts
-	f, err := w.NewFile(".tmp123")
-	require.NoError(t, err)
+	f := create(t, w, ".tmp123")
 	_, err = f.WriteAt(st(t, map[string]int64{"z": 2}), 0)
 	require.NoError(t, err)
-	require.NoError(t, f.Rename("b.safetensors"))
-	require.Equal(t, KindSafetensors, f.Kind())
+	require.NoError(t, w.Rename(".tmp123", "b.safetensors", false))
+	require.Equal(t, TensorFile, f.Kind())
 	require.NoError(t, f.Commit())
 	require.NoError(t, f.Commit(), "Commit runs once")
 	require.Empty(t, w.Pending())
 	_, err = f.WriteAt([]byte{1}, 0)
 	require.ErrorIs(t, err, ErrDone)
-	require.ErrorIs(t, f.Rename("d.safetensors"), ErrDone)
+	require.ErrorIs(t, f.rename("d.safetensors"), ErrDone)
 
 	// a stored file renamed to a safetensors name is committed
 	require.NoError(t, put(t, w, "e.tmp", st(t, map[string]int64{"e": 1})))
-	err = w.RenameStored("e.tmp", "e.safetensors")
+	err = w.Rename("e.tmp", "e.safetensors", false)
 	require.ErrorIs(t, err, ErrIndex, "the index does not list e")
 	_, err = os.Stat(filepath.Join(dir, "e.tmp"))
 	require.NoError(t, err, "kept when not committed")
-	require.NoError(t, w.RenameStored("config.json", "config2.json"))
+	require.NoError(t, w.Rename("config.json", "config2.json", false))
 
-	_, err = w.NewFile(".metadata")
+	_, err = w.Create(".metadata")
 	require.ErrorIs(t, err, ErrReserved)
 	require.NoError(t, w.Close())
 	_, err = os.Stat(filepath.Join(dir, SpoolDir))
@@ -135,39 +134,35 @@ func TestWriterCommits(t *testing.T) {
 
 func TestAbortAndClose(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	w, err := Create(dir, dcpwrite.Target{})
+	w, err := Create(dir, target(dcpwrite.Target{}))
 	require.NoError(t, err)
-	f, err := w.NewFile("a.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "a.safetensors")
 	_, err = f.WriteAt(st(t, map[string]int64{"x": 5}), 0)
 	require.NoError(t, err)
 	f.Abort()
 	require.ErrorIs(t, f.Commit(), ErrCommit)
-	g, err := w.NewFile("b.safetensors")
-	require.NoError(t, err)
+	g := create(t, w, "b.safetensors")
 	require.NoError(t, w.Close(), "drops g")
 	done, err := g.Done()
 	require.True(t, done)
 	require.ErrorIs(t, err, ErrCommit)
 	_, err = os.Stat(filepath.Join(dir, ".metadata"))
 	require.True(t, errors.Is(err, os.ErrNotExist))
-	_, err = w.NewFile("c.safetensors")
+	_, err = w.Create("c.safetensors")
 	require.Error(t, err)
 }
 
 func TestCleanStale(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	w, err := Create(dir, dcpwrite.Target{})
+	w, err := Create(dir, target(dcpwrite.Target{}))
 	require.NoError(t, err)
-	f, err := w.NewFile("a.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "a.safetensors")
 	_, err = f.WriteAt([]byte("partial"), 0)
 	require.NoError(t, err)
 	removed, err := CleanStale(dir)
 	require.NoError(t, err)
 	require.False(t, removed, "a live writer's spool stays")
-	_, err = w.NewFile("b.safetensors")
-	require.NoError(t, err)
+	create(t, w, "b.safetensors")
 
 	// a spool nobody holds: what a killed writer leaves
 	dead := filepath.Join(t.TempDir(), "dead")
@@ -180,7 +175,7 @@ func TestCleanStale(t *testing.T) {
 	require.True(t, errors.Is(err, os.ErrNotExist))
 	// Create cleans too
 	require.NoError(t, os.MkdirAll(filepath.Join(dead, SpoolDir), 0o700))
-	w2, err := Create(dead, dcpwrite.Target{})
+	w2, err := Create(dead, target(dcpwrite.Target{}))
 	require.NoError(t, err)
 	_, err = os.Stat(filepath.Join(dead, SpoolDir))
 	require.True(t, errors.Is(err, os.ErrNotExist))

@@ -214,5 +214,6 @@ func FuzzDecodeMetadata(f *testing.F) {
 				t.Fatalf("storage entry %s not found by Lookup", e.Index)
 			}
 		}
+		checkReencode(t, m)
 	})
 }

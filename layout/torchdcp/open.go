@@ -1,25 +1,33 @@
-// Package torchdcp reads PyTorch Distributed Checkpoints (FileSystemWriter
-// layout: a .metadata pickle plus *.distcp shard files) into the ckpt model.
+// Package torchdcp is the PyTorch Distributed Checkpoint format
+// (FileSystemWriter layout: a .metadata pickle plus *.distcp shard files of
+// torch.save records), in both directions, shaped like archive/zip:
 //
-// Open parses .metadata with the restricted pickle VM and checks everything
-// that is cheap to check (storage entries, file confinement and sizes, chunk
-// tiling) without reading shard contents. Each chunk's bytes live inside a
-// torch.save zip record; where exactly is found on the chunk's first read and
-// remembered.
+//   - names.go: the format's file names, and which names are its own;
+//     dtypes.go: the dtypes a record can hold (torch's storage classes).
+//   - metadata*.go: the .metadata model, DecodeMetadata (the restricted
+//     pickle VM, every field checked) and EncodeMetadata.
+//   - record*.go: a chunk's record (a torch.save archive), located
+//     (record.go) and read in place (recordsource.go), and written
+//     (recordwrite.go: RecordWriter).
+//   - open.go: Open and the registry's Reader: a checkpoint as the ckpt
+//     model.
+//
+// Open parses .metadata and checks everything that is cheap to check
+// (storage entries, file confinement and sizes, chunk tiling) without
+// reading shard contents. Each chunk's bytes live inside a torch.save zip
+// record; where exactly is found on the chunk's first read and remembered.
+// The commit protocol of a writer (placement, numbering, .metadata written
+// last) is dcpwrite's.
 package torchdcp
 
 import (
 	"bytes"
 	"fmt"
-	"path"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
-
-// MetadataFile is the name of the global metadata file.
-const MetadataFile = ".metadata"
 
 // Options tune OpenWith. The zero value is what Open uses.
 type Options struct {
@@ -50,12 +58,6 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 // Detect reports whether dir has a .metadata (a link to one that leads
 // outside the source counts, so that Open reports it).
 func Detect(dir source.Tree) bool { return source.Exists(dir, MetadataFile) }
-
-// IsInternal reports whether name is a file of the DCP format itself (the
-// index, shards, the index being written), which an HF view replaces.
-func IsInternal(name string) bool {
-	return name == MetadataFile || name == MetadataFile+".tmp" || path.Ext(name) == ".distcp"
-}
 
 // Open opens the DCP checkpoint in the local directory dir.
 func Open(dir string) (*ckpt.Checkpoint, error) { return OpenWith(dir, Options{}) }

@@ -311,7 +311,7 @@ func TestOpenBad(t *testing.T) {
 				}
 				m.storage = map[string]int{}
 				for i, e := range m.Storage {
-					m.storage[storageKey(e.Index.FQN, e.Index.Offset)] = i
+					m.storage[e.Index.Key()] = i
 				}
 			},
 			openErr: `object "step" has no storage_data entry`,

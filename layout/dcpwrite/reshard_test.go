@@ -18,7 +18,7 @@ import (
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
-// trickle is a Growing source whose bytes arrive step bytes at a time from
+// trickle is a Source whose bytes arrive step bytes at a time from
 // a feeder goroutine. It records a read beyond what Wait accepted.
 type trickle struct {
 	data []byte
@@ -90,7 +90,7 @@ func (s *trickle) abandon(err error) {
 func eagerCommit(t *testing.T, d *Dir, f *stFile, step int) error {
 	t.Helper()
 	src := newTrickle(f.data, step)
-	e, err := d.Eager(src, f.header)
+	e, err := d.Reshard(src, f.header)
 	if err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 		{"abandoned", func(t *testing.T, d *Dir) error {
 			src := &trickle{data: second.data, avail: int64(len(second.data)) / 2}
 			src.cond.L = &src.mu
-			e, err := d.Eager(src, second.header)
+			e, err := d.Reshard(src, second.header)
 			require.NoError(t, err)
 			go func() {
 				time.Sleep(20 * time.Millisecond)
@@ -194,7 +194,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 		}, injected},
 		{"name committed meanwhile", func(t *testing.T, d *Dir) error {
 			src := newTrickle(second.data, 1<<20)
-			e, err := d.Eager(src, second.header)
+			e, err := d.Reshard(src, second.header)
 			require.NoError(t, err)
 			require.NoError(t, e.Run())
 			other := makeST(t, 3, spec{"d", safetensors.F32, []int64{2}})
@@ -238,11 +238,11 @@ func TestEagerNumbering(t *testing.T) {
 	a := makeST(t, 1, spec{"a", safetensors.F32, []int64{6, 2}})
 	b := makeST(t, 2, spec{"b", safetensors.F32, []int64{6, 2}})
 	c := makeST(t, 3, spec{"c", safetensors.F32, []int64{6, 2}})
-	ea, err := d.Eager(newTrickle(a.data, 1<<20), a.header)
+	ea, err := d.Reshard(newTrickle(a.data, 1<<20), a.header)
 	require.NoError(t, err)
 	require.NoError(t, d.Commit(b.reader(), b.header))
 	require.NoError(t, ea.Run())
-	eb, err := d.Eager(newTrickle(c.data, 1<<20), c.header)
+	eb, err := d.Reshard(newTrickle(c.data, 1<<20), c.header)
 	require.NoError(t, err)
 	eb.Discard() // gives its number back
 	require.NoError(t, ea.Commit())
@@ -267,7 +267,7 @@ func TestEagerMemoryBounded(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	e, err := d.Eager(readyPattern{patternFile{size: dataStart + infos[0].End}}, h)
+	e, err := d.Reshard(readyPattern{patternFile{size: dataStart + infos[0].End}}, h)
 	require.NoError(t, err)
 	require.NoError(t, e.Run())
 	require.NoError(t, e.Commit())
@@ -281,22 +281,22 @@ type readyPattern struct{ patternFile }
 
 func (readyPattern) Wait(int64) error { return nil }
 
-func TestEagerBusy(t *testing.T) {
+func TestReshardTooMany(t *testing.T) {
 	d, err := OpenDir(filepath.Join(t.TempDir(), "b"), Target{})
 	require.NoError(t, err)
 	f := makeST(t, 1, spec{"a", safetensors.F32, []int64{4}})
-	var es []*Eager
-	for range maxEager {
-		e, err := d.Eager(newTrickle(f.data, 1<<20), f.header)
+	var es []*Reshard
+	for range maxGrowing {
+		e, err := d.Reshard(newTrickle(f.data, 1<<20), f.header)
 		require.NoError(t, err)
 		es = append(es, e)
 	}
-	_, err = d.Eager(newTrickle(f.data, 1<<20), f.header)
-	require.ErrorIs(t, err, ErrBusy)
+	_, err = d.Reshard(newTrickle(f.data, 1<<20), f.header)
+	require.ErrorIs(t, err, ErrTooMany)
 	for _, e := range slices.Backward(es) {
 		e.Discard() // gives its number back: the last reserved goes first
 	}
-	e, err := d.Eager(newTrickle(f.data, 1<<20), f.header)
+	e, err := d.Reshard(newTrickle(f.data, 1<<20), f.header)
 	require.NoError(t, err)
 	require.NoError(t, e.Run())
 	require.NoError(t, e.Commit())

@@ -14,14 +14,15 @@ import (
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
-// Eager reshard. A safetensors file is resharded while it is written: a
+// Eager reshard. A tensor file is resharded while it is written: a
 // goroutine per file waits for the header to arrive, starts a
-// dcpwrite.Eager, and feeds it the bytes as the contiguous written prefix
+// dcpwrite.Reshard, and feeds it the bytes as the contiguous written prefix
 // grows, so that Commit only finishes the tail and writes .metadata. The
-// attempt is dropped, and Commit does what it does without it, whenever its
-// input may differ from the final file: a write or truncate that changes
-// bytes the resharder may have read, a rename to another kind of file, a
-// header that differs from the final one, or any error of the attempt.
+// attempt is dropped, and Commit reshards the complete file instead,
+// whenever its input may differ from the final file: a write or truncate
+// that changes bytes the resharder may have read, a rename to another kind
+// of file, a header that differs from the final one, or any error of the
+// attempt.
 
 // maxSpans bounds the written ranges a file tracks (a writer filling holes
 // in random order); past it the eager attempt is dropped.
@@ -234,7 +235,7 @@ func (p *progress) writing(off, end int64) bool {
 	return false
 }
 
-// growing is a spool file as the source of a dcpwrite.Eager.
+// growing is a spool file as the source of a dcpwrite.Reshard.
 type growing struct {
 	f *os.File
 	p *progress
@@ -246,10 +247,37 @@ func (g growing) Wait(end int64) error                    { return g.p.wait(end)
 // eagerRun is the eager reshard of one file.
 type eagerRun struct {
 	done chan struct{} // closed when the goroutine is done
-	// Set before done is closed: the attempt, ready to commit, or nil when
+	// Set before done is closed: the reshard, ready to commit, or nil when
 	// it failed or was abandoned (its files are removed then).
-	ec  *dcpwrite.Eager
-	err error // why ec is nil, for tests and logs
+	rs  *dcpwrite.Reshard
+	err error // why rs is nil, for tests and logs
+}
+
+// startEager starts the eager reshard of the file, once. Holding f.mu (or
+// before the File is shared).
+func (f *File) startEager() {
+	if f.eager != nil || f.f == nil || f.sealed || f.done {
+		return
+	}
+	run := &eagerRun{done: make(chan struct{})}
+	f.eager = run
+	go f.runEager(f.f, run)
+}
+
+// takeEager waits for the eager reshard to end and returns it, ready to
+// commit, or nil. The caller then owns it: it must Commit or Discard it.
+// Called holding f.commitMu, after prog was sealed or stopped.
+func (f *File) takeEager() *dcpwrite.Reshard {
+	f.mu.Lock()
+	run := f.eager
+	f.mu.Unlock()
+	if run == nil {
+		return nil
+	}
+	<-run.done
+	rs := run.rs
+	run.rs = nil
+	return rs
 }
 
 // runEager is the goroutine of an eager reshard of the spool fd.
@@ -261,17 +289,17 @@ func (f *File) runEager(fd *os.File, run *eagerRun) {
 		run.err = err
 		return
 	}
-	ec, err := f.w.dir.Eager(src, h)
+	rs, err := f.s.dir.Reshard(src, h)
 	if err != nil {
 		run.err = err
 		return
 	}
-	if err := ec.Run(); err != nil {
-		ec.Discard()
+	if err := rs.Run(); err != nil {
+		rs.Discard()
 		run.err = err
 		return
 	}
-	run.ec = ec
+	run.rs = rs
 }
 
 // earlyHeader reads and validates the header of a safetensors file being

@@ -1,18 +1,158 @@
-package dcpwrite
+package torchdcp
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+
+	"github.com/ckptfs/ckptfs/layout/pickle"
 )
 
-// A torch.save zip archive writer (FORMATS.md §3.3): stored entries whose
-// data starts at a multiple of 64 bytes from the archive start (padding in an
-// "FB" extra field of 'Z' bytes, as torch's PyTorchStreamWriter pads), exact
-// CRC-32 and sizes in the local headers (no data descriptors), a central
-// directory, and ZIP64 records where a size or offset does not fit 32 bits.
+// Writing records: the torch.save archive that holds one tensor chunk in a
+// shard file (FORMATS.md §3.3, §3.4), the counterpart of locateRecord.
+//
+// The archive has stored entries whose data starts at a multiple of 64
+// bytes from the archive start (padding in an "FB" extra field of 'Z'
+// bytes, as torch's PyTorchStreamWriter pads), the exact CRC-32 and sizes in
+// the local headers (no data descriptors: the CRC of the tensor bytes is
+// patched in once they are written), a central directory, and ZIP64
+// records where a size or offset does not fit 32 bits. Its data.pkl uses
+// _rebuild_tensor_v2 and a typed storage for the legacy dtypes, and
+// _rebuild_tensor_v3 with UntypedStorage for float8 and uint16/32/64.
+
+// PosWriter is where records are written: it knows its position and can
+// patch bytes already written (the CRC of a record's data, known only once
+// the data is written).
+type PosWriter interface {
+	io.Writer
+	// Pos is the number of bytes written so far.
+	Pos() int64
+	// Patch overwrites already written bytes at absolute position off.
+	Patch(p []byte, off int64) error
+}
+
+// RecordWriter writes the record of one contiguous tensor chunk. The
+// caller writes exactly the chunk's bytes, in C order, then calls Close.
+type RecordWriter struct {
+	a    *archiveWriter
+	size int64 // data bytes the record holds
+	n    int64 // data bytes written
+	crc  uint32
+}
+
+// NewRecordWriter starts, at w's position, the record of a tensor of the
+// torch dtype (Storable), elemSize bytes per element and the given shape:
+// it writes the entries that precede the data.
+func NewRecordWriter(w PosWriter, dtype string, elemSize int64, shape []int64) (*RecordWriter, error) {
+	pkl, err := tensorPickle(dtype, elemSize, shape)
+	if err != nil {
+		return nil, err
+	}
+	numel := int64(1)
+	for _, d := range shape {
+		numel *= d
+	}
+	r := &RecordWriter{a: newArchiveWriter(w), size: numel * elemSize}
+	if err := r.a.add("data.pkl", pkl); err != nil {
+		return nil, err
+	}
+	if err := r.a.add("byteorder", []byte("little")); err != nil {
+		return nil, err
+	}
+	// The CRC is patched in by Close.
+	if err := r.a.begin("data/0", r.size, 0); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Write writes tensor bytes.
+func (r *RecordWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > r.size-r.n {
+		return 0, fmt.Errorf("torchdcp: record of %d bytes: %d more written", r.size, r.n+int64(len(p))-r.size)
+	}
+	r.crc = crc32.Update(r.crc, crc32.IEEETable, p)
+	n, err := r.a.w.Write(p)
+	r.n += int64(n)
+	return n, err
+}
+
+// Close fixes the data's CRC-32 and writes the rest of the record. It fails
+// when fewer bytes than the chunk holds were written.
+func (r *RecordWriter) Close() error {
+	if r.n != r.size {
+		return fmt.Errorf("torchdcp: record of %d bytes: only %d written", r.size, r.n)
+	}
+	if r.crc != 0 { // the local header says 0 until then
+		if err := r.a.setCRC(r.crc); err != nil {
+			return err
+		}
+	}
+	if err := r.a.add("version", []byte("3\n")); err != nil {
+		return err
+	}
+	_, err := r.a.close()
+	return err
+}
+
+// tensorPickle is the data.pkl of a contiguous tensor of the given torch
+// dtype and shape whose storage is archive/data/0.
+func tensorPickle(dtype string, elemSize int64, shape []int64) ([]byte, error) {
+	numel := int64(1)
+	for _, d := range shape {
+		numel *= d
+	}
+	class, typed := storageClasses[dtype]
+	if !typed && !untypedDTypes[dtype] {
+		return nil, fmt.Errorf("torchdcp: torch.%s has no storage a record can hold", dtype)
+	}
+	rebuild, nargs := "_rebuild_tensor_v2", 6
+	if !typed {
+		rebuild, nargs = "_rebuild_tensor_v3", 7
+	}
+	e := pickle.NewEncoder()
+	e.Call("torch._utils", rebuild, nargs, func() {
+		// ('storage', class, key, location, numel): numel in elements for a
+		// typed storage, in bytes for an untyped one.
+		e.PersistentID(5, func() {
+			e.Str("storage")
+			if typed {
+				e.Global("torch", class)
+			} else {
+				e.Global("torch.storage", "UntypedStorage")
+			}
+			e.Str("0")
+			e.Str("cpu")
+			if typed {
+				e.Int(numel)
+			} else {
+				e.Int(numel * elemSize)
+			}
+		})
+		e.Int(0) // storage_offset
+		e.IntTuple(shape)
+		e.IntTuple(contiguousStrides(shape))
+		e.Bool(false) // requires_grad
+		e.Call("collections", "OrderedDict", 0, nil)
+		if !typed {
+			e.Global("torch", dtype)
+		}
+	})
+	return e.Bytes(), nil
+}
+
+// contiguousStrides are torch's C-contiguous strides: a dimension of size 0
+// or 1 counts as 1 for the strides of the dimensions before it.
+func contiguousStrides(shape []int64) []int64 {
+	s := make([]int64, len(shape))
+	st := int64(1)
+	for d := len(shape) - 1; d >= 0; d-- {
+		s[d] = st
+		st *= max(shape[d], 1)
+	}
+	return s
+}
 
 const (
 	archiveAlign = 64
@@ -23,16 +163,6 @@ const (
 // zip64Limit is the first value that does not fit a 32-bit zip field (a
 // variable so tests can force ZIP64 records on small archives).
 var zip64Limit int64 = 0xFFFFFFFF
-
-// posWriter is the output of an archive: it knows its position and can
-// patch bytes already written (the CRC of a streamed entry).
-type posWriter interface {
-	io.Writer
-	// Pos is the number of bytes written so far.
-	Pos() int64
-	// Patch overwrites already written bytes at absolute position off.
-	Patch(p []byte, off int64) error
-}
 
 type zipEntry struct {
 	name      string
@@ -45,12 +175,12 @@ type zipEntry struct {
 
 // archiveWriter writes one archive to w, starting at w.Pos().
 type archiveWriter struct {
-	w       posWriter
+	w       PosWriter
 	start   int64
 	entries []zipEntry
 }
 
-func newArchiveWriter(w posWriter) *archiveWriter {
+func newArchiveWriter(w PosWriter) *archiveWriter {
 	return &archiveWriter{w: w, start: w.Pos()}
 }
 
@@ -61,10 +191,8 @@ func (a *archiveWriter) add(name string, data []byte) error {
 	if err := a.begin(name, int64(len(data)), crc32.ChecksumIEEE(data)); err != nil {
 		return err
 	}
-	if _, err := a.w.Write(data); err != nil {
-		return err
-	}
-	return nil
+	_, err := a.w.Write(data)
+	return err
 }
 
 // begin writes the local header of an entry of size bytes whose data the
@@ -213,99 +341,4 @@ func (a *archiveWriter) close() (int64, error) {
 		return 0, err
 	}
 	return a.pos(), nil
-}
-
-// errShortSource is returned when the source ends before a chunk's bytes.
-var errShortSource = errors.New("dcpwrite: source shorter than its header says")
-
-// tensorPickle is the data.pkl of a contiguous tensor of the given torch
-// dtype and shape whose storage is archive/data/0 (FORMATS.md §3.4):
-// _rebuild_tensor_v2 with a typed storage class for the legacy dtypes,
-// _rebuild_tensor_v3 with UntypedStorage (numel in bytes) and a trailing
-// dtype for the others.
-func tensorPickle(dtype string, elemSize int, shape []int64) ([]byte, error) {
-	numel := int64(1)
-	for _, d := range shape {
-		numel *= d
-	}
-	storage, legacy := storageClass[dtype]
-	if !legacy && !newDtypes[dtype] {
-		return nil, fmt.Errorf("%w: torch.%s", ErrDType, dtype)
-	}
-	p := newPickler()
-	if legacy {
-		p.global("torch._utils", "_rebuild_tensor_v2")
-	} else {
-		p.global("torch._utils", "_rebuild_tensor_v3")
-	}
-	p.op(opMark)
-	// Persistent id ('storage', class, key, location, numel).
-	p.op(opMark)
-	p.str("storage")
-	if legacy {
-		p.global("torch", storage)
-	} else {
-		p.global("torch.storage", "UntypedStorage")
-	}
-	p.str("0")
-	p.str("cpu")
-	if legacy {
-		p.int(numel)
-	} else {
-		p.int(numel * int64(elemSize))
-	}
-	p.op(opTuple, opBinPersID)
-	p.int(0) // storage_offset
-	p.intTuple(shape)
-	p.intTuple(contiguousStrides(shape))
-	p.bool(false) // requires_grad
-	p.global("collections", "OrderedDict")
-	p.op(opEmptyTuple, opReduce)
-	if !legacy {
-		p.global("torch", dtype)
-	}
-	p.op(opTuple, opReduce)
-	return p.finish(), nil
-}
-
-// contiguousStrides are torch's C-contiguous strides: a dimension of size 0
-// or 1 counts as 1 for the strides of the dimensions before it.
-func contiguousStrides(shape []int64) []int64 {
-	s := make([]int64, len(shape))
-	st := int64(1)
-	for d := len(shape) - 1; d >= 0; d-- {
-		s[d] = st
-		st *= max(shape[d], 1)
-	}
-	return s
-}
-
-// storageClass maps the dtypes torch still saves with typed storages
-// (torch/storage.py _dtype_to_storage_type_map) to the storage class.
-var storageClass = map[string]string{
-	"float64":    "DoubleStorage",
-	"float32":    "FloatStorage",
-	"float16":    "HalfStorage",
-	"bfloat16":   "BFloat16Storage",
-	"int64":      "LongStorage",
-	"int32":      "IntStorage",
-	"int16":      "ShortStorage",
-	"int8":       "CharStorage",
-	"uint8":      "ByteStorage",
-	"bool":       "BoolStorage",
-	"complex64":  "ComplexFloatStorage",
-	"complex128": "ComplexDoubleStorage",
-}
-
-// newDtypes are torch/storage.py _new_dtypes() that safetensors can carry:
-// saved as UntypedStorage with _rebuild_tensor_v3.
-var newDtypes = map[string]bool{
-	"float8_e5m2":     true,
-	"float8_e4m3fn":   true,
-	"float8_e5m2fnuz": true,
-	"float8_e4m3fnuz": true,
-	"float8_e8m0fnu":  true,
-	"uint16":          true,
-	"uint32":          true,
-	"uint64":          true,
 }

@@ -2,7 +2,6 @@ package hfwrite
 
 import (
 	"bufio"
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -29,24 +30,22 @@ type tspec struct {
 // stFile returns a safetensors file of specs with bytes derived from seed.
 func stFile(t *testing.T, seed byte, specs ...tspec) []byte {
 	t.Helper()
-	infos := make([]safetensors.TensorInfo, len(specs))
-	for i, s := range specs {
-		infos[i] = safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape}
-	}
-	infos = safetensors.Layout(infos)
-	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, map[string]string{"format": "pt"}, infos)
-	require.NoError(t, err)
-	for _, ti := range infos {
+	data, _ := sttest.Build(t, map[string]string{"format": "pt"}, func(ti safetensors.TensorInfo) []byte {
 		b := make([]byte, ti.Size())
 		for i := range b {
 			b[i] = seed + byte(i*7+i/251)
 		}
-		_, err := w.Write(b)
-		require.NoError(t, err)
+		return b
+	}, sttests(specs)...)
+	return data
+}
+
+func sttests(specs []tspec) []sttest.Spec {
+	out := make([]sttest.Spec, len(specs))
+	for i, s := range specs {
+		out[i] = sttest.Spec{Name: s.name, DType: s.dtype, Shape: s.shape}
 	}
-	require.NoError(t, w.Close())
-	return buf.Bytes()
+	return out
 }
 
 var eagerSpecs = [][]tspec{
@@ -95,15 +94,13 @@ func dirFiles(t *testing.T, dir string) map[string][]byte {
 	return out
 }
 
-var shardRE = regexp.MustCompile(`^__[0-9]+_[0-9]+\.distcp$`)
-
 func shards(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	var out []string
 	for _, e := range ents {
-		if shardRE.MatchString(e.Name()) {
+		if _, _, ok := torchdcp.ParseShardName(e.Name()); ok {
 			out = append(out, e.Name())
 		}
 	}
@@ -126,23 +123,21 @@ func TestEagerSameAsFallback(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eager, fallback := filepath.Join(t.TempDir(), "e"), filepath.Join(t.TempDir(), "f")
-			we, err := Create(eager, tc.target)
+			we, err := Create(eager, Options{Target: tc.target})
 			require.NoError(t, err)
-			wf, err := Create(fallback, tc.target)
+			wf, err := Create(fallback, Options{Target: tc.target})
 			require.NoError(t, err)
 			for i, specs := range eagerSpecs {
 				data := stFile(t, byte(i), specs...)
 				name := "model-" + string(rune('a'+i)) + ".safetensors"
 
-				f, err := we.NewFile(name)
-				require.NoError(t, err)
+				f := create(t, we, name)
 				writeSeq(t, f, data, 1000)
 				require.NoError(t, f.Commit())
 				assert.True(t, f.Eager(), "written front to back: committed eagerly")
 
 				// Rewriting bytes already resharded voids the eager reshard.
-				g, err := wf.NewFile(name)
-				require.NoError(t, err)
+				g := create(t, wf, name)
 				writeSeq(t, g, data, 1000)
 				waitClaimed(t, g, len(data))
 				_, err = g.WriteAt(data[100:200], 100)
@@ -166,22 +161,20 @@ func TestEagerOutOfOrder(t *testing.T) {
 	half := len(data) / 2
 	for _, tc := range []struct {
 		name  string
-		write func(t *testing.T, w *Writer) *File
+		write func(t *testing.T, w *Session) *File
 		eager int // 1: committed eagerly, 0: not, -1: either (timing)
 	}{
-		{"hole filled later", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
-			_, err = f.WriteAt(data[half:], int64(half))
+		{"hole filled later", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			writeSeq(t, f, data[:half], 777)
 			return f
 		}, 1},
-		{"overwrite before the resharder reads", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"overwrite before the resharder reads", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			// The header is missing: nothing is read yet.
-			_, err = f.WriteAt(other[100:], 100)
+			_, err := f.WriteAt(other[100:], 100)
 			require.NoError(t, err)
 			_, err = f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
@@ -190,9 +183,8 @@ func TestEagerOutOfOrder(t *testing.T) {
 			writeSeq(t, f, data[:half], 777)
 			return f
 		}, -1},
-		{"concurrent writers", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"concurrent writers", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			const piece, n = 1000, 4
 			var wg sync.WaitGroup
 			for g := range n {
@@ -208,77 +200,70 @@ func TestEagerOutOfOrder(t *testing.T) {
 			wg.Wait()
 			return f
 		}, 1},
-		{"rewrite of resharded bytes", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"rewrite of resharded bytes", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, other, 4096)
 			waitClaimed(t, f, len(other))
 			writeSeq(t, f, data, 4096) // seek back, write it all again
 			return f
 		}, 0},
-		{"truncate", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"truncate", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, other, 4096)
 			waitClaimed(t, f, len(other))
 			require.NoError(t, f.Truncate(0))
 			writeSeq(t, f, data, 4096)
 			return f
 		}, 0},
-		{"truncate before writing", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"truncate before writing", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			require.NoError(t, f.Truncate(0))
 			writeSeq(t, f, data, 4096)
 			return f
 		}, 1},
-		{"renamed from a temp name", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile(".tmp123")
-			require.NoError(t, err)
+		{"renamed from a temp name", func(t *testing.T, w *Session) *File {
+			f := create(t, w, ".tmp123")
 			writeSeq(t, f, data[:half], 4096)
-			require.NoError(t, f.Rename("m.safetensors"))
-			_, err = f.WriteAt(data[half:], int64(half))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			return f
 		}, 1},
-		{"renamed when complete", func(t *testing.T, w *Writer) *File {
+		{"renamed when complete", func(t *testing.T, w *Session) *File {
 			// safetensors' save_file: a temp file renamed once written.
-			f, err := w.NewFile(".tmpAbC123")
-			require.NoError(t, err)
+			f := create(t, w, ".tmpAbC123")
 			writeSeq(t, f, data, 4096)
-			require.NoError(t, f.Rename("m.safetensors"))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
 			return f
 		}, 1},
-		{"renamed away and back", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"renamed away and back", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, data[:half], 4096)
-			require.NoError(t, f.Rename("m.bin"))
-			require.NoError(t, f.Rename("m.safetensors"))
-			_, err = f.WriteAt(data[half:], int64(half))
+			require.NoError(t, w.Rename(f.Name(), "m.bin", false))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			return f
 		}, 1},
-		{"renamed to an index and back", func(t *testing.T, w *Writer) *File {
-			f, err := w.NewFile("m.safetensors")
-			require.NoError(t, err)
+		{"renamed to an index and back", func(t *testing.T, w *Session) *File {
+			f := create(t, w, "m.safetensors")
 			writeSeq(t, f, data[:half], 4096)
-			require.NoError(t, f.Rename("m.safetensors.index.json"))
-			require.NoError(t, f.Rename("m.safetensors"))
-			_, err = f.WriteAt(data[half:], int64(half))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors.index.json", false))
+			require.NoError(t, w.Rename(f.Name(), "m.safetensors", false))
+			_, err := f.WriteAt(data[half:], int64(half))
 			require.NoError(t, err)
 			return f
 		}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := filepath.Join(t.TempDir(), "want")
-			w, err := Create(want, target)
+			w, err := Create(want, Options{Target: target})
 			require.NoError(t, err)
 			require.NoError(t, put(t, w, "m.safetensors", data))
 			require.NoError(t, w.Close())
 
 			dir := filepath.Join(t.TempDir(), "got")
-			w, err = Create(dir, target)
+			w, err = Create(dir, Options{Target: target})
 			require.NoError(t, err)
 			f := tc.write(t, w)
 			require.NoError(t, f.Commit())
@@ -295,14 +280,13 @@ func TestEagerOutOfOrder(t *testing.T) {
 // before it is closed is stored as-is; its eager shard files go.
 func TestEagerRenamedToSidecar(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "c")
-	w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 	require.NoError(t, err)
 	data := stFile(t, 1, eagerSpecs[0]...)
-	f, err := w.NewFile("m.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "m.safetensors")
 	writeSeq(t, f, data, 4096)
 	waitClaimed(t, f, len(data))
-	require.NoError(t, f.Rename("m.bin"))
+	require.NoError(t, w.Rename(f.Name(), "m.bin", false))
 	require.NoError(t, f.Commit())
 	require.NoError(t, w.Close())
 	got := dirFiles(t, dir)
@@ -315,19 +299,18 @@ func TestEagerRenamedToSidecar(t *testing.T) {
 // no shard file is left.
 func TestEagerFailureCommitsNothing(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "c")
-	w, err := Create(dir, dcpwrite.Target{WorldSize: 3})
+	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "a.safetensors", stFile(t, 1, eagerSpecs[0]...)))
 	require.NoError(t, w.Close())
 	before := dirFiles(t, dir)
-	w, err = Create(dir, dcpwrite.Target{WorldSize: 3})
+	w, err = Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	planted := filepath.Join(dir, "__2_1.distcp")
 	require.NoError(t, os.WriteFile(planted, []byte("not ours"), 0o644))
 
 	data := stFile(t, 2, eagerSpecs[1]...)
-	f, err := w.NewFile("b.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "b.safetensors")
 	writeSeq(t, f, data, 4096)
 	err = f.Commit()
 	require.ErrorIs(t, err, ErrCommit)
@@ -337,7 +320,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 	assert.Equal(t, before, dirFiles(t, dir))
 
 	// The directory is usable, the file number free.
-	w, err = Create(dir, dcpwrite.Target{WorldSize: 3})
+	w, err = Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "b.safetensors", data))
 	require.NoError(t, w.Close())
@@ -351,7 +334,7 @@ func TestEagerKilledWriter(t *testing.T) {
 	for _, clean := range []string{"CleanStale", "Create"} {
 		t.Run(clean, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "k")
-			w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+			w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 			require.NoError(t, err)
 			require.NoError(t, put(t, w, "a.safetensors", stFile(t, 1, eagerSpecs[0]...)))
 			require.NoError(t, w.Close())
@@ -382,7 +365,7 @@ func TestEagerKilledWriter(t *testing.T) {
 				require.NoError(t, err)
 				assert.True(t, removed)
 			} else {
-				w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+				w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 				require.NoError(t, err)
 				require.NoError(t, w.Close())
 			}
@@ -398,10 +381,9 @@ func TestHelperEagerKilled(t *testing.T) {
 	if dir == "" {
 		t.Skip("run by TestEagerKilledWriter")
 	}
-	w, err := Create(dir, dcpwrite.Target{WorldSize: 2})
+	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 	require.NoError(t, err)
-	f, err := w.NewFile("b.safetensors")
-	require.NoError(t, err)
+	f := create(t, w, "b.safetensors")
 	data := stFile(t, 2, eagerSpecs[1]...)
 	writeSeq(t, f, data[:len(data)*3/4], 4096)
 	waitClaimed(t, f, len(data)/2)

@@ -1,0 +1,118 @@
+package hfwrite
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/ckptfs/ckptfs/layout"
+)
+
+// Listing is what the directory shows. A name appears once: a new file
+// being written shadows everything else, then the view, then what is
+// stored in the directory.
+type Listing struct {
+	// Writing are the new files being written, by name. (A file that
+	// rewrites an existing name leaves that name showing what it shows.)
+	Writing []*File
+	// View is the HF view of what is committed, with a reference for the
+	// caller to Release; nil before the first tensor is committed. When
+	// View.Err is set it cannot be shown, and Stored lists what the view
+	// would show.
+	View *View
+	// Stored are the stored files (sidecars) the view does not show, and
+	// Dirs the subdirectories, by name.
+	Stored, Dirs []string
+}
+
+// Entries lists what the directory shows. With only != "", names other
+// than only are not looked at (the view is listed whole, the directory is
+// not read): a lookup costs one stat. The caller releases Listing.View.
+func (s *Session) Entries(only string) (Listing, error) {
+	var l Listing
+	shown := map[string]bool{}
+	s.mu.Lock()
+	for name, f := range s.writing {
+		if f.listed && (only == "" || name == only) {
+			l.Writing = append(l.Writing, f)
+			shown[name] = true
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(l.Writing, func(a, b *File) int { return strings.Compare(a.Name(), b.Name()) })
+	l.View = s.currentView()
+	if v := l.View; v != nil && v.View != nil {
+		// The view lists whole: a name a new file shadows is not taken out.
+		for _, vf := range v.Files {
+			shown[vf.Name] = true
+		}
+	}
+	var ents []os.DirEntry
+	if only != "" {
+		if fi, err := os.Lstat(filepath.Join(s.path, only)); err == nil {
+			ents = []os.DirEntry{fs.FileInfoToDirEntry(fi)}
+		}
+	} else {
+		var err error
+		if ents, err = os.ReadDir(s.path); err != nil {
+			l.View.Release()
+			return Listing{}, fmt.Errorf("hfwrite: %w", err)
+		}
+	}
+	for _, e := range ents {
+		name := e.Name()
+		switch {
+		case shown[name] || Hidden(name):
+		case e.Type().IsRegular():
+			l.Stored = append(l.Stored, name)
+		case e.IsDir():
+			l.Dirs = append(l.Dirs, name)
+		}
+	}
+	return l, nil
+}
+
+// currentView returns the view of what is committed, built after each
+// change, with a reference for the caller; nil before the first tensor is
+// committed.
+func (s *Session) currentView() *View {
+	s.viewMu.Lock()
+	defer s.viewMu.Unlock()
+	s.mu.Lock()
+	gen, tensors := s.gen, s.tensors
+	s.mu.Unlock()
+	if tensors == 0 {
+		return nil
+	}
+	if s.view == nil || s.view.gen != gen {
+		// Built from the content at gen or later: a change meanwhile bumps
+		// gen again, and the next call rebuilds.
+		s.views++
+		v := &View{Serial: s.views, gen: gen, refs: 1}
+		v.View, v.Err = s.buildView()
+		s.view.Release() // the session's reference to the outdated view
+		s.view = v
+	}
+	s.view.mu.Lock()
+	s.view.refs++ // not closed: the session holds a reference
+	s.view.mu.Unlock()
+	return s.view
+}
+
+func (s *Session) buildView() (*layout.View, error) {
+	if s.opts.View != nil {
+		return s.opts.View()
+	}
+	c, err := layout.Open(s.path)
+	if err != nil {
+		return nil, err
+	}
+	v, err := layout.Plan(c, layout.PlanOptions{})
+	if err != nil {
+		c.Close()
+	}
+	return v, err
+}

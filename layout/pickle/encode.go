@@ -1,0 +1,158 @@
+package pickle
+
+import (
+	"encoding/binary"
+	"math"
+)
+
+// Encoder writes a protocol-2 pickle of the few shapes torch's files need
+// (FORMATS.md §2.6, §3.4): GLOBAL classes, cls.__new__ + BUILD objects,
+// REDUCE calls, persistent ids, dicts, lists, tuples, str, int, bool and
+// None. It uses no memo. Integers and strings use the opcodes CPython's
+// pickler picks for protocol 2, so the output is what pickle.dumps(obj, 2)
+// gives for the same object graph, minus the memo opcodes; Decode reads it
+// back.
+//
+// Containers take their element count and a function that writes the
+// elements: the count picks the opcodes (TUPLE1..3 or MARK ... TUPLE), as
+// CPython does.
+type Encoder struct {
+	b []byte
+}
+
+// NewEncoder starts a protocol-2 pickle.
+func NewEncoder() *Encoder { return &Encoder{b: []byte{opPROTO, 2}} }
+
+// Bytes ends the pickle (STOP) and returns it. The Encoder must not be used
+// afterwards.
+func (e *Encoder) Bytes() []byte { return append(e.b, opSTOP) }
+
+// Global pushes the class or function module.name.
+func (e *Encoder) Global(module, name string) {
+	e.b = append(e.b, opGLOBAL)
+	e.b = append(e.b, module...)
+	e.b = append(e.b, '\n')
+	e.b = append(e.b, name...)
+	e.b = append(e.b, '\n')
+}
+
+// Str pushes a str.
+func (e *Encoder) Str(s string) {
+	e.b = append(e.b, opBINUNICODE)
+	e.b = binary.LittleEndian.AppendUint32(e.b, uint32(len(s)))
+	e.b = append(e.b, s...)
+}
+
+// Int pushes an int with the shortest opcode CPython uses.
+func (e *Encoder) Int(v int64) {
+	switch {
+	case v >= 0 && v < 1<<8:
+		e.b = append(e.b, opBININT1, byte(v))
+	case v >= 0 && v < 1<<16:
+		e.b = append(e.b, opBININT2)
+		e.b = binary.LittleEndian.AppendUint16(e.b, uint16(v))
+	case v >= math.MinInt32 && v <= math.MaxInt32:
+		e.b = append(e.b, opBININT)
+		e.b = binary.LittleEndian.AppendUint32(e.b, uint32(int32(v)))
+	default:
+		e.long1(v)
+	}
+}
+
+// long1 writes LONG1: little-endian two's complement in the fewest bytes
+// that keep the sign, as CPython's encode_long does.
+func (e *Encoder) long1(v int64) {
+	le := binary.LittleEndian.AppendUint64(nil, uint64(v))
+	for len(le) > 1 {
+		top, next := le[len(le)-1], le[len(le)-2]
+		if (top == 0 && next&0x80 == 0) || (top == 0xff && next&0x80 != 0) {
+			le = le[:len(le)-1]
+			continue
+		}
+		break
+	}
+	e.b = append(e.b, opLONG1, byte(len(le)))
+	e.b = append(e.b, le...)
+}
+
+// Bool pushes True or False.
+func (e *Encoder) Bool(v bool) {
+	if v {
+		e.b = append(e.b, opNEWTRUE)
+	} else {
+		e.b = append(e.b, opNEWFALSE)
+	}
+}
+
+// None pushes None.
+func (e *Encoder) None() { e.b = append(e.b, opNONE) }
+
+// Tuple pushes a tuple of the n values items pushes.
+func (e *Encoder) Tuple(n int, items func()) {
+	switch n {
+	case 0:
+		e.b = append(e.b, opEMPTY_TUPLE)
+	case 1, 2, 3:
+		items()
+		e.b = append(e.b, []byte{opTUPLE1, opTUPLE2, opTUPLE3}[n-1])
+	default:
+		e.b = append(e.b, opMARK)
+		items()
+		e.b = append(e.b, opTUPLE)
+	}
+}
+
+// IntTuple pushes a tuple of ints.
+func (e *Encoder) IntTuple(v []int64) {
+	e.Tuple(len(v), func() {
+		for _, x := range v {
+			e.Int(x)
+		}
+	})
+}
+
+// Dict pushes a dict of the n key, value pairs items pushes.
+func (e *Encoder) Dict(n int, items func()) {
+	e.b = append(e.b, opEMPTY_DICT)
+	if n == 0 {
+		return
+	}
+	e.b = append(e.b, opMARK)
+	items()
+	e.b = append(e.b, opSETITEMS)
+}
+
+// List pushes a list of the n values items pushes.
+func (e *Encoder) List(n int, items func()) {
+	e.b = append(e.b, opEMPTY_LIST)
+	if n == 0 {
+		return
+	}
+	e.b = append(e.b, opMARK)
+	items()
+	e.b = append(e.b, opAPPENDS)
+}
+
+// Object pushes module.name.__new__(module.name) with the state that state
+// pushes set by BUILD: how a dataclass instance pickles.
+func (e *Encoder) Object(module, name string, state func()) {
+	e.Global(module, name)
+	e.b = append(e.b, opEMPTY_TUPLE, opNEWOBJ)
+	state()
+	e.b = append(e.b, opBUILD)
+}
+
+// Call pushes module.name(*args), args being the n values args pushes
+// (REDUCE).
+func (e *Encoder) Call(module, name string, n int, args func()) {
+	e.Global(module, name)
+	e.Tuple(n, args)
+	e.b = append(e.b, opREDUCE)
+}
+
+// PersistentID pushes what the unpickler's persistent_load returns for the
+// tuple of the n values items pushes (BINPERSID).
+func (e *Encoder) PersistentID(n int, items func()) {
+	e.Tuple(n, items)
+	e.b = append(e.b, opBINPERSID)
+}

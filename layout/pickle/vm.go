@@ -1,0 +1,396 @@
+package pickle
+
+// The virtual machine: one opcode at a time (step), on the stack and memo
+// of decode.go, every limit checked before anything is allocated.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+func (d *decoder) run() (any, error) {
+	for {
+		if d.pos >= len(d.data) {
+			d.op = 0
+			return nil, &Error{Offset: d.pos, Msg: "truncated input: no STOP opcode"}
+		}
+		d.opPos = d.pos
+		d.op = d.data[d.pos]
+		d.pos++
+		if d.op == opSTOP {
+			s, err := d.pop()
+			if err != nil {
+				return nil, err
+			}
+			if d.late && expandedSize(s.v, d.opts.MaxItems) > d.opts.MaxItems {
+				return nil, d.limit("more than %d container items (memo references count as copies)", d.opts.MaxItems)
+			}
+			return s.v, nil
+		}
+		if err := d.step(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (d *decoder) step() error {
+	switch d.op {
+	case opPROTO:
+		v, err := d.readUint(1)
+		if err != nil {
+			return err
+		}
+		if v > 5 {
+			return d.fail("unsupported protocol %d", v)
+		}
+		return nil
+	case opFRAME:
+		_, err := d.readUint(8)
+		return err
+	case opMARK:
+		if len(d.stack)+len(d.marks) >= d.opts.MaxStack {
+			return d.limit("stack deeper than %d entries", d.opts.MaxStack)
+		}
+		d.marks = append(d.marks, len(d.stack))
+		return nil
+	case opPOP:
+		if len(d.stack) > d.base() {
+			_, err := d.pop()
+			return err
+		}
+		_, err := d.popMark()
+		return err
+	case opPOP_MARK:
+		_, err := d.popMark()
+		return err
+	case opDUP:
+		s, err := d.top()
+		if err != nil {
+			return err
+		}
+		s.shared = true
+		return d.pushSlot(s)
+
+	// Constants and scalars.
+	case opNONE:
+		return d.push(nil, 0)
+	case opNEWTRUE:
+		return d.push(true, 0)
+	case opNEWFALSE:
+		return d.push(false, 0)
+	case opBININT1:
+		v, err := d.readUint(1)
+		if err != nil {
+			return err
+		}
+		return d.push(int64(v), 0)
+	case opBININT2:
+		v, err := d.readUint(2)
+		if err != nil {
+			return err
+		}
+		return d.push(int64(v), 0)
+	case opBININT:
+		v, err := d.readUint(4)
+		if err != nil {
+			return err
+		}
+		return d.push(int64(int32(uint32(v))), 0)
+	case opLONG1, opLONG4:
+		size := 1
+		if d.op == opLONG4 {
+			size = 4
+		}
+		n, err := d.readUint(size)
+		if err != nil {
+			return err
+		}
+		if n > maxLongBytes {
+			return d.limit("integer of %d bytes exceeds the limit of %d", n, maxLongBytes)
+		}
+		b, err := d.read(int(n))
+		if err != nil {
+			return err
+		}
+		return d.push(decodeLong(b), 0)
+	case opBINFLOAT:
+		b, err := d.read(8)
+		if err != nil {
+			return err
+		}
+		return d.push(math.Float64frombits(binary.BigEndian.Uint64(b)), 0)
+	case opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8:
+		n, err := d.readLen(lenSize(d.op))
+		if err != nil {
+			return err
+		}
+		b, err := d.read(n)
+		if err != nil {
+			return err
+		}
+		return d.push(string(b), 0)
+	case opSHORT_BINBYTES, opBINBYTES, opBINBYTES8, opBYTEARRAY8:
+		n, err := d.readLen(lenSize(d.op))
+		if err != nil {
+			return err
+		}
+		b, err := d.read(n)
+		if err != nil {
+			return err
+		}
+		return d.push(append([]byte(nil), b...), 0)
+
+	// Containers.
+	case opEMPTY_TUPLE:
+		return d.pushSlot(slot{v: Tuple{}, d: 1, w: 1})
+	case opTUPLE1, opTUPLE2, opTUPLE3:
+		n := int(d.op-opTUPLE1) + 1
+		if len(d.stack)-d.base() < n {
+			return d.fail("stack underflow")
+		}
+		items := make([]slot, n)
+		copy(items, d.stack[len(d.stack)-n:])
+		clear(d.stack[len(d.stack)-n:])
+		d.stack = d.stack[:len(d.stack)-n]
+		return d.pushTuple(items)
+	case opTUPLE:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		return d.pushTuple(items)
+	case opEMPTY_LIST:
+		return d.push(&List{node: newNode()}, 1)
+	case opLIST:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		l := &List{node: newNode()}
+		if err := d.push(l, 1); err != nil {
+			return err
+		}
+		return d.appendTo(items)
+	case opAPPEND:
+		s, err := d.pop()
+		if err != nil {
+			return err
+		}
+		return d.appendTo([]slot{s})
+	case opAPPENDS:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		return d.appendTo(items)
+	case opEMPTY_DICT:
+		return d.push(&Dict{node: newNode()}, 1)
+	case opDICT:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		if err := d.push(&Dict{node: newNode()}, 1); err != nil {
+			return err
+		}
+		return d.setItems(items)
+	case opSETITEM:
+		v, err := d.pop()
+		if err != nil {
+			return err
+		}
+		k, err := d.pop()
+		if err != nil {
+			return err
+		}
+		return d.setItems([]slot{k, v})
+	case opSETITEMS:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		return d.setItems(items)
+	case opEMPTY_SET:
+		return d.push(&Set{node: newNode()}, 1)
+	case opADDITEMS:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		t, err := d.top()
+		if err != nil {
+			return err
+		}
+		s, ok := t.v.(*Set)
+		if !ok || s.Frozen {
+			return d.fail("cannot add items to %s", typeName(t.v))
+		}
+		return d.addToSet(s, items)
+	case opFROZENSET:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		s := &Set{Frozen: true, node: newNode()}
+		if err := d.addToSet(s, items); err != nil {
+			return err
+		}
+		return d.push(s, s.depth)
+
+	// Memo.
+	case opMEMOIZE:
+		s, err := d.top()
+		if err != nil {
+			return err
+		}
+		return d.memoPut(uint32(d.memo.n), s)
+	case opBINPUT, opLONG_BINPUT:
+		size := 1
+		if d.op == opLONG_BINPUT {
+			size = 4
+		}
+		idx, err := d.readUint(size)
+		if err != nil {
+			return err
+		}
+		s, err := d.top()
+		if err != nil {
+			return err
+		}
+		return d.memoPut(uint32(idx), s)
+	case opBINGET, opLONG_BINGET:
+		size := 1
+		if d.op == opLONG_BINGET {
+			size = 4
+		}
+		idx, err := d.readUint(size)
+		if err != nil {
+			return err
+		}
+		return d.memoGet(uint32(idx))
+
+	// Globals and objects.
+	case opGLOBAL:
+		module, err := d.readLine()
+		if err != nil {
+			return err
+		}
+		name, err := d.readLine()
+		if err != nil {
+			return err
+		}
+		return d.push(Global{Module: module, Name: name}, 0)
+	case opSTACK_GLOBAL:
+		name, err := d.pop()
+		if err != nil {
+			return err
+		}
+		module, err := d.pop()
+		if err != nil {
+			return err
+		}
+		ms, ok1 := module.v.(string)
+		ns, ok2 := name.v.(string)
+		if !ok1 || !ok2 {
+			return d.fail("STACK_GLOBAL needs two strings, got %s and %s", typeName(module.v), typeName(name.v))
+		}
+		return d.push(Global{Module: ms, Name: ns}, 0)
+	case opREDUCE, opNEWOBJ:
+		args, err := d.pop()
+		if err != nil {
+			return err
+		}
+		callable, err := d.pop()
+		if err != nil {
+			return err
+		}
+		return d.newObject(callable, args, nil)
+	case opNEWOBJ_EX:
+		kwargs, err := d.pop()
+		if err != nil {
+			return err
+		}
+		args, err := d.pop()
+		if err != nil {
+			return err
+		}
+		cls, err := d.pop()
+		if err != nil {
+			return err
+		}
+		return d.newObject(cls, args, &kwargs)
+	case opBUILD:
+		state, err := d.pop()
+		if err != nil {
+			return err
+		}
+		t, err := d.top()
+		if err != nil {
+			return err
+		}
+		obj, ok := t.v.(*Object)
+		if !ok {
+			return d.fail("BUILD on %s", typeName(t.v))
+		}
+		if err := d.put(&obj.node, state); err != nil {
+			return err
+		}
+		obj.State = state.v
+		return nil
+	case opBINPERSID:
+		pid, err := d.pop()
+		if err != nil {
+			return err
+		}
+		if d.opts.PersistentLoad == nil {
+			return d.fail("persistent id without a persistent-load hook")
+		}
+		v, err := d.opts.PersistentLoad(pid.v)
+		if err != nil {
+			return &Error{Offset: d.opPos, Op: opName(d.op), Msg: "persistent load: " + err.Error(), Err: err}
+		}
+		return d.pushSlot(slot{v: v, d: pid.depth(), w: pid.weight()})
+	}
+	if name, ok := opNames[d.op]; ok {
+		return &Error{Offset: d.opPos, Msg: fmt.Sprintf("unsupported opcode %s (0x%02x) at offset %d", name, d.op, d.opPos)}
+	}
+	return &Error{Offset: d.opPos, Msg: fmt.Sprintf("unknown opcode 0x%02x at offset %d", d.op, d.opPos)}
+}
+
+func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
+	obj := &Object{NewObj: d.op != opREDUCE, node: newNode()}
+	switch c := callable.v.(type) {
+	case Global:
+		obj.Class = c
+	case *Object:
+		if d.op != opREDUCE {
+			return d.fail("%s on %s (needs a class)", opName(d.op), typeName(callable.v))
+		}
+		obj.Func = c
+		if err := d.put(&obj.node, callable); err != nil {
+			return err
+		}
+	default:
+		return d.fail("%s on %s (only globals and objects can be called)", opName(d.op), typeName(callable.v))
+	}
+	t, ok := args.v.(Tuple)
+	if !ok {
+		return d.fail("%s arguments must be a tuple, got %s", opName(d.op), typeName(args.v))
+	}
+	obj.Args = t
+	if err := d.put(&obj.node, args); err != nil {
+		return err
+	}
+	if kwargs != nil {
+		kw, ok := kwargs.v.(*Dict)
+		if !ok {
+			return d.fail("NEWOBJ_EX keyword arguments must be a dict, got %s", typeName(kwargs.v))
+		}
+		if err := d.put(&obj.node, *kwargs); err != nil {
+			return err
+		}
+		obj.Kwargs = kw
+	}
+	return d.push(obj, obj.depth)
+}

@@ -1,0 +1,277 @@
+package torchdcp
+
+// Reading a chunk's bytes in place: recordSource, the ckpt.Source of a DCP
+// chunk, locates them on first use (locateRecord) and checks the record's
+// CRC32 whenever a read covers a whole data entry.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// ErrChecksum matches errors for bytes that do not match the CRC32 of the
+// torch.save record holding them (errors.Is).
+var ErrChecksum = errors.New("torchdcp: CRC32 mismatch")
+
+// checksumError is a CRC32 mismatch. It reads as its message (which says
+// "CRC32") so that it can follow the file and tensor it is about.
+type checksumError struct{ msg string }
+
+func (e *checksumError) Error() string { return e.msg }
+
+func (e *checksumError) Is(target error) bool {
+	return target == ErrChecksum || target == ckpt.ErrInvalid
+}
+
+func crcMismatch(entry string, want, got uint32, how string) error {
+	return &checksumError{msg: fmt.Sprintf("%s: CRC32 mismatch: %08x in the record, %08x %s (a corrupt or rewritten shard)", entry, want, got, how)}
+}
+
+// recordSource is a chunk stored as a torch.save record (optionally zstd
+// compressed) in a .distcp file. The first ReadAt locates the raw bytes
+// inside the record and remembers where they are (or the error); every
+// later ReadAt is a plain pread.
+//
+// The record's zip directory gives the CRC32 of the data entry holding the
+// chunk. It is checked whenever that entry is read whole anyway: by a read
+// of the whole chunk when the chunk is the entry (as DCP writes it), and
+// when a zstd record is decompressed. Verify checks it on demand.
+type recordSource struct {
+	file   *ckpt.File
+	off    int64 // record offset in file
+	length int64 // record length in file
+	zstd   bool
+	want   recordWant
+	nbytes int64 // chunk bytes
+	tensor string
+	chunk  string // formatted chunk offsets, for messages
+	tmpDir string
+	files  *ckpt.FileSet // owns the scratch file of a large zstd record
+
+	mu  sync.Mutex
+	loc *chunkBytes // GUARDED_BY(mu); set once located
+	err error       // GUARDED_BY(mu); a lasting failure (bad record, changed source)
+}
+
+// chunkBytes is a located chunk: readers of its bytes and of the whole data
+// entry holding them, and the entry's CRC32.
+type chunkBytes struct {
+	chunk io.ReaderAt       // the chunk's nbytes bytes
+	entry *io.SectionReader // the data entry
+	name  string            // the entry's name in the record
+	crc   uint32
+	whole bool // the chunk is the whole entry
+}
+
+var (
+	_ ckpt.Source   = (*recordSource)(nil)
+	_ ckpt.Verifier = (*recordSource)(nil)
+)
+
+// Backing is the shard file holding the record.
+func (s *recordSource) Backing() *ckpt.File { return s.file }
+
+func (s *recordSource) String() string {
+	z := ""
+	if s.zstd {
+		z = " (zstd)"
+	}
+	return fmt.Sprintf("%s@%d+%d%s", s.file.Path, s.off, s.length, z)
+}
+
+// ReadAt reads the chunk's raw bytes at off. A read that ends past the chunk
+// returns the bytes up to its end and io.EOF. A read of the whole chunk is
+// checked against the record's CRC32 when the chunk is its whole entry.
+func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
+	loc, err := s.located()
+	if err != nil {
+		return 0, err
+	}
+	if off < 0 || off > s.nbytes {
+		return 0, fmt.Errorf("torchdcp: %s: offset %d outside chunk of %d bytes", s, off, s.nbytes)
+	}
+	want := p
+	if int64(len(want)) > s.nbytes-off {
+		want = want[:s.nbytes-off]
+	}
+	n, err := loc.chunk.ReadAt(want, off)
+	if err == io.EOF && n == len(want) {
+		err = nil
+	}
+	if err == nil && loc.whole && off == 0 && int64(n) == s.nbytes {
+		err = s.checkCRC(loc, crc32.ChecksumIEEE(want[:n]))
+	}
+	if err == nil && n < len(p) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// Verify reads the whole data entry holding the chunk, in bounded memory,
+// and checks it against the CRC32 in the record's zip directory: every byte
+// a read of the chunk can return is then known to be what torch wrote. It is
+// what a --verify mode calls for each chunk (see ckpt.Verifier).
+func (s *recordSource) Verify() error {
+	loc, err := s.located()
+	if err != nil {
+		return err
+	}
+	sum, err := crcOf(loc.entry)
+	if err != nil {
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.tensor, s.chunk, loc.name, err)
+	}
+	return s.checkCRC(loc, sum)
+}
+
+// crcOf is the CRC32 (IEEE) of everything r holds.
+func crcOf(r *io.SectionReader) (uint32, error) {
+	h := crc32.NewIEEE()
+	if _, err := io.CopyBuffer(h, io.NewSectionReader(r, 0, r.Size()), make([]byte, 1<<20)); err != nil {
+		return 0, err
+	}
+	return h.Sum32(), nil
+}
+
+func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
+	if got == loc.crc {
+		return nil
+	}
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
+}
+
+// located finds the chunk's bytes on first use and remembers where they
+// are. A bad record or a changed source is remembered too; a plain I/O error
+// is not, so the next read tries again.
+func (s *recordSource) located() (*chunkBytes, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.loc != nil || s.err != nil {
+		return s.loc, s.err
+	}
+	var loc *chunkBytes
+	var err error
+	if s.zstd {
+		loc, err = s.resolveZstd()
+	} else {
+		loc, err = s.resolve(io.NewSectionReader(s.file, s.off, s.length), s.length)
+	}
+	if err == nil {
+		s.loc = loc
+		return loc, nil
+	}
+	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, err)
+	var pathErr *fs.PathError
+	var errno syscall.Errno
+	switch {
+	case errors.Is(err, ckpt.ErrSourceChanged):
+		s.err = wrapped
+	case errors.As(err, &pathErr), errors.As(err, &errno):
+		return nil, wrapped // transient: not remembered
+	default:
+		s.err = &invalidError{err: wrapped}
+	}
+	return nil, s.err
+}
+
+// resolve locates the chunk in the record read through r.
+func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
+	at, err := locateRecord(r, size, s.want)
+	if err != nil {
+		return nil, err
+	}
+	return &chunkBytes{
+		chunk: io.NewSectionReader(r, at.off, s.nbytes),
+		entry: io.NewSectionReader(r, at.entryOff, at.entrySize),
+		name:  at.entry,
+		crc:   at.crc,
+		whole: at.off == at.entryOff && s.nbytes == at.entrySize,
+	}, nil
+}
+
+// resolveZstd decompresses the whole record, bounded by what the chunk can
+// need, into memory (small records) or an unlinked temporary file, locates
+// the chunk inside it and checks its data entry against its CRC32, since the
+// whole record was just read.
+func (s *recordSource) resolveZstd() (*chunkBytes, error) {
+	limit := s.nbytes + recordOverhead
+	dec, err := zstd.NewReader(io.NewSectionReader(s.file, s.off, s.length),
+		zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow),
+		zstd.WithDecoderMaxMemory(uint64(limit)))
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	defer dec.Close()
+
+	var buf bytes.Buffer
+	n, err := io.CopyN(&buf, dec, memRecordLimit+1)
+	if err != nil && err != io.EOF {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	var r io.ReaderAt
+	size := n
+	if n <= memRecordLimit {
+		r = bytes.NewReader(buf.Bytes())
+	} else {
+		tmp, err := os.CreateTemp(s.tmpDir, "ckptfs-zstd-*")
+		if err != nil {
+			return nil, err
+		}
+		// Unlinked at once: the data lives as long as the open handle.
+		_ = os.Remove(tmp.Name())
+		ok := false
+		defer func() {
+			if !ok {
+				tmp.Close()
+			}
+		}()
+		if _, err := tmp.Write(buf.Bytes()); err != nil {
+			return nil, fmt.Errorf("spooling decompressed record: %w", err)
+		}
+		m, err := io.Copy(tmp, io.LimitReader(dec, limit+1-n))
+		if err != nil {
+			return nil, fmt.Errorf("zstd: %w", err)
+		}
+		size += m
+		if size > limit {
+			return nil, fmt.Errorf("zstd: record decompresses to more than %d bytes", limit)
+		}
+		ok = true
+		if s.files != nil {
+			s.files.Adopt(tmp)
+		}
+		r = tmp
+	}
+	loc, err := s.resolve(r, size)
+	if err != nil {
+		return nil, err
+	}
+	sum, err := crcOf(loc.entry)
+	if err != nil {
+		return nil, fmt.Errorf("reading back the decompressed record: %w", err)
+	}
+	if sum != loc.crc {
+		return nil, crcMismatch(loc.name, loc.crc, sum, "after decompression")
+	}
+	return loc, nil
+}
+
+// dtypeOf maps a torch dtype name to safetensors and its element size.
+func dtypeOf(torch string) (safetensors.DType, int64, bool) {
+	d, ok := safetensors.FromTorch(torch)
+	if !ok || d.Size() <= 0 {
+		return "", 0, false
+	}
+	return d, int64(d.Size()), true
+}
