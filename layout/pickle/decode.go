@@ -448,6 +448,9 @@ func (d *decoder) setItems(kv []slot) error {
 	default:
 		return d.fail("cannot set items on %s", typeName(t.v))
 	}
+	if len(dict.items) == 0 && len(kv) > 2 {
+		dict.items = make([]DictItem, 0, len(kv)/2) // SETITEMS says how many
+	}
 	for i := 0; i < len(kv); i += 2 {
 		if err := d.put(n, kv[i]); err != nil {
 			return err

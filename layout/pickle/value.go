@@ -92,6 +92,7 @@ func (o *Object) StateDict() *Dict {
 type DictItem struct {
 	Key   any
 	Value any
+	norm  any // the scalar key normalized (scalarKey); nil for a tuple key
 }
 
 // Dict is a Python dict that keeps insertion order. Keys may be None, bools,
@@ -101,7 +102,7 @@ type DictItem struct {
 // shares (see key.go).
 type Dict struct {
 	items  []DictItem
-	index  map[any]int         // normalized non-tuple key → item
+	index  map[any]int         // normalized non-tuple key → item, once the dict outgrows smallDict
 	tuples map[tupleHash][]int // tuple key hash → items whose keys hash alike
 	node
 }
@@ -149,20 +150,34 @@ func (d *Dict) Set(key, value any) error {
 		return nil
 	}
 	i = len(d.items)
-	d.items = append(d.items, DictItem{Key: key, Value: value})
 	if h, ok := k.(tupleHash); ok {
+		d.items = append(d.items, DictItem{Key: key, Value: value})
 		if d.tuples == nil {
 			d.tuples = map[tupleHash][]int{}
 		}
 		d.tuples[h] = append(d.tuples[h], i)
 		return nil
 	}
-	if d.index == nil {
-		d.index = map[any]int{}
+	d.items = append(d.items, DictItem{Key: key, Value: value, norm: k})
+	switch {
+	case d.index != nil:
+		d.index[k] = i
+	case len(d.items) > smallDict:
+		d.index = make(map[any]int, 2*len(d.items))
+		for j, it := range d.items {
+			if it.norm != nil {
+				d.index[it.norm] = j
+			}
+		}
 	}
-	d.index[k] = i
 	return nil
 }
+
+// smallDict is the size up to which a dict finds scalar keys by scanning
+// its items: a .metadata holds hundreds of thousands of 3-key dicts (the
+// state of every chunk's index and storage entry), where a map each would
+// dominate decoding.
+const smallDict = 8
 
 // find returns the index of key's item (-1 if absent) and the key's
 // normalized form: its tuple hash for a tuple, else the scalar key.
@@ -182,6 +197,14 @@ func (d *Dict) find(key any) (int, any, error) {
 	k, err := scalarKey(key)
 	if err != nil {
 		return -1, nil, err
+	}
+	if d.index == nil {
+		for i := range d.items {
+			if d.items[i].norm == k {
+				return i, k, nil
+			}
+		}
+		return -1, k, nil
 	}
 	if i, ok := d.index[k]; ok {
 		return i, k, nil
