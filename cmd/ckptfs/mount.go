@@ -22,6 +22,7 @@ import (
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
 )
@@ -35,6 +36,7 @@ const memoryHeadroom = 48 << 20
 // mountFlags are the flags of the mount command; each is also a -o option.
 type mountFlags struct {
 	view        viewFlags
+	source      sourceFlags
 	write       writeFlags
 	cacheSize   *byteSize
 	blockSize   *byteSize
@@ -51,12 +53,13 @@ type mountFlags struct {
 
 func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.view.register(fs)
+	f.source.register(fs, true)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
 	f.readAhead = newByteSize(1<<20, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
-	fs.Var(f.blockSize, "block-size", "cache block size: the unit shards are read in")
-	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, "`N` blocks read ahead on sequential access (0 disables)")
+	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (%s for s3:// sources)", human(s3BlockSize)))
+	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; %d for s3:// sources)", s3Prefetch))
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
 	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request")
@@ -112,6 +115,13 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 			ready.failed(err)
 		}
 	}()
+	if err := f.source.check(src); err != nil {
+		return err
+	}
+	remote := s3.IsURL(src)
+	if remote && f.write.rw {
+		return &usageError{fmt.Errorf("--rw: %s cannot be mounted writable: written checkpoints need a local directory", src)}
+	}
 	target, err := f.write.target()
 	if err != nil {
 		return err
@@ -125,6 +135,22 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target}
+	if remote {
+		// Each block is a request: bigger blocks, several in flight.
+		if !f.source.changed("block-size") {
+			copts.BlockSize = s3BlockSize
+		}
+		if !f.source.changed("prefetch") {
+			copts.ReadAhead = s3Prefetch
+		}
+		copts.Workers = s3Workers
+		tree, closer, err := f.source.open(src, copts.BlockSize)
+		if err != nil {
+			return err
+		}
+		defer closer.Close() // after the vfs is closed
+		vopts.Tree = tree
+	}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
 		m = metrics.New()

@@ -14,6 +14,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/logging"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -103,7 +104,10 @@ func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, erro
 			// connections instead of opening new ones.
 			tr.MaxIdleConnsPerHost = 64
 		})
-	opts := []func(*config.LoadOptions) error{config.WithRetryer(retryer), config.WithHTTPClient(httpClient)}
+	// The SDK's own log lines (an IMDS fallback) would bypass the mount's
+	// logger; what matters comes back as the error of the request.
+	opts := []func(*config.LoadOptions) error{config.WithRetryer(retryer), config.WithHTTPClient(httpClient),
+		config.WithLogger(logging.Nop{})}
 	if o.Endpoint != "" {
 		opts = append(opts, config.WithBaseEndpoint(o.Endpoint))
 	}

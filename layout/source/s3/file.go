@@ -45,7 +45,10 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	want := p[:min(int64(len(p)), f.info.Size-off)]
-	n, err := f.read(want, off)
+	n, small, err := f.t.windows.read(f, want, off)
+	if !small {
+		n, err = f.read(want, off)
+	}
 	if err == nil && n < len(p) {
 		err = io.EOF
 	}

@@ -44,9 +44,10 @@ type Tree struct {
 	ctx    context.Context // canceled by Close: requests in flight end
 	cancel context.CancelFunc
 
-	lists singleflight.Group
-	mu    sync.Mutex
-	cache map[string]listing // GUARDED_BY(mu); by directory name, fresh for ListTTL
+	windows *windows // small reads
+	lists   singleflight.Group
+	mu      sync.Mutex
+	cache   map[string]listing // GUARDED_BY(mu); by directory name, fresh for ListTTL
 }
 
 type listing struct {
@@ -67,7 +68,8 @@ func Open(ctx context.Context, url string, o Options) (*Tree, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tree{loc: loc, opts: o.withDefaults(), opened: time.Now(), cache: map[string]listing{}}
+	t := &Tree{loc: loc, opts: o.withDefaults(), opened: time.Now(), cache: map[string]listing{},
+		windows: newWindows()}
 	if t.client, err = newClient(ctx, t.opts, &t.count); err != nil {
 		return nil, fmt.Errorf("s3: %s: %w", loc, err)
 	}

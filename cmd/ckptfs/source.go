@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/diskcache"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
+)
+
+// Defaults for an s3:// source, whose every block is a request with tens of
+// milliseconds of latency: larger blocks, more of them in flight.
+const (
+	s3BlockSize = 8 << 20
+	s3Prefetch  = 8
+	s3Workers   = 8
+)
+
+// sourceFlags say how an s3:// source is reached (mount, inspect, export).
+type sourceFlags struct {
+	endpoint     string
+	pathStyle    bool
+	maxAttempts  int
+	cacheDir     string
+	cacheDirSize *byteSize
+	flags        *pflag.FlagSet // tells a flag given from its default
+}
+
+// register adds the flags; withCache adds --cache-dir (commands that read
+// tensor bytes).
+func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
+	s.flags = fs
+	fs.StringVar(&s.endpoint, "endpoint", "", "s3:// sources: `URL` of an S3-compatible store (default: $AWS_ENDPOINT_URL, else AWS)")
+	fs.BoolVar(&s.pathStyle, "path-style", false, "s3:// sources: address buckets as ENDPOINT/BUCKET, not BUCKET.ENDPOINT (on unless given =false when an endpoint is set)")
+	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "s3:// sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
+	if withCache {
+		s.cacheDirSize = newByteSize(10<<30, false)
+		fs.StringVar(&s.cacheDir, "cache-dir", "", "s3:// sources: keep fetched blocks in `DIR` on local disk, so a restart does not fetch them again")
+		fs.Var(s.cacheDirSize, "cache-dir-size", "bound on the bytes kept in --cache-dir")
+	}
+}
+
+func (s *sourceFlags) changed(name string) bool { return s.flags != nil && s.flags.Changed(name) }
+
+// check refuses object store flags for a local source, where they would
+// silently do nothing.
+func (s *sourceFlags) check(src string) error {
+	if s3.IsURL(src) {
+		return nil
+	}
+	for _, name := range []string{"endpoint", "path-style", "max-attempts", "cache-dir", "cache-dir-size"} {
+		if s.changed(name) {
+			return &usageError{fmt.Errorf("--%s is for s3:// sources; %s is a local directory", name, src)}
+		}
+	}
+	return nil
+}
+
+// open opens the s3:// URL as a tree, its reads through the disk cache of
+// blocks of blockSize when --cache-dir is set. closer releases both.
+func (s *sourceFlags) open(url string, blockSize int64) (source.Tree, io.Closer, error) {
+	o := s3.Options{Endpoint: s.endpoint, MaxAttempts: s.maxAttempts}
+	if s.changed("path-style") {
+		o.PathStyle = &s.pathStyle
+	}
+	t, err := s3.Open(context.Background(), url, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.cacheDir == "" {
+		return t, t, nil
+	}
+	c, err := diskcache.Open(diskcache.Options{Dir: s.cacheDir, MaxBytes: s.cacheDirSize.Int64(), BlockSize: blockSize})
+	if err != nil {
+		t.Close()
+		return nil, nil, fmt.Errorf("--cache-dir: %w", err)
+	}
+	return c.Wrap(t), closers{t, c}, nil
+}
+
+type closers []io.Closer
+
+func (cs closers) Close() error {
+	for _, c := range cs {
+		c.Close()
+	}
+	return nil
+}
+
+// openS3Checkpoint opens the checkpoint at the s3:// URL src, confined to
+// the prefix root (src itself when root is "").
+func (s *sourceFlags) openS3Checkpoint(src, root string, blockSize int64) (*layout.Checkpoint, error) {
+	rel := "."
+	if root != "" {
+		r, err := s3.ParseURL(root)
+		if err != nil {
+			return nil, fmt.Errorf("--root: %w", err)
+		}
+		loc, err := s3.ParseURL(src)
+		if err != nil {
+			return nil, err
+		}
+		under, ok := strings.CutPrefix(loc.Prefix+"/", r.Prefix+"/")
+		if r.Prefix == "" {
+			under, ok = loc.Prefix, true
+		}
+		if loc.Bucket != r.Bucket || !ok {
+			return nil, fmt.Errorf("%s is not inside --root %s", src, root)
+		}
+		if rel = strings.TrimSuffix(under, "/"); rel == "" {
+			rel = "."
+		}
+		src = root
+	}
+	t, closer, err := s.open(src, blockSize)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := source.Sub(t, rel)
+	var c *layout.Checkpoint
+	if err == nil {
+		c, err = layout.OpenTree(sub)
+	}
+	if err != nil {
+		closer.Close()
+		return nil, err
+	}
+	c.Files.Adopt(closer)
+	return c, nil
+}
