@@ -96,29 +96,11 @@ func (cs closers) Close() error {
 // openS3Checkpoint opens the checkpoint at the s3:// URL src, confined to
 // the prefix root (src itself when root is "").
 func (s *sourceFlags) openS3Checkpoint(src, root string, blockSize int64) (*layout.Checkpoint, error) {
-	rel := "."
-	if root != "" {
-		r, err := s3.ParseURL(root)
-		if err != nil {
-			return nil, fmt.Errorf("--root: %w", err)
-		}
-		loc, err := s3.ParseURL(src)
-		if err != nil {
-			return nil, err
-		}
-		under, ok := strings.CutPrefix(loc.Prefix+"/", r.Prefix+"/")
-		if r.Prefix == "" {
-			under, ok = loc.Prefix, true
-		}
-		if loc.Bucket != r.Bucket || !ok {
-			return nil, fmt.Errorf("%s is not inside --root %s", src, root)
-		}
-		if rel = strings.TrimSuffix(under, "/"); rel == "" {
-			rel = "."
-		}
-		src = root
+	top, rel, err := s3Root(src, root)
+	if err != nil {
+		return nil, err
 	}
-	t, closer, err := s.open(src, blockSize)
+	t, closer, err := s.open(top, blockSize)
 	if err != nil {
 		return nil, err
 	}
@@ -133,4 +115,28 @@ func (s *sourceFlags) openS3Checkpoint(src, root string, blockSize int64) (*layo
 	}
 	c.Files.Adopt(closer)
 	return c, nil
+}
+
+// s3Root returns the tree to open for src confined to root (src itself when
+// root is "") and src's name in it.
+func s3Root(src, root string) (top, rel string, err error) {
+	loc, err := s3.ParseURL(src)
+	if err != nil || root == "" {
+		return src, ".", err
+	}
+	r, err := s3.ParseURL(root)
+	if err != nil {
+		return "", "", fmt.Errorf("--root: %w", err)
+	}
+	rel, ok := strings.CutPrefix(loc.Prefix, r.Prefix)
+	if r.Prefix != "" && rel != "" {
+		rel, ok = strings.CutPrefix(rel, "/")
+	}
+	if loc.Bucket != r.Bucket || !ok {
+		return "", "", fmt.Errorf("%s is not inside --root %s", src, root)
+	}
+	if rel == "" {
+		rel = "."
+	}
+	return root, rel, nil
 }
