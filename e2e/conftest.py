@@ -45,9 +45,10 @@ class Mount:
             time.sleep(0.05)
 
     def output(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log.name) as f:  # also after close(), for teardown's message
+            return f.read()
 
     def close(self):
         if self.proc.poll() is None:

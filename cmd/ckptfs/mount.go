@@ -29,6 +29,10 @@ import (
 
 const watchdogCmd = "__unmount-on-exit"
 
+// unmountGrace is how long an unmount waits for requests in flight before
+// the source's are ended (see unmountOnSignal).
+const unmountGrace = 2 * time.Second
+
 // memoryHeadroom is what the mount process may use beyond its block cache:
 // blocks in flight, FUSE buffers, parsed metadata.
 const memoryHeadroom = 48 << 20
@@ -133,6 +137,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	defer closeLog()
 	ready.log = log
 
+	cancelRequests := func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target}
 	if remote {
@@ -150,6 +155,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		}
 		defer closer.Close() // after the vfs is closed
 		vopts.Tree = tree
+		cancelRequests = func() { closer.Close() }
 	}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
@@ -203,7 +209,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 
-	defer unmountOnSignal(server, mnt, log, ready)()
+	defer unmountOnSignal(server, mnt, log, ready, cancelRequests)()
 	ready.ready()
 	server.Wait()
 	ready.stopping()
@@ -212,8 +218,10 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 
 // unmountOnSignal unmounts on SIGINT, SIGTERM or SIGHUP until stop is called.
 // A busy mount (files open or mapped) is detached and served until its files
-// close, unless a second signal asks to exit now.
-func unmountOnSignal(server *fuse.Server, mnt string, log *slog.Logger, ready *readiness) (stop func()) {
+// close, unless a second signal asks to exit now. An unmount still waiting
+// after unmountGrace for requests the kernel sent (a read ahead stuck on a
+// stalled object store) calls abort to end them.
+func unmountOnSignal(server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, abort func()) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
@@ -223,7 +231,10 @@ func unmountOnSignal(server *fuse.Server, mnt string, log *slog.Logger, ready *r
 		}
 		log.Info("unmounting", "signal", s.String())
 		ready.stopping()
-		if err := server.Unmount(); err != nil {
+		stalled := time.AfterFunc(unmountGrace, abort)
+		err := server.Unmount()
+		stalled.Stop()
+		if err != nil {
 			log.Warn("busy: detached, serving open files until they close (signal again to exit now)", "mountpoint", mnt)
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
 			if _, ok := <-sigs; !ok {

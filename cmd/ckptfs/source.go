@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -27,6 +28,7 @@ type sourceFlags struct {
 	endpoint     string
 	pathStyle    bool
 	maxAttempts  int
+	readTimeout  time.Duration
 	cacheDir     string
 	cacheDirSize *byteSize
 	flags        *pflag.FlagSet // tells a flag given from its default
@@ -39,6 +41,7 @@ func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
 	fs.StringVar(&s.endpoint, "endpoint", "", "s3:// sources: `URL` of an S3-compatible store (default: $AWS_ENDPOINT_URL, else AWS)")
 	fs.BoolVar(&s.pathStyle, "path-style", false, "s3:// sources: address buckets as ENDPOINT/BUCKET, not BUCKET.ENDPOINT (on unless given =false when an endpoint is set)")
 	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "s3:// sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
+	fs.DurationVar(&s.readTimeout, "read-timeout", s3.DefaultReadTimeout, "s3:// sources: fail an attempt whose connection delivers nothing for this long (then retried)")
 	if withCache {
 		s.cacheDirSize = newByteSize(10<<30, false)
 		fs.StringVar(&s.cacheDir, "cache-dir", "", "s3:// sources: keep fetched blocks in `DIR` on local disk, so a restart does not fetch them again")
@@ -54,7 +57,7 @@ func (s *sourceFlags) check(src string) error {
 	if s3.IsURL(src) {
 		return nil
 	}
-	for _, name := range []string{"endpoint", "path-style", "max-attempts", "cache-dir", "cache-dir-size"} {
+	for _, name := range []string{"endpoint", "path-style", "max-attempts", "read-timeout", "cache-dir", "cache-dir-size"} {
 		if s.changed(name) {
 			return &usageError{fmt.Errorf("--%s is for s3:// sources; %s is a local directory", name, src)}
 		}
@@ -65,7 +68,7 @@ func (s *sourceFlags) check(src string) error {
 // open opens the s3:// URL as a tree, its reads through the disk cache of
 // blocks of blockSize when --cache-dir is set. closer releases both.
 func (s *sourceFlags) open(url string, blockSize int64) (source.Tree, io.Closer, error) {
-	o := s3.Options{Endpoint: s.endpoint, MaxAttempts: s.maxAttempts}
+	o := s3.Options{Endpoint: s.endpoint, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout}
 	if s.changed("path-style") {
 		o.PathStyle = &s.pathStyle
 	}

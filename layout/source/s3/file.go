@@ -83,11 +83,15 @@ func backoff(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// bodyError is a response body that ended before its range did.
-type bodyError struct{ err error }
+// bodyError is a response body that ended before its range did. Like
+// requestFailed, it keeps the cause as text only: a network errno deep in it
+// (ECONNRESET) must not become the errno a reader of the mount gets.
+type bodyError struct{ cause string }
 
-func (e *bodyError) Error() string { return "response body cut: " + e.err.Error() }
-func (e *bodyError) Unwrap() error { return e.err }
+func (e *bodyError) Error() string {
+	return fmt.Sprintf("%v: response body cut: %s", ErrRequest, e.cause)
+}
+func (e *bodyError) Is(target error) bool { return target == ErrRequest }
 
 // get is one ranged GET of len(p) bytes at off, If-Match the opened ETag.
 func (f *file) get(p []byte, off int64) (int, error) {
@@ -112,7 +116,7 @@ func (f *file) get(p []byte, off int64) (int, error) {
 		if errors.Is(err, context.Canceled) {
 			return n, fmt.Errorf("s3: %s: %w", f.url, err)
 		}
-		return n, &fs.PathError{Op: "read", Path: f.url, Err: &bodyError{err}}
+		return n, &fs.PathError{Op: "read", Path: f.url, Err: &bodyError{err.Error()}}
 	}
 	return n, nil
 }
@@ -129,7 +133,7 @@ func (f *file) requestError(err error) error {
 			return fmt.Errorf("%w: %s vanished", source.ErrChanged, f.url)
 		}
 	}
-	return &fs.PathError{Op: "read", Path: f.url, Err: err}
+	return &fs.PathError{Op: "read", Path: f.url, Err: requestFailed(err)}
 }
 
 // rangeStart parses the first byte of a Content-Range: "bytes 0-99/1000".

@@ -250,7 +250,7 @@ func TestObjectReplaced(t *testing.T) {
 	assert.Equal(t, "old!old!", string(buf))
 
 	srv.Put(t, "data", "ckpt/shard", bytes.Repeat([]byte("new!"), 50_000)) // same size
-	_, err = f.ReadAt(buf, 8) // in the window already fetched: the old version's bytes
+	_, err = f.ReadAt(buf, 8)                                              // in the window already fetched: the old version's bytes
 	require.NoError(t, err)
 	assert.Equal(t, "old!old!", string(buf))
 	_, err = f.ReadAt(buf, 150_000) // not fetched yet

@@ -280,5 +280,19 @@ func (t *Tree) fail(op, name string, err error) error {
 		return t.notExist(op, name)
 	}
 	t.count.errors.Add(1)
-	return &fs.PathError{Op: op, Path: t.loc.url(name), Err: err}
+	return &fs.PathError{Op: op, Path: t.loc.url(name), Err: requestFailed(err)}
+}
+
+// ErrRequest is a request to the store that failed after its retries.
+var ErrRequest = errors.New("s3: request failed")
+
+// requestFailed keeps the SDK's one-line account of a failed request (the
+// operation, attempts, status, code and message) but not its chain: a
+// network errno in it (ECONNREFUSED) is no errno of the file, and the mount
+// answers EIO. Cancellation stays visible.
+func requestFailed(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%w: %w", ErrRequest, context.Canceled)
+	}
+	return fmt.Errorf("%w: %s", ErrRequest, err.Error())
 }
