@@ -149,8 +149,8 @@ func openCheckpoint(src, root string) (*layout.Checkpoint, error) {
 	return layout.OpenIn(root, filepath.ToSlash(rel))
 }
 
-// exportBlockSize is the unit export reads in, and the block of its disk
-// cache.
+// exportBlockSize is the unit export reads a local source in (an s3://
+// one: s3BlockSize, also the block of its disk cache).
 const exportBlockSize = 8 << 20
 
 const rootHelp = "read nothing outside `DIR` (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/ (for s3:// SRC, an s3:// prefix above it)"
@@ -303,7 +303,11 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 }
 
 func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *sourceFlags, quiet bool, workers int) error {
-	c, v, err := openView(src, root, vf, sf, exportBlockSize)
+	blockSize := int64(exportBlockSize)
+	if s3.IsURL(src) {
+		blockSize = s3BlockSize
+	}
+	c, v, err := openView(src, root, vf, sf, blockSize)
 	defer closeView(c, v)
 	if err != nil {
 		return err
@@ -311,7 +315,7 @@ func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *source
 	if v.Note != "" {
 		return errors.New(v.Note)
 	}
-	opts := layout.ExportOptions{Workers: workers, BlockSize: exportBlockSize}
+	opts := layout.ExportOptions{Workers: workers, BlockSize: blockSize}
 	var bar *progressBar
 	if !quiet && isTerminal(stderr) {
 		bar = newProgressBar(stderr, v.TotalSize())
