@@ -32,3 +32,23 @@ func TestS3Root(t *testing.T) {
 		assert.Equal(t, tc.rel, rel, tc.src)
 	}
 }
+
+func TestS3CacheDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		cache             int64
+		block             int64
+		prefetch, workers int
+	}{
+		{512 << 20, 16 << 20, 8, 8},
+		{4 << 30, 16 << 20, 8, 8},
+		{256 << 20, 8 << 20, 8, 8},
+		{128 << 20, 8 << 20, 4, 4},
+		{32 << 20, 8 << 20, 1, 1},
+	} {
+		block, prefetch, workers := s3CacheDefaults(tc.cache)
+		assert.Equal(t, []any{tc.block, tc.prefetch, tc.workers}, []any{block, prefetch, workers}, "cache %d", tc.cache)
+		// What the cache reserves for blocks in flight leaves it half.
+		reserve := int64(min(2*(prefetch+workers), int(tc.cache/block/4))+int(tc.cache/block/4)+workers) * block
+		assert.LessOrEqual(t, reserve, tc.cache*3/4, "cache %d", tc.cache)
+	}
+}

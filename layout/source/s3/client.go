@@ -50,8 +50,9 @@ type Options struct {
 	// long (default 30 s); the attempt is then retried.
 	ReadTimeout time.Duration
 	// ListTTL is how long a directory listing answers Stat and Open of the
-	// names in it (default 1 s, the entry timeout of a mount's directories).
-	// A change within it is still caught by the conditional reads.
+	// names in it before it is listed again (default 1 s, the entry timeout
+	// of a mount's directories). A change within it is still caught by the
+	// conditional reads.
 	ListTTL time.Duration
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -35,6 +37,8 @@ func TestParseURL(t *testing.T) {
 		{url: "s3://bucket/runs//llama", bad: true},
 		{url: "s3://bucket/./runs", bad: true},
 		{url: "s3://bucket/..", bad: true},
+		{url: "s3://bucket//", bad: true},
+		{url: "s3://bucket/x//", bad: true},
 		{url: "s3://Bucket/x", bad: true},
 		{url: "s3://b/x", bad: true},
 		{url: "s3:///x", bad: true},
@@ -358,4 +362,41 @@ func TestRetries(t *testing.T) {
 	assert.GreaterOrEqual(t, st.Retries, faults.Load()-1, "every fault after the tree opened was retried")
 	assert.Zero(t, st.Errors)
 	assert.Equal(t, int64(len(data)), st.BytesFetched, "a cut body is resumed where it stopped, not fetched again")
+}
+
+// TestStatFromListing: once a directory was listed, Stat of its names
+// costs one LIST per ListTTL, however many names (a view file's open checks
+// every shard it reads), and sees a replaced object.
+func TestStatFromListing(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Bucket(t, "data")
+	for i := range 5 {
+		srv.Put(t, "data", fmt.Sprintf("ckpt/__%d_0.distcp", i), []byte("shard"))
+	}
+	tree, err := s3.Open(context.Background(), "s3://data/ckpt", s3.Options{ListTTL: 50 * time.Millisecond})
+	require.NoError(t, err)
+	defer tree.Close()
+	stat := func() map[string]string {
+		versions := map[string]string{}
+		for i := range 5 {
+			info, err := tree.Stat(fmt.Sprintf("__%d_0.distcp", i))
+			require.NoError(t, err)
+			versions[info.Name] = info.Version
+		}
+		return versions
+	}
+	before := tree.Stats().Requests
+	v1 := stat() // five HEADs: nothing listed yet
+	assert.Equal(t, int64(5), tree.Stats().Requests-before)
+	_, err = tree.ReadDir(".")
+	require.NoError(t, err)
+	srv.Put(t, "data", "ckpt/__3_0.distcp", []byte("other"))
+	time.Sleep(60 * time.Millisecond)
+	before = tree.Stats().Requests
+	v2 := stat()
+	assert.Equal(t, int64(1), tree.Stats().Requests-before, "one LIST for five names")
+	assert.NotEqual(t, v1["__3_0.distcp"], v2["__3_0.distcp"])
+	assert.Equal(t, v1["__0_0.distcp"], v2["__0_0.distcp"])
+	_, err = tree.Stat("__9_0.distcp")
+	assert.ErrorIs(t, err, fs.ErrNotExist)
 }

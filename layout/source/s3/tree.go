@@ -106,16 +106,24 @@ func (t *Tree) Path(name string) string {
 	return t.loc.url(name)
 }
 
-// Stat describes name: from a fresh listing of its directory if there is
-// one, else with a HEAD of its key and, when that finds no object, a
-// one-key listing of it as a prefix.
+// Stat describes name: from the listing of its directory when that was
+// listed before (listed again once older than ListTTL: one request answers
+// for every file of a checkpoint, where checking each would be a HEAD per
+// shard at every open), else with a HEAD of its key and, when that finds no
+// object, a one-key listing of it as a prefix.
 func (t *Tree) Stat(name string) (source.Info, error) {
 	name, err := source.Clean(name)
 	if err != nil {
 		return source.Info{}, err
 	}
 	if name != "." {
-		if ents, ok := t.cached(path.Dir(name)); ok {
+		dir := path.Dir(name)
+		if ents, fresh, known := t.cached(dir); known {
+			if !fresh {
+				if ents, err = t.ReadDir(dir); err != nil {
+					return source.Info{}, err
+				}
+			}
 			base := path.Base(name)
 			i := sort.Search(len(ents), func(i int) bool { return ents[i].Name >= base })
 			if i < len(ents) && ents[i].Name == base {
@@ -174,7 +182,7 @@ func (t *Tree) ReadDir(name string) ([]source.Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ents, ok := t.cached(name); ok {
+	if ents, fresh, _ := t.cached(name); fresh {
 		return ents, nil
 	}
 	v, err, _ := t.lists.Do(name, func() (any, error) { return t.list(name) })
@@ -222,15 +230,20 @@ func (t *Tree) list(name string) ([]source.Info, error) {
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name < ents[j].Name })
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	now := time.Now()
-	for k, l := range t.cache {
-		if now.Sub(l.at) > t.opts.ListTTL {
+	if len(t.cache) >= maxListings {
+		for k := range t.cache { // the map's order: any listing, dropped
 			delete(t.cache, k)
+			if len(t.cache) < maxListings/2 {
+				break
+			}
 		}
 	}
-	t.cache[name] = listing{at: now, ents: ents}
+	t.cache[name] = listing{at: time.Now(), ents: ents}
 	return ents, nil
 }
+
+// maxListings bounds the directory listings a tree keeps.
+const maxListings = 4096
 
 // validBase reports whether a listed key's last segment is a name the tree
 // can be asked for.
@@ -238,15 +251,16 @@ func validBase(base string) bool {
 	return base != "" && base != "." && base != ".." && !strings.ContainsAny(base, "/\x00")
 }
 
-// cached returns the listing of dir if it is fresh.
-func (t *Tree) cached(dir string) ([]source.Info, bool) {
+// cached returns the listing of dir, whether it is fresh, and whether dir
+// was listed at all.
+func (t *Tree) cached(dir string) (ents []source.Info, fresh, known bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l, ok := t.cache[dir]
-	if !ok || time.Since(l.at) > t.opts.ListTTL {
-		return nil, false
+	if !ok {
+		return nil, false, false
 	}
-	return l.ents, true
+	return l.ents, time.Since(l.at) <= t.opts.ListTTL, true
 }
 
 // Open opens the object at name. Its size and ETag come from Stat; nothing

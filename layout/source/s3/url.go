@@ -40,6 +40,9 @@ func ParseURL(s string) (Location, error) {
 	if !bucketName.MatchString(bucket) {
 		return Location{}, fmt.Errorf("s3: %s: invalid bucket name %q", s, bucket)
 	}
+	if strings.HasPrefix(prefix, "/") {
+		return Location{}, fmt.Errorf("s3: %s: the prefix must be a plain path (no \"..\", \".\" or empty segments)", s)
+	}
 	prefix = strings.TrimSuffix(prefix, "/")
 	if prefix != "" {
 		clean, err := source.Clean(prefix)
