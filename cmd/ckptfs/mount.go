@@ -62,7 +62,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
 	f.readAhead = newByteSize(1<<20, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
-	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (s3:// sources: %s, half that with a cache under 32 blocks)", human(s3BlockSize)))
+	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (s3:// sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; s3:// sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
@@ -142,10 +142,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target}
 	if remote {
 		// Each block is a request: bigger blocks, several in flight.
-		block, prefetch, workers := s3CacheDefaults(copts.Size)
-		if !f.source.changed("block-size") {
-			copts.BlockSize = block
+		var given int64
+		if f.source.changed("block-size") {
+			given = copts.BlockSize
 		}
+		block, prefetch, workers := s3CacheDefaults(copts.Size, given)
+		copts.BlockSize = block
 		if !f.source.changed("prefetch") {
 			copts.ReadAhead = prefetch
 		}

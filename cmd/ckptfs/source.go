@@ -28,12 +28,16 @@ const (
 // for fills; read-ahead workers must leave ristretto at least another
 // quarter, or blocks read ahead are evicted before they are read and fetched
 // twice (measured: 1.75 bytes fetched per byte read with 16 MiB blocks and 8
-// workers in a 256 MiB cache). Smaller caches get 8 MiB blocks, then fewer in
-// flight.
-func s3CacheDefaults(cacheSize int64) (blockSize int64, prefetch, workers int) {
-	blockSize = s3BlockSize
-	if cacheSize < 32*s3BlockSize {
-		blockSize = s3BlockSize / 2
+// workers in a 256 MiB cache; with 4, 1.0). Fewer blocks in flight cost less
+// than smaller blocks (more requests): only a cache under 8 blocks gets 8 MiB
+// ones.
+// A blockSize given (not 0) is kept.
+func s3CacheDefaults(cacheSize, blockSize int64) (block int64, prefetch, workers int) {
+	if blockSize == 0 {
+		blockSize = s3BlockSize
+		if cacheSize < 8*s3BlockSize {
+			blockSize = s3BlockSize / 2
+		}
 	}
 	n := int(cacheSize / blockSize)
 	workers = max(1, min(s3Workers, n/4))

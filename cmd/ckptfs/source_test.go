@@ -35,20 +35,23 @@ func TestS3Root(t *testing.T) {
 
 func TestS3CacheDefaults(t *testing.T) {
 	for _, tc := range []struct {
-		cache             int64
+		cache, given      int64
 		block             int64
 		prefetch, workers int
 	}{
-		{512 << 20, 16 << 20, 8, 8},
-		{4 << 30, 16 << 20, 8, 8},
-		{256 << 20, 8 << 20, 8, 8},
-		{128 << 20, 8 << 20, 4, 4},
-		{32 << 20, 8 << 20, 1, 1},
+		{512 << 20, 0, 16 << 20, 8, 8},
+		{4 << 30, 0, 16 << 20, 8, 8},
+		{256 << 20, 0, 16 << 20, 4, 4},
+		{128 << 20, 0, 16 << 20, 2, 2},
+		{32 << 20, 0, 8 << 20, 1, 1},
+		{256 << 20, 16 << 20, 16 << 20, 4, 4},
+		{512 << 20, 1 << 20, 1 << 20, 8, 8},
 	} {
-		block, prefetch, workers := s3CacheDefaults(tc.cache)
+		block, prefetch, workers := s3CacheDefaults(tc.cache, tc.given)
 		assert.Equal(t, []any{tc.block, tc.prefetch, tc.workers}, []any{block, prefetch, workers}, "cache %d", tc.cache)
-		// What the cache reserves for blocks in flight leaves it half.
-		reserve := int64(min(2*(prefetch+workers), int(tc.cache/block/4))+int(tc.cache/block/4)+workers) * block
+		// Staging, fills and read-ahead workers leave ristretto a quarter.
+		quarter := int(tc.cache / block / 4)
+		reserve := int64(min(2*(prefetch+workers), quarter)+quarter+workers) * block
 		assert.LessOrEqual(t, reserve, tc.cache*3/4, "cache %d", tc.cache)
 	}
 }
