@@ -6,8 +6,10 @@
 // for it; they age out.
 //
 // Correctness never depends on the cache: a block is written to a temporary
-// file and renamed into place, carries its length and CRC-32C, and one that
-// is missing, short or corrupt is removed and fetched from the source again.
+// file and renamed into place, carries its length and CRC-32C (checked when
+// a process first reads it; later reads read just their range), and one
+// that is missing, short or corrupt is removed and fetched from the source
+// again.
 // A block that cannot be written is just not cached. The directory is
 // bounded by MaxBytes, least recently used blocks first; one process uses
 // it at a time (a lock file says so).
@@ -57,8 +59,9 @@ type Cache struct {
 }
 
 type entry struct {
-	name string
-	size int64
+	name     string
+	size     int64
+	verified bool // checked whole by this process (or written by it)
 }
 
 const (
@@ -119,7 +122,7 @@ func (c *Cache) scan() error {
 		if err != nil || !strings.HasSuffix(name, suffix) || !fi.Mode().IsRegular() {
 			continue
 		}
-		blocks = append(blocks, found{entry{name, fi.Size()}, fi.ModTime().UnixNano()})
+		blocks = append(blocks, found{entry{name: name, size: fi.Size()}, fi.ModTime().UnixNano()})
 	}
 	sort.Slice(blocks, func(i, j int) bool { return blocks[i].mtime > blocks[j].mtime })
 	c.mu.Lock()
@@ -190,32 +193,30 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	}
 	bs := f.c.opts.BlockSize
 	end := min(off+int64(len(p)), size)
-	n := 0
 	for pos := off; pos < end; {
 		idx := pos / bs
-		b, err := f.c.block(f, idx)
-		if err != nil {
-			return n, err
+		dst := p[pos-off : min(end, (idx+1)*bs)-off]
+		if err := f.c.read(f, idx, dst, pos-idx*bs); err != nil {
+			return int(pos - off), err
 		}
-		n += copy(p[pos-off:end-off], b[pos-idx*bs:])
-		pos = off + int64(n)
+		pos += int64(len(dst))
 	}
-	if n < len(p) {
+	if n := int(end - off); n < len(p) {
 		return n, io.EOF
 	}
-	return n, nil
+	return len(p), nil
 }
 
-// block returns the bytes of block idx of f: from disk, else from the
-// source (once for concurrent readers), stored for next time.
-func (c *Cache) block(f *file, idx int64) ([]byte, error) {
+// read fills dst with the bytes at off in block idx of f: from disk, else
+// from the source (once for concurrent readers), stored for next time.
+func (c *Cache) read(f *file, idx int64, dst []byte, off int64) error {
 	bs := c.opts.BlockSize
 	want := min(bs, f.Info().Size-idx*bs)
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%d", f.id, bs, idx)))
 	name := hex.EncodeToString(sum[:]) + suffix
-	if b, ok := c.load(name, want); ok {
+	if c.load(name, want, dst, off) {
 		c.hits.Add(1)
-		return b, nil
+		return nil
 	}
 	v, err, _ := c.sf.Do(name, func() (any, error) {
 		c.misses.Add(1)
@@ -231,31 +232,53 @@ func (c *Cache) block(f *file, idx int64) ([]byte, error) {
 		return b, nil
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return v.([]byte), nil
+	copy(dst, v.([]byte)[off:])
+	return nil
 }
 
-// load reads and checks a block; a bad one is removed.
-func (c *Cache) load(name string, want int64) ([]byte, bool) {
+// load fills dst from the block on disk. A block is checked whole (length
+// and CRC) the first time this process reads it, then read in place; a bad
+// one is removed.
+func (c *Cache) load(name string, want int64, dst []byte, off int64) bool {
 	c.mu.Lock()
 	el, ok := c.index[name]
+	var verified bool
 	if ok {
 		c.lru.MoveToFront(el)
+		verified = el.Value.(*entry).verified
 	}
 	c.mu.Unlock()
 	if !ok {
-		return nil, false
+		return false
 	}
-	raw, err := os.ReadFile(filepath.Join(c.opts.Dir, name))
-	if err == nil && len(raw) == headerSize+int(want) && string(raw[:len(magic)]) == magic &&
-		binary.LittleEndian.Uint64(raw[len(magic)+4:headerSize]) == uint64(want) &&
-		binary.LittleEndian.Uint32(raw[len(magic):]) == crc32.Checksum(raw[headerSize:], castagnoli) {
-		return raw[headerSize:], true
+	path := filepath.Join(c.opts.Dir, name)
+	if verified {
+		if fd, err := os.Open(path); err == nil {
+			n, err := fd.ReadAt(dst, int64(headerSize)+off)
+			fd.Close()
+			if n == len(dst) && (err == nil || err == io.EOF) {
+				return true
+			}
+		}
+	} else {
+		raw, err := os.ReadFile(path)
+		if err == nil && len(raw) == headerSize+int(want) && string(raw[:len(magic)]) == magic &&
+			binary.LittleEndian.Uint64(raw[len(magic)+4:headerSize]) == uint64(want) &&
+			binary.LittleEndian.Uint32(raw[len(magic):]) == crc32.Checksum(raw[headerSize:], castagnoli) {
+			c.mu.Lock()
+			if el, ok := c.index[name]; ok {
+				el.Value.(*entry).verified = true
+			}
+			c.mu.Unlock()
+			copy(dst, raw[int64(headerSize)+off:])
+			return true
+		}
 	}
 	c.errs.Add(1)
 	c.forget(name)
-	return nil, false
+	return false
 }
 
 // store writes a block (temporary file, then rename) and trims the cache.
@@ -289,7 +312,7 @@ func (c *Cache) store(name string, b []byte) {
 		c.size -= el.Value.(*entry).size
 		c.lru.Remove(el)
 	}
-	c.index[name] = c.lru.PushFront(&entry{name, size})
+	c.index[name] = c.lru.PushFront(&entry{name: name, size: size, verified: true})
 	c.size += size
 	victims := c.trimLocked()
 	c.mu.Unlock()
