@@ -56,8 +56,14 @@ class Mount:
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                # Go prints every goroutine's stack on SIGQUIT: the log
+                # shows what the mount was stuck on.
+                self.proc.send_signal(signal.SIGQUIT)
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
         if is_mounted(self.mnt):
             subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False)
         self.log.close()
