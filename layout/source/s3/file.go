@@ -41,6 +41,9 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("s3: %s: negative offset %d", f.url, off)
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
 	if off >= f.info.Size {
 		return 0, io.EOF
 	}
