@@ -60,9 +60,9 @@ var (
 	_ source.Counted = (*Tree)(nil)
 )
 
-// Open returns the tree at url (s3://BUCKET[/PREFIX]). It lists the prefix
-// once: a prefix with no objects under it is an error, as a missing
-// directory is.
+// Open returns the tree at url (s3://BUCKET[/PREFIX]); ctx bounds loading
+// the configuration. It lists the prefix once: a prefix with no objects
+// under it is an error, as a missing directory is.
 func Open(ctx context.Context, url string, o Options) (*Tree, error) {
 	loc, err := ParseURL(url)
 	if err != nil {
@@ -74,14 +74,9 @@ func Open(ctx context.Context, url string, o Options) (*Tree, error) {
 		return nil, fmt.Errorf("s3: %s: %w", loc, err)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	info, err := t.Stat(".")
-	if err != nil {
+	if _, err := t.statDir("."); err != nil {
 		t.Close()
 		return nil, err
-	}
-	if !info.IsDir() {
-		t.Close()
-		return nil, fmt.Errorf("s3: %s is an object, not a prefix of objects", loc)
 	}
 	return t, nil
 }
