@@ -216,6 +216,10 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	ready.ready()
 	server.Wait()
 	ready.stopping()
+	// Unmounted: nobody waits for what is still being fetched (read-ahead),
+	// and the cache's Close waits for its workers, so end their requests now
+	// rather than after a stalled store's timeouts.
+	cancelRequests()
 	return nil
 }
 
