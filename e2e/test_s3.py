@@ -237,3 +237,27 @@ def test_cache_dir_survives_restart(s3, tmp_path, mount):
     again = stats(m)["source_io"]
     assert again["disk_hits"] > 0 and again.get("disk_misses", 0) == 0
     assert again["bytes_fetched"] < 1 << 20, "only metadata is fetched after a restart"
+
+
+def test_unmount_with_stalled_store_is_prompt(s3, tmp_path, mount):
+    """Read-ahead requests hanging on a store that stopped answering do not
+    hold the exit for their timeouts (30 s per attempt, here)."""
+    m = mount("s3://ckpts/run", "--block-size", "1MiB", "--prefetch", "8")
+    fd = os.open(m.mnt / "big" / "model.safetensors", os.O_RDONLY)
+    try:
+        # No kernel read-ahead: only ckptfs's own is in flight at the stop.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, 1 << 20, 0)
+        os.pread(fd, 1 << 20, 1 << 20)  # sequential: ckptfs reads the next blocks ahead
+        s3.stop()
+        assert stats(m)["cache"]["filling_bytes"] > 0, "read-ahead in flight at the stop"
+    finally:
+        os.close(fd)
+    try:
+        start = time.time()
+        m.close()
+        took = time.time() - start
+        assert m.proc.returncode == 0, m.output()
+        assert took < 5, (took, m.output())
+    finally:
+        s3.cont()
