@@ -9,7 +9,7 @@ BIN     := bin/ckptfs
 SAMPLE  := testdata/sample/ckpt
 STAMP   := $(VENV)/.installed-$(shell cat e2e/requirements.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: all build test test-go test-e2e deps go-deps fuse venv demo bench fuzz fixtures fmt vet clean
+.PHONY: all build test test-go test-e2e deps go-deps fuse venv demo bench bench-s3 fuzz fixtures fmt vet clean
 
 all: build
 
@@ -61,6 +61,11 @@ demo: build venv
 
 bench: build venv
 	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
+
+# s3:// sources against a local S3-compatible server (moto), as a ratio to a
+# boto3 download of the same objects.
+bench-s3: build venv
+	$(PY) e2e/bench/bench_s3.py --bin $(abspath $(BIN))
 
 # Runs every Fuzz* target for FUZZTIME each. Minimizing a new input is capped
 # at FUZZMINIMIZE runs: by default it may take 60 s, and on inputs seeded from

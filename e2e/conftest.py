@@ -45,9 +45,10 @@ class Mount:
             time.sleep(0.05)
 
     def output(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log.name) as f:  # also after close(), for teardown's message
+            return f.read()
 
     def close(self):
         if self.proc.poll() is None:
@@ -55,8 +56,14 @@ class Mount:
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                # Go prints every goroutine's stack on SIGQUIT: the log
+                # shows what the mount was stuck on.
+                self.proc.send_signal(signal.SIGQUIT)
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
         if is_mounted(self.mnt):
             subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False)
         self.log.close()

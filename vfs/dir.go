@@ -24,7 +24,7 @@ import (
 type Dir struct {
 	fs.Inode
 	fsys *FS
-	real string // local path of the source directory (the write path uses it)
+	real string // local path of the source directory (the write path uses it); unused for other trees
 	rel  string // path inside the mount: its name in the source tree
 
 	mu      sync.Mutex
@@ -166,7 +166,7 @@ func (d *Dir) sourceEntries(only string) ([]source.Info, syscall.Errno) {
 	}
 	ents, err := d.fsys.tree.ReadDir(d.name())
 	if err != nil {
-		return nil, toErrno(d.fsys.log, "readdir "+d.real, err)
+		return nil, toErrno(d.fsys.log, "readdir "+d.fsys.tree.Path(d.name()), err)
 	}
 	return ents, 0
 }
@@ -231,7 +231,7 @@ func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	info, err := d.fsys.tree.Stat(d.name())
 	if err != nil {
-		return toErrno(d.fsys.log, "stat "+d.real, err)
+		return toErrno(d.fsys.log, "stat "+d.fsys.tree.Path(d.name()), err)
 	}
 	perm := uint32(0o555)
 	if d.writable() {
@@ -243,7 +243,13 @@ func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) 
 	return 0
 }
 
+// Statfs reports the local source's filesystem; an object store has no
+// size to report (df shows 0).
 func (d *Dir) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	if d.fsys.local == nil {
+		out.Bsize, out.Frsize, out.NameLen = 4096, 4096, 1024
+		return 0
+	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(d.fsys.root, &st); err != nil {
 		return toErrno(d.fsys.log, "statfs", err)

@@ -228,7 +228,10 @@ type Stats struct {
 	Commits      int64       `json:"commits,omitempty"`
 	CommitErrors int64       `json:"commit_errors,omitempty"`
 	Cache        cache.Stats `json:"cache"`
-	Views        []ViewStats `json:"views"`
+	// SourceIO is the traffic of a remote source (requests, bytes fetched,
+	// retries, errors, disk cache); absent for a local one.
+	SourceIO *source.Stats `json:"source_io,omitempty"`
+	Views    []ViewStats   `json:"views"`
 }
 
 // ViewStats describes one opened checkpoint view.
@@ -247,6 +250,10 @@ type ViewStats struct {
 func (f *FS) Stats() Stats {
 	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats(),
 		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
+	if c, ok := f.tree.(source.Counted); ok {
+		st := c.Stats()
+		s.SourceIO = &st
+	}
 	f.mu.Lock()
 	targets := make([]*target, 0, len(f.targets))
 	for _, t := range f.targets {

@@ -8,6 +8,7 @@ package vfs
 
 import (
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"io/fs"
 	"log/slog"
@@ -27,8 +28,11 @@ import (
 
 // Options configure a ckptfs tree.
 type Options struct {
-	// Source is the directory shown at the mount root.
+	// Source is the local directory shown at the mount root.
 	Source string
+	// Tree, when set, is shown instead of Source: any source tree (an
+	// object store prefix), read-only. The caller closes it after the FS.
+	Tree source.Tree
 	// Plan shapes every view.
 	Plan layout.PlanOptions
 	// Cache serves view file bytes; required.
@@ -56,10 +60,11 @@ type Options struct {
 
 // FS is the state shared by all nodes of one mount.
 type FS struct {
-	opts Options
-	log  *slog.Logger
-	root string        // cleaned absolute source path
-	tree *source.Local // the source, confined: every read goes through it
+	opts  Options
+	log   *slog.Logger
+	root  string        // cleaned absolute source path, or the tree's Path(".")
+	tree  source.Tree   // the source, confined: every read goes through it
+	local *source.Local // tree when it is a local directory (statfs, writes); owned
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -96,6 +101,19 @@ func New(opts Options) (*FS, error) {
 	if opts.Cache == nil {
 		return nil, errors.New("vfs: Options.Cache is required")
 	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ViewTimeout == 0 {
+		opts.ViewTimeout = time.Hour
+	}
+	if opts.Tree != nil {
+		// Written checkpoints are committed with local renames and fsyncs.
+		if opts.Writable {
+			return nil, fmt.Errorf("vfs: %s: a writable mount needs a local directory", opts.Tree.Path("."))
+		}
+		return newState(opts, opts.Tree.Path("."), opts.Tree, nil), nil
+	}
 	root, err := filepath.Abs(opts.Source)
 	if err != nil {
 		return nil, err
@@ -107,26 +125,29 @@ func New(opts Options) (*FS, error) {
 	if !fi.IsDir() {
 		return nil, &fs.PathError{Op: "mount", Path: root, Err: syscall.ENOTDIR}
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.ViewTimeout == 0 {
-		opts.ViewTimeout = time.Hour
-	}
 	tree, err := source.OpenLocal(root)
 	if err != nil {
 		return nil, err
 	}
-	f := &FS{opts: opts, log: opts.Logger, root: root, tree: tree, views: map[string]*viewEntry{},
+	return newState(opts, root, tree, tree), nil
+}
+
+func newState(opts Options, root string, tree source.Tree, local *source.Local) *FS {
+	f := &FS{opts: opts, log: opts.Logger, root: root, tree: tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}}
 	if opts.Prefill {
 		f.prefill = newPrefiller(f)
 	}
-	return f, nil
+	return f
 }
 
 // Root returns the root directory node.
-func (f *FS) Root() *Dir { return &Dir{fsys: f, real: f.root, rel: ""} }
+func (f *FS) Root() *Dir {
+	if f.local == nil {
+		return &Dir{fsys: f}
+	}
+	return &Dir{fsys: f, real: f.root}
+}
 
 // detect returns the format of the checkpoint in the source directory dir.
 func (f *FS) detect(dir string) (ckpt.Reader, bool) {
@@ -238,5 +259,7 @@ func (f *FS) Close() {
 			e.view.Close()
 		}
 	}
-	f.tree.Close()
+	if f.local != nil {
+		f.local.Close()
+	}
 }

@@ -25,11 +25,16 @@ import (
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
 )
 
 const watchdogCmd = "__unmount-on-exit"
+
+// unmountGrace is how long an unmount waits for requests in flight before
+// the source's are ended (see unmountOnSignal).
+const unmountGrace = 2 * time.Second
 
 // memoryHeadroom is what the mount process may use beyond its block cache:
 // blocks in flight, FUSE buffers, parsed metadata.
@@ -38,6 +43,7 @@ const memoryHeadroom = 48 << 20
 // mountFlags are the flags of the mount command; each is also a -o option.
 type mountFlags struct {
 	view        viewFlags
+	source      sourceFlags
 	write       writeFlags
 	cacheSize   *byteSize
 	blockSize   *byteSize
@@ -55,12 +61,13 @@ type mountFlags struct {
 
 func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.view.register(fs)
+	f.source.register(fs, true)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
 	f.readAhead = newByteSize(1<<20, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
-	fs.Var(f.blockSize, "block-size", "cache block size: the unit shards are read in")
-	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, "`N` blocks read ahead on sequential access (0 disables)")
+	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (s3:// sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
+	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; s3:// sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
 	fs.BoolVar(&f.prefill, "prefill", true, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
@@ -117,6 +124,13 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 			ready.failed(err)
 		}
 	}()
+	if err := f.source.check(src); err != nil {
+		return err
+	}
+	remote := s3.IsURL(src)
+	if remote && f.write.rw {
+		return &usageError{fmt.Errorf("--rw: %s cannot be mounted writable: written checkpoints need a local directory", src)}
+	}
 	target, err := f.write.target()
 	if err != nil {
 		return err
@@ -135,8 +149,29 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	defer closeLog()
 	ready.log = log
 
+	cancelRequests := func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill}
+	if remote {
+		// Each block is a request: bigger blocks, several in flight.
+		var given int64
+		if f.source.changed("block-size") {
+			given = copts.BlockSize
+		}
+		block, prefetch, workers := s3CacheDefaults(copts.Size, given)
+		copts.BlockSize = block
+		if !f.source.changed("prefetch") {
+			copts.ReadAhead = prefetch
+		}
+		copts.Workers = workers
+		tree, closer, err := f.source.open(src, copts.BlockSize)
+		if err != nil {
+			return err
+		}
+		defer closer.Close() // after the vfs is closed
+		vopts.Tree = tree
+		cancelRequests = func() { closer.Close() }
+	}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
 		m = metrics.New()
@@ -189,18 +224,24 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 
-	defer unmountOnSignal(sigs, server, mnt, log, ready)()
+	defer unmountOnSignal(sigs, server, mnt, log, ready, cancelRequests)()
 	ready.ready()
 	server.Wait()
 	ready.stopping()
+	// Unmounted: nobody waits for what is still being fetched (read-ahead),
+	// and the cache's Close waits for its workers, so end their requests now
+	// rather than after a stalled store's timeouts.
+	cancelRequests()
 	return nil
 }
 
 // unmountOnSignal unmounts on the signals sigs receives (SIGINT, SIGTERM or
 // SIGHUP) until stop is called. A busy mount (files open or mapped) is
 // detached and served until its files close, unless a second signal asks to
-// exit now.
-func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness) (stop func()) {
+// exit now. An unmount still waiting after unmountGrace for requests the
+// kernel sent (a read ahead stuck on a stalled object store) calls abort to
+// end them.
+func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, abort func()) (stop func()) {
 	go func() {
 		s, ok := <-sigs
 		if !ok {
@@ -208,7 +249,10 @@ func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *
 		}
 		log.Info("unmounting", "signal", s.String())
 		ready.stopping()
-		if err := server.Unmount(); err != nil {
+		stalled := time.AfterFunc(unmountGrace, abort)
+		err := server.Unmount()
+		stalled.Stop()
+		if err != nil {
 			log.Warn("busy: detached, serving open files until they close (signal again to exit now)", "mountpoint", mnt)
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
 			if _, ok := <-sigs; !ok {

@@ -20,6 +20,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -106,10 +107,19 @@ func (v *viewFlags) options() layout.PlanOptions {
 		Mapping: v.mapping.spec, NoMapping: v.mapping.none, Verify: v.verify}
 }
 
-// openView opens the checkpoint in src, confined to root (src itself when
-// root is ""), and plans its view.
-func openView(src, root string, vf viewFlags) (*layout.Checkpoint, *layout.View, error) {
-	c, err := openCheckpoint(src, root)
+// openView opens the checkpoint in src (a local directory or an s3:// URL),
+// confined to root (src itself when root is ""), and plans its view.
+func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) (*layout.Checkpoint, *layout.View, error) {
+	if err := sf.check(src); err != nil {
+		return nil, nil, err
+	}
+	var c *layout.Checkpoint
+	var err error
+	if s3.IsURL(src) || s3.IsURL(root) {
+		c, err = sf.openS3Checkpoint(src, root, blockSize)
+	} else {
+		c, err = openCheckpoint(src, root)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -142,10 +152,15 @@ func openCheckpoint(src, root string) (*layout.Checkpoint, error) {
 	return layout.OpenIn(root, filepath.ToSlash(rel))
 }
 
-const rootHelp = "read nothing outside `DIR` (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/"
+// exportBlockSize is the unit export reads a local source in (an s3://
+// one: s3BlockSize, also the block of its disk cache).
+const exportBlockSize = 8 << 20
+
+const rootHelp = "read nothing outside `DIR` (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/ (for s3:// SRC, an s3:// prefix above it)"
 
 func newInspectCmd() *cobra.Command {
 	var vf viewFlags
+	var sf sourceFlags
 	var asJSON bool
 	var root string
 	cmd := &cobra.Command{
@@ -155,10 +170,11 @@ func newInspectCmd() *cobra.Command {
 			"and every tensor the view leaves out, with the reason.",
 		Args: positional("SRC"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runInspect(cmd.OutOrStdout(), args[0], root, vf, asJSON)
+			return runInspect(cmd.OutOrStdout(), args[0], root, vf, &sf, asJSON)
 		},
 	}
 	vf.register(cmd.Flags())
+	sf.register(cmd.Flags(), false)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().StringVar(&root, "root", "", rootHelp)
 	completeDirs(cmd, "hf-config", "root")
@@ -166,8 +182,8 @@ func newInspectCmd() *cobra.Command {
 	return cmd
 }
 
-func runInspect(stdout io.Writer, src, root string, vf viewFlags, asJSON bool) error {
-	c, v, planErr := openView(src, root, vf)
+func runInspect(stdout io.Writer, src, root string, vf viewFlags, sf *sourceFlags, asJSON bool) error {
+	c, v, planErr := openView(src, root, vf, sf, s3BlockSize)
 	if c == nil {
 		return planErr
 	}
@@ -272,6 +288,7 @@ func printReport(w io.Writer, r layout.Report) {
 
 func newExportCmd() *cobra.Command {
 	var vf viewFlags
+	var sf sourceFlags
 	var quiet bool
 	var workers int
 	var root string
@@ -282,20 +299,28 @@ func newExportCmd() *cobra.Command {
 OUT appears only when complete (written to a temporary directory, then renamed).`,
 		Args: positional("SRC", "OUT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runExport(cmd.ErrOrStderr(), args[0], root, args[1], vf, quiet, workers)
+			if s3.IsURL(args[0]) && !cmd.Flags().Changed("workers") {
+				workers = s3Workers
+			}
+			return runExport(cmd.ErrOrStderr(), args[0], root, args[1], vf, &sf, quiet, workers)
 		},
 	}
 	vf.register(cmd.Flags())
+	sf.register(cmd.Flags(), true)
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress bar")
-	cmd.Flags().IntVar(&workers, "workers", 4, "blocks read in parallel")
+	cmd.Flags().IntVar(&workers, "workers", 4, fmt.Sprintf("blocks read in parallel (%d for s3:// sources)", s3Workers))
 	cmd.Flags().StringVar(&root, "root", "", rootHelp)
 	completeDirs(cmd, "hf-config", "root")
 	cmd.ValidArgsFunction = dirArgs
 	return cmd
 }
 
-func runExport(stderr io.Writer, src, root, out string, vf viewFlags, quiet bool, workers int) error {
-	c, v, err := openView(src, root, vf)
+func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *sourceFlags, quiet bool, workers int) error {
+	blockSize := int64(exportBlockSize)
+	if s3.IsURL(src) {
+		blockSize = s3BlockSize
+	}
+	c, v, err := openView(src, root, vf, sf, blockSize)
 	defer closeView(c, v)
 	if err != nil {
 		return err
@@ -303,7 +328,7 @@ func runExport(stderr io.Writer, src, root, out string, vf viewFlags, quiet bool
 	if v.Note != "" {
 		return errors.New(v.Note)
 	}
-	opts := layout.ExportOptions{Workers: workers}
+	opts := layout.ExportOptions{Workers: workers, BlockSize: blockSize}
 	var bar *progressBar
 	if !quiet && isTerminal(stderr) {
 		bar = newProgressBar(stderr, v.TotalSize())

@@ -146,7 +146,7 @@ const maxLinks = 40
 // (DVC and some mirrors write absolute links). Everything is still opened
 // through os.Root, so a link that leaves the tree fails there.
 func (l *Local) resolve(name string) (string, error) {
-	name, err := clean(name)
+	name, err := Clean(name)
 	if err != nil {
 		return "", err
 	}
@@ -177,7 +177,7 @@ func (l *Local) resolve(name string) (string, error) {
 			}
 			target, done = filepath.ToSlash(rel), "."
 		}
-		rest, err := clean(path.Join(done, target))
+		rest, err := Clean(path.Join(done, target))
 		if err != nil {
 			return "", &fs.PathError{Op: "open", Path: l.Path(name), Err: ErrEscapes}
 		}

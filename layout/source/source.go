@@ -114,7 +114,7 @@ func ReadFile(t Tree, name string, limit int64) ([]byte, error) {
 // local (no "..", not absolute); confinement stays that of t, so a symlink
 // in the subtree may point anywhere inside t.
 func Sub(t Tree, dir string) (Tree, error) {
-	dir, err := clean(dir)
+	dir, err := Clean(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +142,7 @@ type sub struct {
 }
 
 func (s *sub) join(name string) (string, error) {
-	name, err := clean(name)
+	name, err := Clean(name)
 	if err != nil {
 		return "", err
 	}
@@ -180,8 +180,9 @@ func (s *sub) Path(name string) string {
 	return s.base.Path(s.dir) + "/" + name
 }
 
-// clean checks that name is a local slash-separated path and cleans it.
-func clean(name string) (string, error) {
+// Clean checks that name is a local slash-separated path ("" is ".") and
+// cleans it: trees other than Local confine their names with it.
+func Clean(name string) (string, error) {
 	if name == "" {
 		return ".", nil
 	}
@@ -194,3 +195,21 @@ func clean(name string) (string, error) {
 // ErrEscapes is returned for a name, or a symlink on its way, that leads
 // outside the tree.
 var ErrEscapes = errors.New("source: path escapes the source tree")
+
+// Stats count the traffic of a tree that fetches over a network (an object
+// store), and of a disk cache in front of one. A local tree has none.
+type Stats struct {
+	Requests     int64 `json:"requests"`              // requests sent, retries included
+	BytesFetched int64 `json:"bytes_fetched"`         // bytes of content received
+	Retries      int64 `json:"retries"`               // requests sent again after a transient failure (throttling, 5xx, a cut connection)
+	Errors       int64 `json:"errors"`                // operations that failed after their retries; a name found missing is not one
+	DiskHits     int64 `json:"disk_hits,omitempty"`   // blocks read from the disk cache
+	DiskMisses   int64 `json:"disk_misses,omitempty"` // blocks fetched because the disk cache lacked them
+	DiskBytes    int64 `json:"disk_bytes,omitempty"`  // bytes held by the disk cache now
+	DiskErrors   int64 `json:"disk_errors,omitempty"` // disk cache blocks found corrupt or not written (served from the source instead)
+}
+
+// Counted is a tree that counts its traffic.
+type Counted interface {
+	Stats() Stats
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/vfs"
 )
 
@@ -81,7 +82,18 @@ func newDesc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
 }
 
-var errorsDesc = newDesc("errors_total", "Failures by kind: read (a read returned an error to the caller), fill (a cache block could not be read from its source), commit (a written file could not be resharded).", "kind")
+var errorsDesc = newDesc("errors_total", "Failures by kind: read (a read returned an error to the caller), fill (a cache block could not be read from its source), commit (a written file could not be resharded), source (an object store request that failed after its retries).", "kind")
+
+// sourceIO reads a field of the remote source's counters; 0 for a local
+// source.
+func sourceIO(field func(s *source.Stats) int64) func(s *vfs.Stats) int64 {
+	return func(s *vfs.Stats) int64 {
+		if s.SourceIO == nil {
+			return 0
+		}
+		return field(s.SourceIO)
+	}
+}
 
 // stats lists every value of vfs.Stats the endpoint exports, with the name
 // of the .ckptfs field it comes from in its help.
@@ -90,6 +102,14 @@ var stats = []stat{
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.ReadErrors }, "read"},
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.FillErrors }, "fill"},
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.CommitErrors }, "commit"},
+	{errorsDesc, prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.Errors }), "source"},
+	{newDesc("source_requests_total", "Requests sent to an object store source, retries included (.ckptfs source_io.requests)."), prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.Requests }), ""},
+	{newDesc("source_fetched_bytes_total", "Bytes received from an object store source (.ckptfs source_io.bytes_fetched)."), prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.BytesFetched }), ""},
+	{newDesc("source_retries_total", "Requests to an object store sent again after throttling, a 5xx or a cut connection (.ckptfs source_io.retries)."), prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.Retries }), ""},
+	{newDesc("disk_cache_hits_total", "Blocks read from the --cache-dir disk cache (.ckptfs source_io.disk_hits)."), prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.DiskHits }), ""},
+	{newDesc("disk_cache_misses_total", "Blocks fetched because the disk cache lacked them (.ckptfs source_io.disk_misses)."), prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.DiskMisses }), ""},
+	{newDesc("disk_cache_bytes", "Bytes held by the disk cache now (.ckptfs source_io.disk_bytes)."), prometheus.GaugeValue, sourceIO(func(s *source.Stats) int64 { return s.DiskBytes }), ""},
+	{newDesc("disk_cache_errors_total", "Disk cache blocks found corrupt or not written; served from the source instead (.ckptfs source_io.disk_errors)."), prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.DiskErrors }), ""},
 	{newDesc("commits_total", "Files closed in write targets and committed into DCP shards (.ckptfs commits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Commits }, ""},
 	{newDesc("open_handles", "Open view file handles (.ckptfs cache.open_handles)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.OpenHandles }, ""},
 	{newDesc("cache_hits_total", "Block lookups served from the cache (.ckptfs cache.hits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.Hits }, ""},

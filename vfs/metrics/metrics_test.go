@@ -39,6 +39,11 @@ func distinctStats() (vfs.Stats, map[string]int64) {
 				values[name] = next
 			case reflect.Struct:
 				fill(prefix+strings.ToLower(v.Type().Field(i).Name)+".", f)
+			case reflect.Pointer:
+				if f.Type().Elem().Kind() == reflect.Struct {
+					f.Set(reflect.New(f.Type().Elem()))
+					fill(prefix+strings.ToLower(v.Type().Field(i).Name)+".", f.Elem())
+				}
 			}
 		}
 	}
@@ -86,6 +91,9 @@ func TestValuesAndNames(t *testing.T) {
 		`ckptfs_errors_total{kind="read"} ` + strconv.FormatInt(snap.ReadErrors, 10),
 		`ckptfs_errors_total{kind="fill"} ` + strconv.FormatInt(snap.Cache.FillErrors, 10),
 		`ckptfs_errors_total{kind="commit"} ` + strconv.FormatInt(snap.CommitErrors, 10),
+		`ckptfs_errors_total{kind="source"} ` + strconv.FormatInt(snap.SourceIO.Errors, 10),
+		"ckptfs_source_requests_total " + strconv.FormatInt(snap.SourceIO.Requests, 10),
+		"ckptfs_source_retries_total " + strconv.FormatInt(snap.SourceIO.Retries, 10),
 		"ckptfs_cache_evictions_total " + strconv.FormatInt(snap.Cache.KeysEvicted, 10),
 		"ckptfs_open_handles " + strconv.FormatInt(snap.Cache.OpenHandles, 10),
 		`ckptfs_views{state="ok"} 2`, `ckptfs_views{state="error"} 1`, `ckptfs_views{state="writing"} 1`,
@@ -96,6 +104,16 @@ func TestValuesAndNames(t *testing.T) {
 	problems, err := testutil.GatherAndLint(m.reg)
 	require.NoError(t, err)
 	require.Empty(t, problems)
+}
+
+// TestLocalSource: a local source has no traffic to count; its metrics
+// are 0, not absent, so that dashboards work for both.
+func TestLocalSource(t *testing.T) {
+	m := New()
+	m.Watch(func() vfs.Stats { return vfs.Stats{} })
+	body := scrape(t, m)
+	require.Contains(t, body, "ckptfs_source_requests_total 0\n")
+	require.Contains(t, body, `ckptfs_errors_total{kind="source"} 0`+"\n")
 }
 
 // TestSnapshotPerScrape: values are read when scraped, not when registered.

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/diskcache"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
+)
+
+// Defaults for an s3:// source, whose every block is a request with tens of
+// milliseconds of latency: larger blocks, more of them in flight.
+const (
+	s3BlockSize = 16 << 20 // measured: 1.1-1.3× a boto3 download where 8 MiB gave 0.8 (BENCHMARKS.md)
+	s3Prefetch  = 8
+	s3Workers   = 8
+)
+
+// s3CacheDefaults fits the s3 defaults to a block cache of cacheSize bytes.
+// The cache keeps a quarter of its blocks as the staging ring and a quarter
+// for fills; read-ahead workers must leave ristretto at least another
+// quarter, or blocks read ahead are evicted before they are read and fetched
+// twice (measured: 1.75 bytes fetched per byte read with 16 MiB blocks and 8
+// workers in a 256 MiB cache; with 4, 1.0). Fewer blocks in flight cost less
+// than smaller blocks (more requests): only a cache under 8 blocks gets 8 MiB
+// ones.
+// A blockSize given (not 0) is kept.
+func s3CacheDefaults(cacheSize, blockSize int64) (block int64, prefetch, workers int) {
+	if blockSize == 0 {
+		blockSize = s3BlockSize
+		if cacheSize < 8*s3BlockSize {
+			blockSize = s3BlockSize / 2
+		}
+	}
+	n := int(cacheSize / blockSize)
+	workers = max(1, min(s3Workers, n/4))
+	return blockSize, min(s3Prefetch, workers), workers
+}
+
+// sourceFlags say how an s3:// source is reached (mount, inspect, export).
+type sourceFlags struct {
+	endpoint     string
+	pathStyle    bool
+	maxAttempts  int
+	readTimeout  time.Duration
+	cacheDir     string
+	cacheDirSize *byteSize
+	flags        *pflag.FlagSet // tells a flag given from its default
+}
+
+// register adds the flags; withCache adds --cache-dir (commands that read
+// tensor bytes).
+func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
+	s.flags = fs
+	fs.StringVar(&s.endpoint, "endpoint", "", "s3:// sources: `URL` of an S3-compatible store (default: $AWS_ENDPOINT_URL, else AWS)")
+	fs.BoolVar(&s.pathStyle, "path-style", false, "s3:// sources: address buckets as ENDPOINT/BUCKET, not BUCKET.ENDPOINT (on unless given =false when an endpoint is set)")
+	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "s3:// sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
+	fs.DurationVar(&s.readTimeout, "read-timeout", s3.DefaultReadTimeout, "s3:// sources: fail an attempt whose connection delivers nothing for this long (then retried)")
+	if withCache {
+		s.cacheDirSize = newByteSize(10<<30, false)
+		fs.StringVar(&s.cacheDir, "cache-dir", "", "s3:// sources: keep fetched blocks in `DIR` on local disk, so a restart does not fetch them again")
+		fs.Var(s.cacheDirSize, "cache-dir-size", "bound on the bytes kept in --cache-dir")
+	}
+}
+
+func (s *sourceFlags) changed(name string) bool { return s.flags != nil && s.flags.Changed(name) }
+
+// check refuses object store flags for a local source, where they would
+// silently do nothing.
+func (s *sourceFlags) check(src string) error {
+	if s3.IsURL(src) {
+		return nil
+	}
+	for _, name := range []string{"endpoint", "path-style", "max-attempts", "read-timeout", "cache-dir", "cache-dir-size"} {
+		if s.changed(name) {
+			return &usageError{fmt.Errorf("--%s is for s3:// sources; %s is a local directory", name, src)}
+		}
+	}
+	return nil
+}
+
+// open opens the s3:// URL as a tree, its reads through the disk cache of
+// blocks of blockSize when --cache-dir is set. closer releases both.
+func (s *sourceFlags) open(url string, blockSize int64) (source.Tree, io.Closer, error) {
+	o := s3.Options{Endpoint: s.endpoint, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout}
+	if s.changed("path-style") {
+		o.PathStyle = &s.pathStyle
+	}
+	t, err := s3.Open(context.Background(), url, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.cacheDir == "" {
+		return t, t, nil
+	}
+	c, err := diskcache.Open(diskcache.Options{Dir: s.cacheDir, MaxBytes: s.cacheDirSize.Int64(), BlockSize: blockSize})
+	if err != nil {
+		t.Close()
+		return nil, nil, fmt.Errorf("--cache-dir: %w", err)
+	}
+	return c.Wrap(t), closers{t, c}, nil
+}
+
+type closers []io.Closer
+
+func (cs closers) Close() error {
+	for _, c := range cs {
+		c.Close()
+	}
+	return nil
+}
+
+// openS3Checkpoint opens the checkpoint at the s3:// URL src, confined to
+// the prefix root (src itself when root is "").
+func (s *sourceFlags) openS3Checkpoint(src, root string, blockSize int64) (*layout.Checkpoint, error) {
+	top, rel, err := s3Root(src, root)
+	if err != nil {
+		return nil, err
+	}
+	t, closer, err := s.open(top, blockSize)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := source.Sub(t, rel)
+	var c *layout.Checkpoint
+	if err == nil {
+		c, err = layout.OpenTree(sub)
+	}
+	if err != nil {
+		closer.Close()
+		return nil, err
+	}
+	c.Files.Adopt(closer)
+	return c, nil
+}
+
+// s3Root returns the tree to open for src confined to root (src itself when
+// root is "") and src's name in it.
+func s3Root(src, root string) (top, rel string, err error) {
+	loc, err := s3.ParseURL(src)
+	if err != nil || root == "" {
+		return src, ".", err
+	}
+	r, err := s3.ParseURL(root)
+	if err != nil {
+		return "", "", fmt.Errorf("--root: %w", err)
+	}
+	rel, ok := strings.CutPrefix(loc.Prefix, r.Prefix)
+	if r.Prefix != "" && rel != "" {
+		rel, ok = strings.CutPrefix(rel, "/")
+	}
+	if loc.Bucket != r.Bucket || !ok {
+		return "", "", fmt.Errorf("%s is not inside --root %s", src, root)
+	}
+	if rel == "" {
+		rel = "."
+	}
+	return root, rel, nil
+}

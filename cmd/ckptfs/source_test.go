@@ -1,0 +1,57 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestS3Root(t *testing.T) {
+	for _, tc := range []struct {
+		src, root, top, rel, err string
+	}{
+		{src: "s3://bk1/run/step", top: "s3://bk1/run/step", rel: "."},
+		{src: "s3://bk1/run/step", root: "s3://bk1/run", top: "s3://bk1/run", rel: "step"},
+		{src: "s3://bk1/run/step/", root: "s3://bk1/run/", top: "s3://bk1/run/", rel: "step"},
+		{src: "s3://bk1/run/step", root: "s3://bk1", top: "s3://bk1", rel: "run/step"},
+		{src: "s3://bk1/run", root: "s3://bk1/run", top: "s3://bk1/run", rel: "."},
+		{src: "s3://bk1/runs/step", root: "s3://bk1/run", err: "is not inside --root"},
+		{src: "s3://bk1/run/step", root: "s3://bk2/run", err: "is not inside --root"},
+		{src: "s3://bk1/run", root: "s3://bk1/run/step", err: "is not inside --root"},
+		{src: "s3://bk1/run/step", root: "/local", err: "--root"},
+		{src: "s3://bk1/run/../x", err: "plain path"},
+	} {
+		top, rel, err := s3Root(tc.src, tc.root)
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err, tc.src+" in "+tc.root)
+			continue
+		}
+		require.NoError(t, err, tc.src)
+		assert.Equal(t, tc.top, top, tc.src)
+		assert.Equal(t, tc.rel, rel, tc.src)
+	}
+}
+
+func TestS3CacheDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		cache, given      int64
+		block             int64
+		prefetch, workers int
+	}{
+		{512 << 20, 0, 16 << 20, 8, 8},
+		{4 << 30, 0, 16 << 20, 8, 8},
+		{256 << 20, 0, 16 << 20, 4, 4},
+		{128 << 20, 0, 16 << 20, 2, 2},
+		{32 << 20, 0, 8 << 20, 1, 1},
+		{256 << 20, 16 << 20, 16 << 20, 4, 4},
+		{512 << 20, 1 << 20, 1 << 20, 8, 8},
+	} {
+		block, prefetch, workers := s3CacheDefaults(tc.cache, tc.given)
+		assert.Equal(t, []any{tc.block, tc.prefetch, tc.workers}, []any{block, prefetch, workers}, "cache %d", tc.cache)
+		// Staging, fills and read-ahead workers leave ristretto a quarter.
+		quarter := int(tc.cache / block / 4)
+		reserve := int64(min(2*(prefetch+workers), quarter)+quarter+workers) * block
+		assert.LessOrEqual(t, reserve, tc.cache*3/4, "cache %d", tc.cache)
+	}
+}

@@ -1,0 +1,263 @@
+"""Checkpoints in object storage: a real S3-compatible server (moto) on
+127.0.0.1, a DCP checkpoint written to it by real torch (FsspecWriter through
+s3fs, 2 gloo ranks) and an HF-sharded one (the committed hf_writer_llama
+fixture, written by torch's HuggingFaceStorageWriter, uploaded with boto3:
+that writer only writes local paths). ckptfs mounts, inspects and exports
+s3://bucket/run directly; faults are injected by stopping the server, by a
+proxy that throttles and cuts connections, and by replacing an object."""
+
+import errno
+import filecmp
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import BIN, TESTDATA
+from s3 import FaultProxy, Moto
+from test_frameworks import check_logits, load
+from test_transformers import logits
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HF_CASE = "hf_writer_llama"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The server, with s3://ckpts/run holding step_100 (DCP from torch via
+    s3fs), hf_step (HF-sharded), a big DCP checkpoint for the fault tests, and
+    the same objects downloaded to local disk."""
+    moto = Moto()
+    old = dict(os.environ)
+    os.environ.update(moto.env)
+    try:
+        tmp = tmp_path_factory.mktemp("s3")
+        c = moto.client()
+        c.create_bucket(Bucket="ckpts")
+        subprocess.run([sys.executable, os.path.join(HERE, "s3.py"), "save", "s3://ckpts/run/step_100",
+                        str(tmp / "reference"), "--world", "2"],
+                       check=True, env={**os.environ, "USE_LIBUV": "0"}, capture_output=True)
+        upload(c, TESTDATA / HF_CASE / "ckpt", "run/hf_step")
+        save_big(tmp / "big")
+        upload(c, tmp / "big", "run/big")
+        download(c, "run/", tmp / "local")
+        moto.tmp = tmp
+        yield moto
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+        moto.close()
+
+
+def upload(c, src, prefix):
+    for root, _, files in os.walk(src):
+        for f in files:
+            p = os.path.join(root, f)
+            c.upload_file(p, "ckpts", prefix + "/" + os.path.relpath(p, src))
+
+
+def download(c, prefix, dst):
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket="ckpts", Prefix=prefix):
+        for o in page.get("Contents", []):
+            path = dst / o["Key"][len(prefix):]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            c.download_file("ckpts", o["Key"], str(path))
+
+
+def save_big(path):
+    """A 24 MiB DCP checkpoint, big enough to be many blocks."""
+    import torch.distributed.checkpoint as dcp
+
+    g = torch.Generator().manual_seed(7)
+    state = {"a.weight": torch.randn(2048, 2048, generator=g), "b.weight": torch.randn(1024, 2048, generator=g)}
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+
+
+def run(*args, check=True, env=None):
+    return subprocess.run([BIN, *map(str, args)], check=check, capture_output=True, text=True, env=env)
+
+
+def stats(m):
+    return json.loads((m.mnt / ".ckptfs").read_text())
+
+
+def test_transformers_loads_from_s3(s3, mount):
+    m = mount("s3://ckpts/run", "--hf-config", TESTDATA / HF_CASE / "hf_config")
+    assert sorted(os.listdir(m.mnt)) == [".ckptfs", "big", "hf_step", "step_100"]
+    # DCP written by torch through s3fs: the original model's logits to the bit.
+    assert torch.equal(logits(m.mnt / "step_100"), logits(s3.tmp / "reference"))
+    # HF-sharded by torch's writer: no missing keys, the original logits.
+    model, loading = load(m.mnt / "hf_step")
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    check_logits(model, HF_CASE)
+    st = stats(m)
+    assert st["source"] == "s3://ckpts/run"
+    assert st["source_io"]["requests"] > 0 and st["source_io"]["errors"] == 0
+
+
+def test_inspect_and_export_equal_local(s3, tmp_path):
+    for name in ["step_100", "hf_step", "big"]:
+        local = s3.tmp / "local" / name
+        # The same report but for where the files are.
+        got = run("inspect", "--json", f"s3://ckpts/run/{name}").stdout.replace(f"s3://ckpts/run/{name}", "DIR")
+        want = run("inspect", "--json", local).stdout.replace(str(local), "DIR")
+        assert json.loads(got) == json.loads(want), name
+        run("export", "--quiet", f"s3://ckpts/run/{name}", tmp_path / f"{name}-s3")
+        run("export", "--quiet", local, tmp_path / f"{name}-local")
+        files = sorted(os.listdir(tmp_path / f"{name}-local"))
+        assert sorted(os.listdir(tmp_path / f"{name}-s3")) == files
+        match, mismatch, errors = filecmp.cmpfiles(tmp_path / f"{name}-s3", tmp_path / f"{name}-local", files, shallow=False)
+        assert not mismatch and not errors, name
+    # --root confines to a prefix above the checkpoint.
+    assert run("inspect", "--root", "s3://ckpts/run", "s3://ckpts/run/step_100").returncode == 0
+    r = run("inspect", "--root", "s3://ckpts/run/hf_step", "s3://ckpts/run/step_100", check=False)
+    assert r.returncode == 1 and "is not inside --root" in r.stderr
+
+
+def test_read_only(s3, tmp_path):
+    r = run("mount", "--rw", "s3://ckpts/run", tmp_path, check=False)
+    assert r.returncode == 2
+    assert "s3://ckpts/run cannot be mounted writable" in r.stderr
+    r = run("inspect", "s3://ckpts/run/nothing", check=False)
+    assert r.returncode == 1 and "s3://ckpts/run/nothing" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def reference(s3, tmp_path, name="big"):
+    """The view files of a checkpoint, exported from its local copy."""
+    out = tmp_path / f"ref-{name}"
+    if not out.exists():
+        run("export", "--quiet", s3.tmp / "local" / name, out)
+    return out
+
+
+def test_server_stopped_mid_read(s3, tmp_path, mount):
+    ref = reference(s3, tmp_path)
+    m = mount("s3://ckpts/run", "--read-timeout", "1s", "--max-attempts", "2", "--block-size", "1MiB", "--prefetch", "0")
+    view = m.mnt / "big" / "model.safetensors"
+    want = (ref / "model.safetensors").read_bytes()
+    with open(view, "rb", buffering=0) as f:
+        assert f.read(4 << 20) == want[:4 << 20]
+        s3.stop()
+        try:
+            start = time.time()
+            with pytest.raises(OSError) as e:
+                while f.read(1 << 20):  # past what the kernel read ahead
+                    pass
+            assert e.value.errno == errno.EIO
+            assert time.time() - start < 20, "a stopped server fails reads in bounded time"
+        finally:
+            s3.cont()
+        # Nothing failed stays failed: the same handle reads on, exactly.
+        f.seek(4 << 20)
+        assert f.read() == want[4 << 20:]
+    assert stats(m)["source_io"]["errors"] > 0
+    assert "s3://ckpts/run/big/" in m.output()
+
+
+def test_fault_proxy_retries(s3, tmp_path, mount):
+    ref = reference(s3, tmp_path)
+    proxy = FaultProxy(("127.0.0.1", s3.port), every=4)
+    try:
+        m = mount("s3://ckpts/run", "--endpoint", proxy.endpoint, "--max-attempts", "10", "--block-size", "1MiB")
+        for name in os.listdir(ref):
+            assert (m.mnt / "big" / name).read_bytes() == (ref / name).read_bytes(), name
+        st = stats(m)["source_io"]
+        assert proxy.slowdowns > 2 and proxy.cuts > 2, (proxy.slowdowns, proxy.cuts)
+        assert st["retries"] >= proxy.slowdowns + proxy.cuts - 4  # a few fell before the counters' tree
+        assert st["errors"] == 0
+        # export through the proxy too
+        out = tmp_path / "via-proxy"
+        run("export", "--quiet", "--endpoint", proxy.endpoint, "--max-attempts", "10", "s3://ckpts/run/big", out)
+        for name in os.listdir(ref):
+            assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+        # The server unreachable: EIO; back: the reads are served again.
+        proxy.faults = False
+        m2 = mount("s3://ckpts/run", "--endpoint", proxy.endpoint, "--max-attempts", "2", "--block-size", "1MiB")
+        view = m2.mnt / "big" / "model.safetensors"
+        want = (ref / "model.safetensors").read_bytes()
+        with open(view, "rb", buffering=0) as f:
+            assert f.read(1 << 20) == want[:1 << 20]
+            proxy.down()
+            f.seek(16 << 20)
+            with pytest.raises(OSError) as e:
+                f.read(1 << 20)
+            assert e.value.errno == errno.EIO
+            proxy.up()
+            f.seek(16 << 20)
+            assert f.read() == want[16 << 20:]
+    finally:
+        proxy.close()
+
+
+def test_object_replaced_while_mounted(s3, tmp_path, mount):
+    c = s3.client()
+    c.copy_object(Bucket="ckpts", Key="run2/big/.metadata", CopySource={"Bucket": "ckpts", "Key": "run/big/.metadata"})
+    for o in c.list_objects_v2(Bucket="ckpts", Prefix="run/big/")["Contents"]:
+        c.copy_object(Bucket="ckpts", Key="run2/" + o["Key"][4:], CopySource={"Bucket": "ckpts", "Key": o["Key"]})
+    ref = reference(s3, tmp_path)
+    want = (ref / "model.safetensors").read_bytes()
+    m = mount("s3://ckpts/run2", "--block-size", "1MiB", "--prefetch", "0")
+    view = m.mnt / "big" / "model.safetensors"
+    with open(view, "rb", buffering=0) as f:
+        head = f.read(1 << 20)
+        assert head == want[:1 << 20]
+        shard = "run2/big/__0_0.distcp"
+        size = c.head_object(Bucket="ckpts", Key=shard)["ContentLength"]
+        c.put_object(Bucket="ckpts", Key=shard, Body=b"\x5a" * size)  # same size, new bytes
+        got = bytearray()
+        with pytest.raises(OSError) as e:
+            while chunk := f.read(1 << 20):
+                got += chunk
+        assert e.value.errno == errno.EIO
+        # What was served before the error is the original, never the new bytes.
+        assert bytes(got) == want[1 << 20:(1 << 20) + len(got)]
+    time.sleep(1.1)  # past the listing that answered the first open
+    with pytest.raises(OSError) as e:
+        view.read_bytes()
+    assert e.value.errno == errno.EIO
+    lines = [ln for ln in m.output().splitlines() if "s3://ckpts/run2/big/__0_0.distcp" in ln]
+    assert lines and all("ETag" in ln or "replaced" in ln for ln in lines), m.output()
+
+
+def test_cache_dir_survives_restart(s3, tmp_path, mount):
+    ref = reference(s3, tmp_path)
+    cache = tmp_path / "cache"
+    flags = ["--cache-dir", cache, "--cache-dir-size", "1GiB"]
+    m = mount("s3://ckpts/run", *flags)
+    assert (m.mnt / "big" / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
+    first = stats(m)["source_io"]
+    assert first["disk_misses"] > 0 and first["bytes_fetched"] > 24 << 20
+    m.close()
+    m = mount("s3://ckpts/run", *flags)
+    assert (m.mnt / "big" / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
+    again = stats(m)["source_io"]
+    assert again["disk_hits"] > 0 and again.get("disk_misses", 0) == 0
+    assert again["bytes_fetched"] < 1 << 20, "only metadata is fetched after a restart"
+
+
+def test_unmount_with_stalled_store_is_prompt(s3, tmp_path, mount):
+    """Read-ahead requests hanging on a store that stopped answering do not
+    hold the exit for their timeouts (30 s per attempt, here)."""
+    m = mount("s3://ckpts/run", "--block-size", "1MiB", "--prefetch", "8")
+    fd = os.open(m.mnt / "big" / "model.safetensors", os.O_RDONLY)
+    try:
+        # No kernel read-ahead: only ckptfs's own is in flight at the stop.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, 1 << 20, 0)
+        os.pread(fd, 1 << 20, 1 << 20)  # sequential: ckptfs reads the next blocks ahead
+        s3.stop()
+        assert stats(m)["cache"]["filling_bytes"] > 0, "read-ahead in flight at the stop"
+    finally:
+        os.close(fd)
+    try:
+        start = time.time()
+        m.close()
+        took = time.time() - start
+        assert m.proc.returncode == 0, m.output()
+        assert took < 5, (took, m.output())
+    finally:
+        s3.cont()

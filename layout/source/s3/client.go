@@ -1,0 +1,152 @@
+package s3
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/config"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/logging"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+)
+
+// Defaults for zero fields of Options.
+const (
+	DefaultMaxAttempts = 5
+	DefaultReadTimeout = 30 * time.Second
+	DefaultListTTL     = time.Second
+	// defaultRegion signs requests when no region is configured: S3-compatible
+	// stores accept any, and AWS redirects a wrong one with an error naming
+	// the bucket's region.
+	defaultRegion = "us-east-1"
+)
+
+// Options configure a Tree. Credentials and the region come from the SDK's
+// standard chain (environment, shared config and profile, web identity,
+// container and instance metadata).
+type Options struct {
+	// Endpoint is the URL of an S3-compatible store ("" = AWS_ENDPOINT_URL
+	// or AWS_ENDPOINT_URL_S3 if set, else AWS S3).
+	Endpoint string
+	// PathStyle addresses buckets as ENDPOINT/BUCKET/KEY instead of
+	// BUCKET.ENDPOINT/KEY. nil: on when an endpoint is set (what MinIO, Ceph
+	// and most S3-compatible stores need), off for AWS.
+	PathStyle *bool
+	// MaxAttempts bounds the attempts of one request, retried with jittered
+	// exponential backoff on throttling, 5xx and connection errors (default
+	// 5).
+	MaxAttempts int
+	// ReadTimeout fails an attempt whose connection delivers nothing for this
+	// long (default 30 s); the attempt is then retried.
+	ReadTimeout time.Duration
+	// ListTTL is how long a directory listing answers Stat and Open of the
+	// names in it before it is listed again (default 1 s, the entry timeout
+	// of a mount's directories). A change within it is still caught by the
+	// conditional reads.
+	ListTTL time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.ListTTL <= 0 {
+		o.ListTTL = DefaultListTTL
+	}
+	return o
+}
+
+// counters are a tree's traffic; see source.Stats.
+type counters struct {
+	requests, bytes, retries, errors atomic.Int64
+}
+
+func (c *counters) stats() source.Stats {
+	return source.Stats{Requests: c.requests.Load(), BytesFetched: c.bytes.Load(), Retries: c.retries.Load(), Errors: c.errors.Load()}
+}
+
+// newClient builds the SDK client: the standard credential chain, the
+// standard retryer without its client-side retry quota (a FUSE read that
+// gives up early is an EIO in a training job; the backoff already spaces
+// retries), and counting of every attempt and retry.
+func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, error) {
+	retryer := func() aws.Retryer {
+		return &countingRetryer{RetryerV2: retry.NewStandard(func(so *retry.StandardOptions) {
+			so.MaxAttempts = o.MaxAttempts
+			so.RateLimiter = ratelimit.None
+			// A LIST or HEAD response cut mid-body fails to decode; the SDK
+			// does not retry that by itself. (GET bodies are streamed:
+			// File.ReadAt resumes them.)
+			so.Retryables = append(so.Retryables, retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+				if errors.Is(err, io.ErrUnexpectedEOF) {
+					return aws.TrueTernary
+				}
+				return aws.UnknownTernary
+			}))
+		}), retries: &c.retries}
+	}
+	httpClient := awshttp.NewBuildableClient().
+		WithReadTimeout(o.ReadTimeout).
+		WithTransportOptions(func(tr *http.Transport) {
+			// Read-ahead keeps several ranged GETs in flight: keep their
+			// connections instead of opening new ones.
+			tr.MaxIdleConnsPerHost = 64
+		})
+	// The SDK's own log lines (an IMDS fallback) would bypass the mount's
+	// logger; what matters comes back as the error of the request.
+	opts := []func(*config.LoadOptions) error{config.WithRetryer(retryer), config.WithHTTPClient(httpClient),
+		config.WithLogger(logging.Nop{})}
+	if o.Endpoint != "" {
+		opts = append(opts, config.WithBaseEndpoint(o.Endpoint))
+	}
+	cfg, err := config.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Region == "" {
+		cfg.Region = defaultRegion
+	}
+	pathStyle := cfg.BaseEndpoint != nil
+	if o.PathStyle != nil {
+		pathStyle = *o.PathStyle
+	}
+	return awss3.NewFromConfig(cfg, func(so *awss3.Options) {
+		so.UsePathStyle = pathStyle
+		// A ranged GET has no checksum of its own to validate; the SDK
+		// would log that for every block.
+		so.DisableLogOutputChecksumValidationSkipped = true
+		so.APIOptions = append(so.APIOptions, func(st *middleware.Stack) error {
+			// After the retry middleware: runs once per attempt.
+			return st.Finalize.Insert(middleware.FinalizeMiddlewareFunc("ckptfsCountRequests",
+				func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+					c.requests.Add(1)
+					return next.HandleFinalize(ctx, in)
+				}), "Retry", middleware.After)
+		})
+	}), nil
+}
+
+// countingRetryer counts the retries the SDK makes: it asks for a delay
+// once before each.
+type countingRetryer struct {
+	aws.RetryerV2
+	retries *atomic.Int64
+}
+
+func (r *countingRetryer) RetryDelay(attempt int, err error) (time.Duration, error) {
+	r.retries.Add(1)
+	return r.RetryerV2.RetryDelay(attempt, err)
+}

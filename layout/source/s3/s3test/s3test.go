@@ -1,0 +1,184 @@
+// Package s3test starts a real S3-compatible server for tests: moto's
+// standalone server (PyPI moto[server], installed in the e2e virtual
+// environment) on 127.0.0.1, with credentials for it in the environment.
+// Without it a test is skipped, unless CKPTFS_REQUIRE_PYTHON=1, which
+// makes it fail (as make test sets).
+package s3test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Server is a running moto server.
+type Server struct {
+	// Endpoint is its URL: http://127.0.0.1:PORT.
+	Endpoint string
+	// Client talks to it, for setting up buckets and objects.
+	Client *awss3.Client
+	cmd    *exec.Cmd
+}
+
+// Python finds a Python that has moto's server: $CKPTFS_PYTHON, else the
+// e2e virtual environment of the module.
+func Python(t testing.TB) string {
+	t.Helper()
+	must := os.Getenv("CKPTFS_REQUIRE_PYTHON") == "1"
+	py := os.Getenv("CKPTFS_PYTHON")
+	if py == "" {
+		py = filepath.Join(moduleRoot(t), "e2e", ".venv", "bin", "python")
+	}
+	err := exec.Command(py, "-c", "import moto.server").Run()
+	switch {
+	case err == nil:
+		return py
+	case must:
+		t.Fatalf("CKPTFS_REQUIRE_PYTHON=1 but %s cannot import moto.server (make venv, or set CKPTFS_PYTHON): %v", py, err)
+	default:
+		t.Skipf("no Python with moto[server] at %s (make venv, or set CKPTFS_PYTHON; CKPTFS_REQUIRE_PYTHON=1 turns this skip into a failure): %v", py, err)
+	}
+	return ""
+}
+
+func moduleRoot(t testing.TB) string {
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			t.Fatalf("no go.mod above %s", dir)
+		}
+	}
+}
+
+// Start starts a server for the test, stopped at its end, and sets the
+// AWS_* environment (test credentials, region, AWS_ENDPOINT_URL) so that
+// clients built from the standard chain reach it.
+func Start(t *testing.T) *Server {
+	t.Helper()
+	py := Python(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command(py, "-m", "moto.server", "-H", "127.0.0.1", "-p", fmt.Sprint(port))
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), cmd: cmd}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("moto server log:\n%s", tail(log.Bytes(), 4000))
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(s.Endpoint + "/moto-api/")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("moto server at %s did not answer: %v", s.Endpoint, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for k, v := range map[string]string{
+		"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+		"AWS_ENDPOINT_URL": s.Endpoint, "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
+	} {
+		t.Setenv(k, v)
+	}
+	t.Setenv("AWS_SESSION_TOKEN", "")
+	s.Client = awss3.New(awss3.Options{
+		BaseEndpoint: aws.String(s.Endpoint), UsePathStyle: true, Region: "us-east-1",
+		Credentials: credentials.NewStaticCredentialsProvider("testing", "testing", ""),
+	})
+	return s
+}
+
+// Signal sends sig to the server process (SIGSTOP stops it answering,
+// SIGCONT resumes it).
+func (s *Server) Signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Bucket creates a bucket.
+func (s *Server) Bucket(t testing.TB, name string) {
+	t.Helper()
+	if _, err := s.Client.CreateBucket(context.Background(), &awss3.CreateBucketInput{Bucket: &name}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Put writes an object and returns its ETag.
+func (s *Server) Put(t testing.TB, bucket, key string, data []byte) string {
+	t.Helper()
+	out, err := s.Client.PutObject(context.Background(), &awss3.PutObjectInput{Bucket: &bucket, Key: &key, Body: bytes.NewReader(data)})
+	if err != nil {
+		t.Fatalf("put s3://%s/%s: %v", bucket, key, err)
+	}
+	return aws.ToString(out.ETag)
+}
+
+// Delete removes an object.
+func (s *Server) Delete(t testing.TB, bucket, key string) {
+	t.Helper()
+	if _, err := s.Client.DeleteObject(context.Background(), &awss3.DeleteObjectInput{Bucket: &bucket, Key: &key}); err != nil {
+		t.Fatalf("delete s3://%s/%s: %v", bucket, key, err)
+	}
+}
+
+// Upload copies the local directory dir to the bucket under prefix.
+func (s *Server) Upload(t testing.TB, bucket, prefix, dir string) {
+	t.Helper()
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		s.Put(t, bucket, prefix+"/"+filepath.ToSlash(rel), data)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}

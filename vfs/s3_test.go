@@ -1,0 +1,103 @@
+package vfs
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
+	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
+)
+
+// TestTreeMount mounts fixtures uploaded to a real S3-compatible server:
+// every view file equals the export of the local checkpoint, the stats show
+// the requests, and an object replaced under the mount gives EIO.
+func TestTreeMount(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Bucket(t, "ckpts")
+	cases := []string{"fsdp2_4ranks", "hf_sharded"}
+	for _, name := range cases {
+		srv.Upload(t, "ckpts", "run/"+name, filepath.Join(fixture(t, name), "ckpt"))
+	}
+	tree, err := s3.Open(context.Background(), "s3://ckpts/run", s3.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { tree.Close() })
+	fsys := newFS(t, "", func(o *Options) { o.Tree = tree })
+	mnt := testMount(t, fsys)
+	require.Equal(t, append([]string{statsName}, cases...), listDir(t, mnt))
+	for _, name := range cases {
+		ref := exported(t, filepath.Join(fixture(t, name), "ckpt"))
+		view := filepath.Join(mnt, name)
+		require.Equal(t, listDir(t, ref), listDir(t, view), name)
+		for _, f := range listDir(t, ref) {
+			want, err := os.ReadFile(filepath.Join(ref, f))
+			require.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(view, f))
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want, got), "%s/%s", name, f)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(mnt, statsName))
+	require.NoError(t, err)
+	var st Stats
+	require.NoError(t, json.Unmarshal(b, &st))
+	require.Equal(t, "s3://ckpts/run", st.Source)
+	require.NotNil(t, st.SourceIO)
+	require.Positive(t, st.SourceIO.Requests)
+	require.Positive(t, st.SourceIO.BytesFetched)
+	require.Zero(t, st.SourceIO.Errors)
+
+}
+
+// TestTreeObjectReplaced: an object replaced under a mount fails the reads
+// of a handle opened before (uncached blocks) and every later open with
+// EIO, never serving a mix.
+func TestTreeObjectReplaced(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Bucket(t, "ckpts")
+	dir := filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt")
+	srv.Upload(t, "ckpts", "run/step", dir)
+	tree, err := s3.Open(context.Background(), "s3://ckpts/run", s3.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { tree.Close() })
+	mnt := testMount(t, newFS(t, "", func(o *Options) { o.Tree = tree }))
+	f, err := os.Open(filepath.Join(mnt, "step", "model.safetensors"))
+	require.NoError(t, err)
+	defer f.Close()
+
+	fi, err := os.Stat(filepath.Join(dir, "__1_0.distcp"))
+	require.NoError(t, err)
+	srv.Put(t, "ckpts", "run/step/__1_0.distcp", bytes.Repeat([]byte{0x5a}, int(fi.Size())))
+	_, err = io.ReadAll(f)
+	require.True(t, errors.Is(err, syscall.EIO), "read after the object changed: %v", err)
+	time.Sleep(s3.DefaultListTTL) // past the listing that answered the first open
+	_, err = os.ReadFile(filepath.Join(mnt, "step", "model.safetensors"))
+	require.True(t, errors.Is(err, syscall.EIO), "open after the object changed: %v", err)
+}
+
+// TestTreeReadOnly: a tree other than a local directory cannot be
+// mounted writable.
+func TestTreeReadOnly(t *testing.T) {
+	local, err := source.OpenLocal(fixture(t, "sample"))
+	require.NoError(t, err)
+	defer local.Close()
+	sub, err := source.Sub(local, "ckpt")
+	require.NoError(t, err)
+	c := newFS(t, fixture(t, "sample")).opts.Cache
+	_, err = New(Options{Tree: sub, Cache: c, Writable: true})
+	require.ErrorContains(t, err, "writable mount needs a local directory")
+	fsys, err := New(Options{Tree: sub, Cache: c})
+	require.NoError(t, err)
+	defer fsys.Close()
+	require.Nil(t, fsys.Stats().SourceIO, "a local tree counts no traffic")
+}
