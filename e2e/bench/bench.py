@@ -223,27 +223,21 @@ def bench_load(binary, work, repeat):
         drop_caches()
         return python_seconds(LOAD, copy)
 
-    def load_mount():
-        drop_caches()
-        before = meminfo("Cached")
-        m = Mount(binary, os.path.dirname(dcp_src), mnt)
-        try:
-            secs = python_seconds(LOAD, os.path.join(mnt, "llama"))
-            extra["cached_growth"].append((meminfo("Cached") - before) / model_bytes)
-            extra["mount_rss_MiB"].append(m.peak_rss_mib())
-            return secs
-        finally:
-            m.close()
-
-    def load_mount_hf():
-        drop_caches()
-        m = Mount(binary, os.path.dirname(hf_src), mnt)
-        try:
-            secs = python_seconds(LOAD, os.path.join(mnt, "llama-hf"))
-            extra["hf_mount_rss_MiB"].append(m.peak_rss_mib())
-            return secs
-        finally:
-            m.close()
+    def load_mount(src, rss, cached=None):
+        """A cold load through a fresh mount of src's parent."""
+        def go():
+            drop_caches()
+            before = meminfo("Cached")
+            m = Mount(binary, os.path.dirname(src), mnt)
+            try:
+                secs = python_seconds(LOAD, os.path.join(mnt, os.path.basename(src)))
+                if cached is not None:
+                    cached.append((meminfo("Cached") - before) / model_bytes)
+                rss.append(m.peak_rss_mib())
+                return secs
+            finally:
+                m.close()
+        return go
 
     def consolidate():
         shutil.rmtree(scratch, ignore_errors=True)
@@ -262,7 +256,8 @@ def bench_load(binary, work, repeat):
             shutil.rmtree(scratch, ignore_errors=True)
 
     cold, runs = interleaved({"cat_shards": cat_shards, "cat_mount": cat_mount, "load_copy": load_copy,
-                              "load_mount": load_mount, "load_mount_hf": load_mount_hf,
+                              "load_mount": load_mount(dcp_src, extra["mount_rss_MiB"], extra["cached_growth"]),
+                              "load_mount_hf": load_mount(hf_src, extra["hf_mount_rss_MiB"]),
                               "consolidate_and_load": consolidate, "dcp_convert_and_load": dcp_convert}, repeat)
 
     # Warm: the same mount (its view pages cached) vs the copy, cached.

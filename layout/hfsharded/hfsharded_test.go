@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -22,18 +23,9 @@ func fixture(t *testing.T) string {
 	return dst
 }
 
-// detect runs the format's Detect on a local directory.
-func detect(t *testing.T, dir string) bool {
-	t.Helper()
-	tree, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	defer tree.Close()
-	return Reader.Detect(tree)
-}
-
 func TestOpenTorchWrittenShards(t *testing.T) {
 	dir := fixture(t)
-	require.True(t, detect(t, dir))
+	require.True(t, treetest.Detect(t, Reader, dir))
 	c, err := Open(dir)
 	require.NoError(t, err)
 	defer c.Close()
@@ -50,7 +42,7 @@ func TestOpenTorchWrittenShards(t *testing.T) {
 // it.
 func TestShardWithoutShardingInfo(t *testing.T) {
 	dir := t.TempDir()
-	require.False(t, detect(t, dir))
+	require.False(t, treetest.Detect(t, Reader, dir))
 	f, err := os.Create(filepath.Join(dir, "shard-00001-model-00001-of-00001.safetensors"))
 	require.NoError(t, err)
 	w, err := safetensors.NewWriter(f, nil, safetensors.Layout([]safetensors.TensorInfo{{Name: "a", DType: safetensors.F32, Shape: []int64{1}}}))
@@ -59,7 +51,7 @@ func TestShardWithoutShardingInfo(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w.Close())
 	require.NoError(t, f.Close())
-	require.True(t, detect(t, dir))
+	require.True(t, treetest.Detect(t, Reader, dir))
 	c, err := Open(dir)
 	require.NoError(t, err)
 	defer c.Close()

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
@@ -35,15 +36,6 @@ func megatronDir(t *testing.T, config string) string {
 	return dir
 }
 
-// detect runs the format's Detect on a local directory.
-func detect(t *testing.T, dir string) bool {
-	t.Helper()
-	tree, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	defer tree.Close()
-	return Reader.Detect(tree)
-}
-
 func TestDetect(t *testing.T) {
 	for _, tc := range []struct {
 		name, config string
@@ -57,7 +49,7 @@ func TestDetect(t *testing.T) {
 		{"no metadata.json", ``, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, detect(t, megatronDir(t, tc.config)))
+			assert.Equal(t, tc.want, treetest.Detect(t, Reader, megatronDir(t, tc.config)))
 		})
 	}
 }
@@ -109,7 +101,7 @@ func read(t *testing.T, tn *ckpt.Tensor) []byte {
 // by layout's TestExportMatchesOriginals).
 func TestMegatronCoreFixture(t *testing.T) {
 	dir := filepath.Join("..", "..", "testdata", "megatron", "ckpt")
-	require.True(t, detect(t, dir))
+	require.True(t, treetest.Detect(t, Reader, dir))
 	c, err := Open(dir)
 	require.NoError(t, err)
 	defer c.Close()

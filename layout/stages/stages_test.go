@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
-	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 )
 
 // stepDir lays out step_N/ with one torch-written DCP fixture per stage.
@@ -24,17 +24,9 @@ func stepDir(t *testing.T, stages map[string]string) string {
 	return dir
 }
 
-func detect(t *testing.T, dir string) bool {
-	t.Helper()
-	tree, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	defer tree.Close()
-	return Reader.Detect(tree)
-}
-
 func TestStagesMerge(t *testing.T) {
 	dir := stepDir(t, map[string]string{"pp0": "fsdp2_4ranks", "pp1": "tp_shard1"})
-	require.True(t, detect(t, dir))
+	require.True(t, treetest.Detect(t, Reader, dir))
 	c, err := Open(dir)
 	require.NoError(t, err)
 	defer c.Close()
@@ -80,8 +72,8 @@ func TestStagesErrors(t *testing.T) {
 	}
 	// No pp0: still this format, and Open says what is missing.
 	dir := stepDir(t, map[string]string{"pp1": "fsdp2_4ranks"})
-	assert.True(t, detect(t, dir))
+	assert.True(t, treetest.Detect(t, Reader, dir))
 	_, err := Open(dir)
 	assert.ErrorContains(t, err, "pipeline stage pp0 is missing (found pp1)")
-	assert.False(t, detect(t, t.TempDir()))
+	assert.False(t, treetest.Detect(t, Reader, t.TempDir()))
 }
