@@ -154,12 +154,20 @@ print(time.perf_counter() - t)
 # What users run today on HF-sharded output (NeMo, torchtitan, torch's HF
 # writer): torch's consolidation, then a load of what it wrote.
 CONSOLIDATE = """
-import json, os, shutil, sys, time, torch
+import glob, json, os, shutil, sys, time, torch
+from safetensors import safe_open
 from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
 from transformers import AutoModelForCausalLM
 src, out = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
-consolidate_safetensors_files(src, out, fqn_to_index_mapping=None)
+# Every tensor into one output file, as the writer's own consolidation does
+# when no mapping was saved.
+names = set()
+for f in glob.glob(os.path.join(src, "*.safetensors")):
+    with safe_open(f, "pt") as s:
+        names.update(s.keys())
+os.makedirs(out, exist_ok=True)
+consolidate_safetensors_files(src, out, fqn_to_index_mapping=dict.fromkeys(names, 1))
 shutil.copy(os.path.join(src, "config.json"), out)
 m = AutoModelForCausalLM.from_pretrained(out)
 torch.cat([p.detach().reshape(-1)[::1024].float() for p in m.parameters()]).sum()
