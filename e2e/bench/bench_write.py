@@ -1,14 +1,16 @@
 """Write-path benchmark: `cp` of an HF model's safetensors files into a
 `ckptfs mount --rw` (each close reshards the file into DCP shards and
 returns when they are durable) vs `cp` of the same files to a plain
-directory on the same disk, in the same run. Prints JSON on stdout.
+directory on the same disk, in the same run, at several world sizes. Prints
+JSON on stdout.
 
-    python e2e/bench/bench_write.py --bin bin/ckptfs [--gib 2] [--work .bench]
+    python e2e/bench/bench_write.py --bin bin/ckptfs [--gib 2] [--world-sizes 1,4,8]
 
-ratio is ckptfs MB/s / cp MB/s (cp leaves its data in the page cache);
-ratio_vs_cp_fsync compares with cp followed by fsync of every copied file,
-which is the durability ckptfs's close gives. Source files are evicted from
-the page cache before every timed copy (posix_fadvise DONTNEED)."""
+ratio_vs_cp_fsync compares with `cp` followed by fsync of every copied file,
+the durability ckptfs's close gives (the target); ratio compares with a bare
+`cp`, which leaves its data dirty in the page cache. Every timed copy starts
+cold (sync + drop_caches). sys_s_per_GB is the mount process's system CPU
+per GB written."""
 
 import argparse
 import glob
@@ -21,24 +23,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import Mount  # noqa: E402
+from bench import Mount, drop_caches  # noqa: E402
 
 import numpy as np
 
-REPEAT = 6
 ROWS, COLS = 4096, 4096  # 64 MiB of float32, 32 MiB of bfloat16 per tensor
 FILE_BYTES = 512 << 20  # HF-style shards of about this size
 
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
-
-
-def drop_cache(paths):
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
 
 
 def gen(work, gib):
@@ -82,7 +76,7 @@ def settle():
 
 def timed_cp(files, dst, fsync=False):
     settle()
-    drop_cache(files)
+    drop_caches()
     t = time.perf_counter()
     subprocess.run(["cp", *files, dst], check=True)
     if fsync:
@@ -96,24 +90,19 @@ def timed_cp(files, dst, fsync=False):
     return time.perf_counter() - t
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--gib", type=float, default=2)
-    ap.add_argument("--work", default=".bench")
-    ap.add_argument("--world-size", type=int, default=4)
-    ap.add_argument("--cache-mib", type=int, default=256)
-    a = ap.parse_args()
-    work = os.path.abspath(a.work)
-    os.makedirs(work, exist_ok=True)
-    files = gen(work, a.gib)
-    nbytes = sum(os.path.getsize(f) for f in files)
-    log(f"write bench: {len(files)} files, {nbytes / 1e9:.2f} GB, world size {a.world_size}")
+def cpu_seconds(pid):
+    """User and system CPU seconds of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
+
+def bench_world(a, work, files, nbytes, world):
     plain = os.path.join(work, "write-plain")
     src = os.path.join(work, "write-src")
     mnt = os.path.join(work, "write-mnt")
-    cp_s, cp_sync_s, ck_s, rss, commits = [], [], [], [], 0
+    cp_s, cp_sync_s, ck_s, rss, sys_s, commits = [], [], [], [], [], 0
 
     def plain_cp(fsync):
         shutil.rmtree(plain, ignore_errors=True)
@@ -126,10 +115,12 @@ def main():
         nonlocal commits
         shutil.rmtree(src, ignore_errors=True)
         os.makedirs(src)
-        m = Mount(a.bin, src, mnt, "--rw", "--world-size", str(a.world_size), "--cache-size", f"{a.cache_mib}MiB")
+        m = Mount(a.bin, src, mnt, "--rw", "--world-size", str(world), "--cache-size", f"{a.cache_mib}MiB")
         try:
             os.mkdir(os.path.join(mnt, "model"))
+            before = cpu_seconds(m.proc.pid)[1]
             secs = timed_cp(files, os.path.join(mnt, "model"))
+            sys_s.append(cpu_seconds(m.proc.pid)[1] - before)
             rss.append(m.peak_rss_mib())
             st = m.stats()
             commits = st["commits"]
@@ -145,22 +136,43 @@ def main():
     # The order rotates from run to run: on a VM, whichever copy comes first
     # after a pause pays for faulting fresh memory in.
     steps = [(cp_s, lambda: plain_cp(False)), (cp_sync_s, lambda: plain_cp(True)), (ck_s, ckptfs_cp)]
-    for r in range(REPEAT):
+    for r in range(a.repeat):
         for i in range(len(steps)):
             out, step = steps[(r + i) % len(steps)]
             out.append(step())
-        log(f"  run {r}: cp {cp_s[-1]:.2f}s, cp+fsync {cp_sync_s[-1]:.2f}s, ckptfs {ck_s[-1]:.2f}s, VmHWM {rss[-1]:.0f} MiB")
+        log(f"  world {world} run {r}: cp {cp_s[-1]:.2f}s, cp+fsync {cp_sync_s[-1]:.2f}s, "
+            f"ckptfs {ck_s[-1]:.2f}s (sys {sys_s[-1]:.2f}s), VmHWM {rss[-1]:.0f} MiB")
     shutil.rmtree(src, ignore_errors=True)
     cp, cp_sync, ck = statistics.median(cp_s), statistics.median(cp_sync_s), statistics.median(ck_s)
-    print(json.dumps(dict(
-        model_GB=round(nbytes / 1e9, 2), files=len(files), world_size=a.world_size, commits=commits,
+    return dict(
+        world_size=world, commits=commits,
         cp_MBps=round(nbytes / cp / 1e6), cp_fsync_MBps=round(nbytes / cp_sync / 1e6),
         reshard_MBps=round(nbytes / ck / 1e6),
-        ratio=round(cp / ck, 2), ratio_vs_cp_fsync=round(cp_sync / ck, 2),
+        ratio=round(cp / ck, 2), ratio_vs_cp_fsync=round(cp_sync / ck, 2), target="ratio_vs_cp_fsync >= 0.8",
+        sys_s_per_GB=round(statistics.median(sys_s) / (nbytes / 1e9), 2),
         peak_rss_MiB=round(max(rss)), cache_MiB=a.cache_mib,
         runs_s=dict(cp=[round(x, 2) for x in cp_s], cp_fsync=[round(x, 2) for x in cp_sync_s],
                     ckptfs=[round(x, 2) for x in ck_s]),
-    ), indent=2))
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--gib", type=float, default=2)
+    ap.add_argument("--work", default=".bench")
+    ap.add_argument("--world-sizes", default="1,4,8")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cache-mib", type=int, default=256)
+    a = ap.parse_args()
+    work = os.path.abspath(a.work)
+    os.makedirs(work, exist_ok=True)
+    files = gen(work, a.gib)
+    nbytes = sum(os.path.getsize(f) for f in files)
+    worlds = [int(w) for w in a.world_sizes.split(",")]
+    log(f"write bench: {len(files)} files, {nbytes / 1e9:.2f} GB, world sizes {worlds}")
+    print(json.dumps(dict(model_GB=round(nbytes / 1e9, 2), files=len(files),
+                          worlds=[bench_world(a, work, files, nbytes, w) for w in worlds]), indent=2))
 
 
 if __name__ == "__main__":

@@ -222,10 +222,18 @@ func (f *localFile) Close() error { return f.f.Close() }
 // pages, so keeping the shard's copy too would double the memory a load
 // costs (a model's worth of shard pages beside a model's worth of view
 // pages).
+// maxFolio is the largest page-cache folio on x86-64 (a PMD).
+const maxFolio = 2 << 20
+
 func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)
 	if n > 0 {
-		_ = unix.Fadvise(int(f.f.Fd()), off, int64(n), unix.FADV_DONTNEED)
+		// The kernel caches a file in folios of up to 2 MiB and drops only
+		// those wholly inside the range, so the range starts at the folio
+		// boundary below off: the folio that straddles it was the tail of
+		// the read before, in the sequential order blocks are filled in.
+		start := off &^ (maxFolio - 1)
+		_ = unix.Fadvise(int(f.f.Fd()), start, off+int64(n)-start, unix.FADV_DONTNEED)
 	}
 	if err == io.EOF && off+int64(n) < f.info.Size {
 		return n, fmt.Errorf("%w: %s truncated at %d (was %d bytes)", ErrChanged, f.path, off+int64(n), f.info.Size)
