@@ -176,6 +176,34 @@ func TestReadAtMatchesSource(t *testing.T) {
 	}
 }
 
+// TestSlicesMatchReadAt: the zero-copy reads hand out the same bytes and
+// errors as ReadAt, at block edges, the tail and past the end.
+func TestSlicesMatchReadAt(t *testing.T) {
+	const size = 10*testBS + 123
+	src := newMemSource(size, 3)
+	c := newTestCache(t, Options{Size: 4 * testBS, ReadAhead: 2, Staging: 2})
+	h := c.Open(1, src, size)
+	defer h.Close()
+	r := rand.New(rand.NewPCG(4, 4))
+	cases := [][2]int64{{0, 0}, {0, testBS}, {testBS - 1, 2}, {size - 1, 10}, {size, 1}, {size + 5, 3}, {0, size + 100}}
+	for range 300 {
+		cases = append(cases, [2]int64{r.Int64N(size + testBS), r.Int64N(3*testBS + 1)})
+	}
+	for _, tc := range cases {
+		off, n := tc[0], int(tc[1])
+		buf := make([]byte, n)
+		wn, werr := want(src.data, buf, off)
+		parts, err := h.Slices(off, n)
+		require.Equal(t, werr, err, "err at off=%d len=%d", off, n)
+		require.True(t, bytes.Equal(buf[:wn], bytes.Join(parts, nil)), "bytes at off=%d len=%d", off, n)
+		if wn > 0 {
+			require.Len(t, parts, int((off+int64(wn)-1)/testBS-off/testBS+1), "one slice per block touched")
+		}
+	}
+	_, err := h.Slices(-1, 4)
+	assert.Error(t, err)
+}
+
 func TestConcurrentReaders(t *testing.T) {
 	const size = 40*testBS + 77
 	srcs := []*memSource{newMemSource(size, 10), newMemSource(size, 11)}

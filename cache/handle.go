@@ -53,46 +53,68 @@ func (h *Handle) Close() {
 // them. Like os.File.ReadAt: a read that reaches the end of the file returns
 // the bytes there are and io.EOF; an empty p returns 0, nil.
 func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
+	n := 0
+	err := h.blocks(off, len(p), func(b []byte) { n += copy(p[n:], b) })
+	return n, err
+}
+
+// Slices returns up to n bytes at off as slices of the blocks that hold
+// them, without copying, with the errors of ReadAt. Blocks are never
+// written after their fill and never recycled, so the slices stay valid
+// after their blocks leave the cache; the caller should drop them soon (a
+// FUSE reply does), since the cache's bound no longer counts them then.
+func (h *Handle) Slices(off int64, n int) ([][]byte, error) {
+	var out [][]byte
+	err := h.blocks(off, n, func(b []byte) { out = append(out, b) })
+	return out, err
+}
+
+// blocks passes the parts of the blocks covering [off, off+n), in order, to
+// use; it returns io.EOF when the range runs past the end of the file.
+func (h *Handle) blocks(off int64, n int, use func([]byte)) error {
 	if off < 0 {
-		return 0, errNegativeOffset
+		return errNegativeOffset
 	}
 	if h.closed.Load() {
-		return 0, ErrClosed
+		return ErrClosed
 	}
-	if len(p) == 0 {
-		return 0, nil
+	if n == 0 {
+		return nil
 	}
 	if off >= h.f.size {
-		return 0, io.EOF
+		return io.EOF
 	}
 	c := h.c
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.closed {
-		return 0, ErrClosed
+		return ErrClosed
 	}
 
-	end := off + min(int64(len(p)), h.f.size-off)
+	end := off + min(int64(n), h.f.size-off)
 	h.readAhead(off, end)
 
 	bs := c.opts.BlockSize
-	n := 0
 	for cur := off; cur < end; {
 		idx := cur / bs
 		b, err := c.getBlock(&h.f, idx)
 		if err != nil {
-			c.bytesServed.Add(int64(n))
-			return n, err
+			c.bytesServed.Add(cur - off)
+			return err
 		}
-		k := copy(p[n:end-off], b.data[cur-idx*bs:])
-		n += k
-		cur += int64(k)
+		part := b.data[cur-idx*bs : min(int64(len(b.data)), end-idx*bs)]
+		if len(part) == 0 { // a block shorter than the file says: never loop on it
+			c.bytesServed.Add(cur - off)
+			return io.ErrUnexpectedEOF
+		}
+		use(part)
+		cur += int64(len(part))
 	}
-	c.bytesServed.Add(int64(n))
-	if n < len(p) {
-		return n, io.EOF
+	c.bytesServed.Add(end - off)
+	if end-off < int64(n) {
+		return io.EOF
 	}
-	return n, nil
+	return nil
 }
 
 // readAhead updates the access pattern with the read [off, end) and, when it
