@@ -14,10 +14,11 @@ mount before each timed run. Sections:
           RSS; page-cache growth (Cached) of a load
   seq     cold sequential read of views sharded on dim 0, on dim 1, and of a
           mapped view (Megatron-style stacked, fused QKV) vs read(2) of the
-          shards; warm re-read vs a page-cached plain file
+          shards (the warm re-read is in load)
   chunks  time to mount and list a checkpoint of 100k chunks
   verify  export with --verify vs without
   write   cp / save_pretrained into a --rw mount vs cp + fsync, world sizes 1, 4, 8
+  rss     peak RSS of a mount with a 64 MiB cache under 1, 16, 64 random readers
 """
 
 import argparse
@@ -387,7 +388,7 @@ def print_table(results):
         print(f"  mount peak RSS {r['mount_peak_rss_MiB']} MiB (cache {r['cache_MiB']} MiB + 64 target); "
               f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1; "
               f"a load of the physical copy grows it {r['copy_page_cache_growth_x_model']} x)")
-    for k in ("seq", "chunks", "verify", "write"):
+    for k in ("seq", "chunks", "verify", "write", "rss"):
         if k in results:
             print(f"\n{k}: {json.dumps(results[k])}")
 
@@ -399,11 +400,11 @@ def main():
     ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write")
+    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: cold runs drop the page cache (/proc/sys/vm/drop_caches): run as root")
-    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write"}
+    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write", "rss"}
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
     binary = os.path.abspath(a.bin)
@@ -421,6 +422,10 @@ def main():
                             "--gib", str(a.gib), "--repeat", str(a.repeat)],
                            check=True, stdout=subprocess.PIPE, text=True)
         results["write"] = json.loads(r.stdout)
+    if "rss" in only:
+        r = subprocess.run([PY, os.path.join(HERE, "rss_readers.py"), "--bin", binary, "--work", work, "--gib", str(a.gib)],
+                           check=True, stdout=subprocess.PIPE, text=True)
+        results["rss"] = json.loads(r.stdout)
     print_table(results)
     if a.json:
         with open(a.json, "w") as f:

@@ -3,7 +3,8 @@
     python e2e/bench/rss_readers.py --bin bin/ckptfs [--readers 1,16,64] [--cache-mib 64]
 
 For each reader count: a fresh mount of a DCP checkpoint (gen_big.py, written
-once under --work) with --cache-size CACHE, page caches dropped, then READERS
+once under --work, shared with bench.py) with --cache-size CACHE, after
+sync + drop_caches, then READERS
 threads each doing random preads of 128 KiB to 1 MiB over every view file for
 --seconds. Reported per count: the mount's peak RSS (VmHWM), how far it is
 from the promised cache + 64 MiB, MB/s read, GC cycles per second (from
@@ -17,7 +18,7 @@ import random
 import threading
 import time
 
-from bench import HERE, Mount, drop_cache, gen, machine, shards
+from bench import Mount, drop_caches, gen, machine
 
 PROMISE_MIB = 64  # README: peak RSS stays within the cache + 64 MiB
 
@@ -50,11 +51,11 @@ def readers(files, n, seconds):
 def measure(binary, ckpt, work, n, cache_mib, seconds):
     log = os.path.join(work, f"mount-{n}.log")
     with open(log, "w") as errf:
+        drop_caches()
         m = Mount(binary, os.path.dirname(ckpt), os.path.join(work, "mnt"), "--cache-size", f"{cache_mib}MiB",
                   env={"GODEBUG": "gctrace=1"}, stderr=errf)
         try:
             files = sorted(glob.glob(os.path.join(m.mnt, os.path.basename(ckpt), "*.safetensors")))
-            drop_cache(shards(ckpt) + files)
             t = time.perf_counter()
             nbytes = readers(files, n, seconds)
             secs = time.perf_counter() - t
@@ -75,14 +76,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", default=".bench")
-    ap.add_argument("--gib", type=float, default=1)
+    ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--readers", default="1,16,64")
     ap.add_argument("--cache-mib", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=15)
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
-    ckpt = gen(work, "dim0", [os.path.join(HERE, "gen_big.py"), "--dim", "0", "--gib", str(a.gib)])
+    ckpt = gen(work, "dim0", "gen_big.py", "--dim", "0", "--gib", str(a.gib))
     rows = [measure(os.path.abspath(a.bin), ckpt, work, int(n), a.cache_mib, a.seconds) for n in a.readers.split(",")]
     print(json.dumps({"machine": machine(), "cache_MiB": a.cache_mib, "runs": rows}, indent=1))
 
