@@ -228,6 +228,20 @@ def bench_load(binary, work, repeat):
         finally:
             m.close()
 
+    def cat_fuse_plain():
+        """The FUSE floor: the physical copy served through a mount as a
+        plain HF directory (one pread per request, no gather)."""
+        drop_caches()
+        m = Mount(binary, work, mnt, "--prefill=false")
+        try:
+            return read_all(files(os.path.join(mnt, os.path.basename(copy)), "*.safetensors"))
+        finally:
+            m.close()
+
+    def cat_copy():
+        drop_caches()
+        return read_all(files(copy, "*.safetensors"))
+
     def load_copy():
         drop_caches()
         before = meminfo("Cached")
@@ -267,7 +281,8 @@ def bench_load(binary, work, repeat):
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    cold, runs = interleaved({"cat_shards": cat_shards, "cat_mount": cat_mount, "load_copy": load_copy,
+    cold, runs = interleaved({"cat_shards": cat_shards, "cat_mount": cat_mount, "cat_copy": cat_copy,
+                              "cat_fuse_plain": cat_fuse_plain, "load_copy": load_copy,
                               "load_mount": load_mount(dcp_src, extra["mount_rss_MiB"], extra["cached_growth"]),
                               "load_mount_hf": load_mount(hf_src, extra["hf_mount_rss_MiB"]),
                               "consolidate_and_load": consolidate, "dcp_convert_and_load": dcp_convert}, repeat)
@@ -290,6 +305,9 @@ def bench_load(binary, work, repeat):
     rows = [
         ("cat of the DCP shards, cold", cold["cat_shards"], None, None),
         ("cat of the mount's view, cold", cold["cat_mount"], cold["cat_shards"] / cold["cat_mount"], ">= 0.9 x cat of shards"),
+        ("cat of the physical copy, cold", cold["cat_copy"], None, None),
+        ("cat of the copy through the mount (FUSE floor), cold", cold["cat_fuse_plain"],
+         cold["cat_copy"] / cold["cat_fuse_plain"], "the floor for any FUSE-served byte"),
         ("cat of the mount's view, warm", warm["cat_mount_warm"], warm["cat_plain_warm"] / warm["cat_mount_warm"], ">= 0.95 x cached plain file"),
         ("from_pretrained + touch, physical copy, cold", cold["load_copy"], None, None),
         ("the same through the mount (DCP), cold", cold["load_mount"], cold["load_mount"] / cold["load_copy"], "<= 1.1 x copy"),
