@@ -214,6 +214,9 @@ type localFile struct {
 func (f *localFile) Info() Info   { return f.info }
 func (f *localFile) Close() error { return f.f.Close() }
 
+// maxFolio is the largest page-cache folio on x86-64 (a PMD).
+const maxFolio = 2 << 20
+
 // ReadAt reads at off; a file found shorter than when it was opened is
 // ErrChanged (a truncated shard), not a short read.
 //
@@ -222,9 +225,6 @@ func (f *localFile) Close() error { return f.f.Close() }
 // pages, so keeping the shard's copy too would double the memory a load
 // costs (a model's worth of shard pages beside a model's worth of view
 // pages).
-// maxFolio is the largest page-cache folio on x86-64 (a PMD).
-const maxFolio = 2 << 20
-
 func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)
 	if n > 0 {
