@@ -22,6 +22,7 @@ mount before each timed run. Sections:
 """
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -198,6 +199,23 @@ print(time.perf_counter() - t)
 """
 
 
+def cold_cat(paths):
+    """Seconds to read paths after dropping the page cache."""
+    drop_caches()
+    return read_all(paths)
+
+
+def cold_cat_view(binary, ckpt, mnt):
+    """Seconds to read the view files of ckpt through a fresh mount of its
+    parent, after dropping the page cache."""
+    drop_caches()
+    m = Mount(binary, os.path.dirname(ckpt), mnt)
+    try:
+        return read_all(files(os.path.join(mnt, os.path.basename(ckpt)), "*.safetensors"))
+    finally:
+        m.close()
+
+
 def python_seconds(script, *args):
     r = subprocess.run([PY, "-c", script, *map(str, args)], check=True, capture_output=True, text=True)
     return float(r.stdout.strip().splitlines()[-1])
@@ -216,31 +234,12 @@ def bench_load(binary, work, repeat):
     scratch = os.path.join(work, "scratch")
     extra = {"mount_rss_MiB": [], "cached_growth": [], "copy_cached_growth": [], "hf_mount_rss_MiB": []}
 
-    def cat_shards():
-        drop_caches()
-        return read_all(files(dcp_src, "*.distcp"))
-
-    def cat_mount():
-        drop_caches()
-        m = Mount(binary, os.path.dirname(dcp_src), mnt)
-        try:
-            return read_all(files(os.path.join(mnt, "llama"), "*.safetensors"))
-        finally:
-            m.close()
-
-    def cat_fuse_plain():
-        """The FUSE floor: the physical copy served through a mount as a
-        plain HF directory (one pread per request, no gather)."""
-        drop_caches()
-        m = Mount(binary, work, mnt, "--prefill=false")
-        try:
-            return read_all(files(os.path.join(mnt, os.path.basename(copy)), "*.safetensors"))
-        finally:
-            m.close()
-
-    def cat_copy():
-        drop_caches()
-        return read_all(files(copy, "*.safetensors"))
+    cat_shards = functools.partial(cold_cat, files(dcp_src, "*.distcp"))
+    cat_mount = functools.partial(cold_cat_view, binary, dcp_src, mnt)
+    # The FUSE floor: the physical copy served through a mount as a plain HF
+    # directory (one pread per request, no gather).
+    cat_fuse_plain = functools.partial(cold_cat_view, binary, copy, mnt)
+    cat_copy = functools.partial(cold_cat, files(copy, "*.safetensors"))
 
     def load_copy():
         drop_caches()
@@ -336,19 +335,8 @@ def bench_seq(binary, work, repeat, gib):
         shards = files(src, "*.distcp")
         mnt = os.path.join(work, "mnt")
 
-        def raw():
-            drop_caches()
-            return read_all(shards)
-
-        def view():
-            drop_caches()
-            m = Mount(binary, os.path.dirname(src), mnt)
-            try:
-                return read_all(files(os.path.join(mnt, name), "*.safetensors"))
-            finally:
-                m.close()
-
-        med, _ = interleaved({"raw": raw, "view": view}, repeat)
+        med, _ = interleaved({"raw": functools.partial(cold_cat, shards),
+                              "view": functools.partial(cold_cat_view, binary, src, mnt)}, repeat)
         out[name] = dict(shards_s=round(med["raw"], 2), view_s=round(med["view"], 2),
                          ratio=round(med["raw"] / med["view"], 2), target=">= 0.9")
     return out
