@@ -126,9 +126,6 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 		return nil, &Error{Msg: fmt.Sprintf("input larger than %d bytes", opts.MaxInputBytes), Err: ErrLimit}
 	}
 	d := &decoder{data: data, opts: opts}
-	// About one memo entry per 16 bytes of a real .metadata: sized once,
-	// not grown through a dozen copies.
-	d.memo.dense = make([]memoEntry, 0, min(len(data)/16, opts.MaxMemo, 1<<20))
 	return d.run()
 }
 
@@ -346,13 +343,18 @@ func (d *decoder) memoGet(idx uint32) error {
 }
 
 // memo is the pickle memo. Writers number entries 0, 1, 2, ... (MEMOIZE,
-// and BINPUT from CPython's pickler), so they live in a slice; any other
-// index a hand-made pickle uses goes to a map.
+// and BINPUT from CPython's pickler), so they live in fixed-size pages,
+// which grow without copying what is there (a .metadata of 100k chunks
+// holds millions of entries); any other index a hand-made pickle uses goes
+// to a map.
 type memo struct {
-	dense  []memoEntry
+	pages  [][]memoEntry // every page full but the last
+	dense  int           // entries in pages: indices [0, dense)
 	sparse map[uint32]slot
 	n      int // entries in both
 }
+
+const memoPage = 1024
 
 type memoEntry struct {
 	s   slot
@@ -365,8 +367,8 @@ func (m *memo) has(idx uint32) bool {
 }
 
 func (m *memo) get(idx uint32) (slot, bool) {
-	if int64(idx) < int64(len(m.dense)) {
-		e := m.dense[idx]
+	if int64(idx) < int64(m.dense) {
+		e := m.pages[idx/memoPage][idx%memoPage]
 		return e.s, e.set
 	}
 	s, ok := m.sparse[idx]
@@ -375,18 +377,24 @@ func (m *memo) get(idx uint32) (slot, bool) {
 
 func (m *memo) put(idx uint32, s slot) {
 	switch {
-	case int64(idx) < int64(len(m.dense)):
-		if !m.dense[idx].set {
+	case int64(idx) < int64(m.dense):
+		e := &m.pages[idx/memoPage][idx%memoPage]
+		if !e.set {
 			m.n++
 		}
-		m.dense[idx] = memoEntry{s, true}
+		*e = memoEntry{s, true}
 		return
-	case int64(idx) == int64(len(m.dense)):
+	case int64(idx) == int64(m.dense):
 		if _, moved := m.sparse[idx]; moved {
 			delete(m.sparse, idx)
 			m.n--
 		}
-		m.dense = append(m.dense, memoEntry{s, true})
+		if idx%memoPage == 0 {
+			m.pages = append(m.pages, make([]memoEntry, 0, memoPage))
+		}
+		last := len(m.pages) - 1
+		m.pages[last] = append(m.pages[last], memoEntry{s, true})
+		m.dense++
 		m.n++
 		return
 	}
