@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -216,6 +217,53 @@ func TestDecodeInert(t *testing.T) {
 	v, err = Decode(bytes.NewReader([]byte("\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8a\x01\xff.trailing")), Options{})
 	require.NoError(t, err)
 	assert.Equal(t, int64(-1), v)
+}
+
+// TestMemoAcrossPages memoizes more entries than fit in a few memo pages,
+// one of them first put out of order (sparse, then taken into the pages),
+// and reads every one back.
+func TestMemoAcrossPages(t *testing.T) {
+	const n = 3*memoPage + 5
+	var b bytes.Buffer
+	put := func(i uint32) {
+		b.WriteByte('r') // LONG_BINPUT
+		binary.Write(&b, binary.LittleEndian, i)
+	}
+	get := func(i uint32) {
+		b.WriteByte('j') // LONG_BINGET
+		binary.Write(&b, binary.LittleEndian, i)
+	}
+	str := func(i int) string { return "s" + strconv.Itoa(i) }
+	b.WriteString("\x80\x02]") // PROTO 2, EMPTY_LIST
+	b.WriteByte('(')          // MARK
+	for i := range n {
+		sv := str(i)
+		b.WriteByte('X') // BINUNICODE
+		binary.Write(&b, binary.LittleEndian, uint32(len(sv)))
+		b.WriteString(sv)
+		if i == memoPage+1 {
+			// An index ahead of the pages is kept aside; the put at its
+			// turn replaces it.
+			put(2 * memoPage)
+		}
+		put(uint32(i))
+	}
+	b.WriteString("e") // APPENDS
+	b.WriteByte(']')
+	b.WriteByte('(')
+	for i := range n {
+		get(uint32(i))
+	}
+	b.WriteString("e\x86.") // APPENDS, TUPLE2, STOP
+	v, err := DecodeBytes(b.Bytes(), Options{})
+	require.NoError(t, err)
+	tup := v.(Tuple)
+	put1, got := tup[0].(*List).Items, tup[1].(*List).Items
+	require.Len(t, put1, n)
+	require.Len(t, got, n)
+	for i := range n {
+		require.Equal(t, str(i), got[i], "memo entry %d", i)
+	}
 }
 
 func TestDecodeLong(t *testing.T) {
