@@ -235,7 +235,7 @@ func TestMemoAcrossPages(t *testing.T) {
 	}
 	str := func(i int) string { return "s" + strconv.Itoa(i) }
 	b.WriteString("\x80\x02]") // PROTO 2, EMPTY_LIST
-	b.WriteByte('(')          // MARK
+	b.WriteByte('(')           // MARK
 	for i := range n {
 		sv := str(i)
 		b.WriteByte('X') // BINUNICODE
