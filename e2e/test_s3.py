@@ -239,6 +239,13 @@ def test_cache_dir_survives_restart(s3, tmp_path, mount):
     assert again["bytes_fetched"] < 1 << 20, "only metadata is fetched after a restart"
 
 
+def wait_for(cond, what, timeout=10):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.02)
+
+
 def test_unmount_with_stalled_store_is_prompt(s3, tmp_path, mount):
     """Read-ahead requests hanging on a store that stopped answering do not
     hold the exit for their timeouts (30 s per attempt, here)."""
@@ -247,10 +254,15 @@ def test_unmount_with_stalled_store_is_prompt(s3, tmp_path, mount):
     try:
         # No kernel read-ahead: only ckptfs's own is in flight at the stop.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        os.pread(fd, 1 << 20, 0)
-        os.pread(fd, 1 << 20, 1 << 20)  # sequential: ckptfs reads the next blocks ahead
+        # Sequential reads ramp ckptfs's read-ahead up to blocks 6..11; once
+        # those are in, the store stops, and reading the cached block 6 sends
+        # read-ahead for block 12 at a store that does not answer.
+        for block in range(6):
+            os.pread(fd, 1 << 20, block << 20)
+        wait_for(lambda: stats(m)["cache"]["filling_bytes"] == 0, "read-ahead done")
         s3.stop()
-        assert stats(m)["cache"]["filling_bytes"] > 0, "read-ahead in flight at the stop"
+        os.pread(fd, 1 << 20, 6 << 20)
+        wait_for(lambda: stats(m)["cache"]["filling_bytes"] > 0, "read-ahead in flight at the stop")
     finally:
         os.close(fd)
     try:
