@@ -257,14 +257,19 @@ func TestWriteBadInput(t *testing.T) {
 }
 
 // TestWriteKilledWriter: a writer killed mid-file commits nothing (the
-// kernel flushes its descriptor at exit), and the spool is cleaned.
+// kernel flushes its descriptor at exit), and the spool is cleaned. The
+// writer is this test run again, in a child process, with
+// CKPTFS_KILLED_WRITER set.
 func TestWriteKilledWriter(t *testing.T) {
+	if dst := os.Getenv("CKPTFS_KILLED_WRITER"); dst != "" {
+		killedWriter(t, dst)
+	}
 	in, _ := hfDir(t)
 	src := t.TempDir()
 	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 2})))
 	dir := filepath.Join(mnt, "new")
 	require.NoError(t, os.Mkdir(dir, 0o755))
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKilledWriter$")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWriteKilledWriter$")
 	cmd.Env = append(os.Environ(), "CKPTFS_KILLED_WRITER="+filepath.Join(dir, "a.safetensors"),
 		"CKPTFS_KILLED_WRITER_SRC="+filepath.Join(in, "model-00001-of-00002.safetensors"))
 	err := cmd.Run()
@@ -277,13 +282,9 @@ func TestWriteKilledWriter(t *testing.T) {
 	require.Empty(t, listDir(t, dir))
 }
 
-// TestHelperKilledWriter is the writer TestWriteKilledWriter runs and kills:
-// it writes part of a file and dies holding it open.
-func TestHelperKilledWriter(t *testing.T) {
-	dst := os.Getenv("CKPTFS_KILLED_WRITER")
-	if dst == "" {
-		t.Skip("run by TestWriteKilledWriter")
-	}
+// killedWriter is the writer TestWriteKilledWriter runs and kills: it
+// writes part of a file and dies holding it open.
+func killedWriter(t *testing.T, dst string) {
 	data, err := os.ReadFile(os.Getenv("CKPTFS_KILLED_WRITER_SRC"))
 	require.NoError(t, err)
 	f, err := os.Create(dst)
@@ -389,9 +390,8 @@ func TestWriteRefused(t *testing.T) {
 // TestWriteDiskFull: a commit that runs out of space fails at close with
 // EIO and leaves the committed state and the free space as they were.
 func TestWriteDiskFull(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs")
-	}
+	// Needs root to mount a small tmpfs, as every test here needs it to
+	// mount FUSE: without it this fails, never skips.
 	src := t.TempDir()
 	if err := syscall.Mount("tmpfs", src, "tmpfs", 0, "size=3m"); err != nil {
 		t.Fatalf("mounting a tmpfs as root: %v", err)

@@ -329,8 +329,12 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 
 // TestEagerKilledWriter: a process killed while a file is being resharded
 // eagerly leaves its spool and partial shard files; nothing is committed,
-// and CleanStale (at the next mount) or Create removes them all.
+// and CleanStale (at the next mount) or Create removes them all. The writer
+// is this test run again, in a child process, with HFWRITE_EAGER_KILLED set.
 func TestEagerKilledWriter(t *testing.T) {
+	if dir := os.Getenv("HFWRITE_EAGER_KILLED"); dir != "" {
+		eagerKilledWriter(t, dir) // this process is the writer to kill
+	}
 	for _, clean := range []string{"CleanStale", "Create"} {
 		t.Run(clean, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "k")
@@ -340,7 +344,7 @@ func TestEagerKilledWriter(t *testing.T) {
 			require.NoError(t, w.Close())
 			before := dirFiles(t, dir)
 
-			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperEagerKilled$")
+			cmd := exec.Command(os.Args[0], "-test.run=^TestEagerKilledWriter$")
 			cmd.Env = append(os.Environ(), "HFWRITE_EAGER_KILLED="+dir)
 			out, err := cmd.StdoutPipe()
 			require.NoError(t, err)
@@ -374,13 +378,9 @@ func TestEagerKilledWriter(t *testing.T) {
 	}
 }
 
-// TestHelperEagerKilled is the writer TestEagerKilledWriter kills: it
-// writes most of a file and waits, its eager reshard under way.
-func TestHelperEagerKilled(t *testing.T) {
-	dir := os.Getenv("HFWRITE_EAGER_KILLED")
-	if dir == "" {
-		t.Skip("run by TestEagerKilledWriter")
-	}
+// eagerKilledWriter is the process TestEagerKilledWriter kills: it writes
+// most of a file and waits, its eager reshard under way.
+func eagerKilledWriter(t *testing.T, dir string) {
 	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 	require.NoError(t, err)
 	f := create(t, w, "b.safetensors")
