@@ -264,27 +264,23 @@ def bench_load(binary, work, repeat):
                 m.close()
         return go
 
-    def consolidate():
-        shutil.rmtree(scratch, ignore_errors=True)
-        drop_caches()
-        try:
-            return python_seconds(CONSOLIDATE, hf_src, scratch)
-        finally:
+    def convert_and_load(script, src):
+        """A cold run of a torch converter into scratch, then a load."""
+        def go():
             shutil.rmtree(scratch, ignore_errors=True)
-
-    def dcp_convert():
-        shutil.rmtree(scratch, ignore_errors=True)
-        drop_caches()
-        try:
-            return python_seconds(DCP_CONVERT, dcp_src, scratch)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            drop_caches()
+            try:
+                return python_seconds(script, src, scratch)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return go
 
     cold, runs = interleaved({"cat_shards": cat_shards, "cat_mount": cat_mount, "cat_copy": cat_copy,
                               "cat_fuse_plain": cat_fuse_plain, "load_copy": load_copy,
                               "load_mount": load_mount(dcp_src, extra["mount_rss_MiB"], extra["cached_growth"]),
                               "load_mount_hf": load_mount(hf_src, extra["hf_mount_rss_MiB"]),
-                              "consolidate_and_load": consolidate, "dcp_convert_and_load": dcp_convert}, repeat)
+                              "consolidate_and_load": convert_and_load(CONSOLIDATE, hf_src),
+                              "dcp_convert_and_load": convert_and_load(DCP_CONVERT, dcp_src)}, repeat)
 
     # Warm: the same mount (its view pages cached) vs the copy, cached.
     m = Mount(binary, os.path.dirname(dcp_src), mnt)
