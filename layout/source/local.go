@@ -217,6 +217,11 @@ func (f *localFile) Close() error { return f.f.Close() }
 // maxFolio is the largest page-cache folio on x86-64 (a PMD).
 const maxFolio = 2 << 20
 
+// minDrop is the smallest read whose pages are dropped: block fills are
+// megabytes, and a syscall for each record header (tens of bytes, one per
+// chunk) would cost more than the pages it frees.
+const minDrop = 64 << 10
+
 // ReadAt reads at off; a file found shorter than when it was opened is
 // ErrChanged (a truncated shard), not a short read.
 //
@@ -227,7 +232,7 @@ const maxFolio = 2 << 20
 // pages).
 func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)
-	if n > 0 {
+	if n >= minDrop {
 		// The kernel caches a file in folios of up to 2 MiB and drops only
 		// those wholly inside the range, so the range starts at the folio
 		// boundary below off: the folio that straddles it was the tail of
