@@ -68,14 +68,14 @@ func (p *prefiller) offer(node *fs.Inode, file *layout.File, id uint64) {
 func (p *prefiller) stop() { close(p.queue) }
 
 func (p *prefiller) run() {
-	buf := make([]byte, prefillPiece)
 	for job := range p.queue {
-		p.fill(job, buf)
+		p.fill(job)
 	}
 }
 
-// fill streams one file into the page cache.
-func (p *prefiller) fill(job prefillJob, buf []byte) {
+// fill streams one file into the page cache, straight from the cache's
+// blocks.
+func (p *prefiller) fill(job prefillJob) {
 	log := p.fsys.log.With("file", job.file.Name)
 	if avail, ok := memAvailable(); !ok || avail < minAvailable+2*job.file.Size {
 		log.Debug("not prefilling: not enough memory available", "size", job.file.Size, "available", avail)
@@ -83,20 +83,25 @@ func (p *prefiller) fill(job prefillJob, buf []byte) {
 	}
 	h := p.fsys.opts.Cache.Open(job.id, job.file, job.file.Size)
 	defer h.Close()
+	nextCheck := int64(64 << 20) // memory is checked again every 64 MiB
 	for off := int64(0); off < job.file.Size; {
-		n, err := h.ReadAt(buf, off)
-		if n > 0 {
-			if errno := job.node.WriteCache(off, buf[:n]); errno != 0 {
-				log.Debug("prefill stopped: kernel refused the pages", "errno", errno)
-				return
-			}
-		}
+		parts, err := h.Slices(off, prefillPiece)
 		if err != nil && !errors.Is(err, io.EOF) {
 			log.Debug("prefill stopped", "err", err)
 			return
 		}
-		off += int64(n)
-		if off%(64<<20) == 0 {
+		if len(parts) == 0 {
+			return
+		}
+		for _, part := range parts {
+			if errno := job.node.WriteCache(off, part); errno != 0 {
+				log.Debug("prefill stopped: kernel refused the pages", "errno", errno)
+				return
+			}
+			off += int64(len(part))
+		}
+		if off >= nextCheck {
+			nextCheck += 64 << 20
 			if avail, ok := memAvailable(); !ok || avail < minAvailable {
 				log.Debug("prefill stopped: memory is short", "at", off)
 				return
