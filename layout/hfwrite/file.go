@@ -247,12 +247,14 @@ func (f *File) Commit() error {
 	f.mu.Lock()
 	f.usedEager = used && err == nil
 	f.mu.Unlock()
-	f.finish(err)
+	// Reported before the file leaves the session: whoever sees it gone
+	// (a listing, a waiting test) also sees its report.
 	if s.opts.OnCommit != nil {
 		size, _ := f.Size()
 		s.opts.OnCommit(Report{Path: filepath.Join(s.path, name), Size: size, Started: f.started,
 			Took: time.Since(start), Eager: used && err == nil, Err: err})
 	}
+	f.finish(err)
 	return err
 }
 
