@@ -20,9 +20,11 @@
 //     it after the Staging ring and the blocks being filled, which are
 //     capped: at most MaxFills foreground fills at once (more readers wait
 //     for a slot, and readers of one block share its fill) plus one per
-//     read-ahead worker. Blocks are fresh []byte per fill and are never
-//     recycled, so an evicted block still being copied by a reader stays
-//     valid; the GC frees it.
+//     read-ahead worker. Buffers kept for reuse count against the fills'
+//     share.
+//   - A block's bytes never change while anyone can read them: its buffer
+//     is reused only after every holder let go (see block), so an evicted
+//     block still being copied or replied with stays valid.
 //   - A foreground read never waits for a prefetch it did not ask for, except
 //     to join a fill of the very block it needs.
 //
@@ -159,6 +161,8 @@ type Stats struct {
 	CachedBytes      int64 `json:"cached_bytes"`       // bytes held by ristretto now (cost added − cost evicted)
 	StagedBytes      int64 `json:"staged_bytes"`       // bytes in the staging ring now (most are also in ristretto)
 	FillingBytes     int64 `json:"filling_bytes"`      // bytes of the blocks being filled now
+	FreeBytes        int64 `json:"free_bytes"`         // bytes of block buffers kept for the next fills
+	BuffersReused    int64 `json:"buffers_reused"`     // fills into a kept buffer instead of a fresh one
 	KeysAdded        int64 `json:"keys_added"`         // ristretto admissions
 	KeysEvicted      int64 `json:"keys_evicted"`       // ristretto evictions
 	SetsRejected     int64 `json:"sets_rejected"`      // ristretto Sets refused by the admission policy
@@ -170,17 +174,6 @@ type Stats struct {
 // it may return io.EOF together with a full read that ends at the file's end.
 type Source interface {
 	io.ReaderAt
-}
-
-// block is one filled, immutable block. It carries its own identity so that a
-// ristretto key collision is detected instead of serving another block.
-type block struct {
-	id   uint64
-	idx  int64
-	data []byte
-	// prefetched is set when read-ahead filled the block and cleared by the
-	// first foreground read that uses it (ReadAheadHits counts those).
-	prefetched atomic.Bool
 }
 
 // file is what a Handle knows about its virtual file.
@@ -223,7 +216,7 @@ type Cache struct {
 
 	fgFills   atomic.Int64  // foreground-led fills in flight
 	fillSlots chan struct{} // one token per foreground fill in flight (MaxFills)
-	filling   atomic.Int64  // bytes of blocks being filled
+	bufs      *buffers      // block buffers: reused, and the bytes being filled
 
 	bytesServed, hits, stagingHits, misses, fills, fillErrors atomic.Int64
 	raIssued, raHits, raDropped, openHandles                  atomic.Int64
@@ -247,6 +240,7 @@ func New(opts Options) (*Cache, error) {
 		BufferItems:        64,
 		Metrics:            true,
 		IgnoreInternalCost: true,
+		OnExit:             (*block).leaveRC,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
@@ -258,6 +252,7 @@ func New(opts Options) (*Cache, error) {
 		keyFn:     blockKey,
 		stop:      make(chan struct{}),
 		fillSlots: make(chan struct{}, o.MaxFills),
+		bufs:      &buffers{size: o.BlockSize, limit: int64(o.MaxFills+o.readAheadWorkers()) * o.BlockSize},
 	}
 	c.pcond = sync.NewCond(&c.pmu)
 	if o.ReadAhead > 0 {
@@ -305,6 +300,7 @@ func (c *Cache) Close() {
 		}
 		c.rc.Close()
 		c.stg.clear()
+		c.bufs.drop()
 		c.mu.Unlock()
 	})
 }
@@ -327,12 +323,18 @@ func (c *Cache) Wait() {
 
 // Stats returns a snapshot of the counters.
 func (c *Cache) Stats() Stats {
+	// A buffer moves from filling to staged (and cached), and from there
+	// to free: read in that order, a moving buffer may be missed by the
+	// sum of these gauges but is never counted twice.
+	filling, free := c.bufs.gauges()
 	s := Stats{
+		FillingBytes:     filling,
+		FreeBytes:        free,
+		StagedBytes:      c.stg.bytes(),
 		BytesServed:      c.bytesServed.Load(),
 		Hits:             c.hits.Load(),
 		StagingHits:      c.stagingHits.Load(),
-		StagedBytes:      c.stg.bytes(),
-		FillingBytes:     c.filling.Load(),
+		BuffersReused:    c.bufs.reused.Load(),
 		Misses:           c.misses.Load(),
 		Fills:            c.fills.Load(),
 		FillErrors:       c.fillErrors.Load(),
@@ -368,6 +370,7 @@ func (f *file) blockLen(idx int64, bs int64) int64 {
 
 // lookup returns the block if ristretto or the staging ring holds it. The
 // block's identity and length are checked, so a key collision is a miss.
+// The block is not acquired: it may be dead by the time the caller looks.
 func (c *Cache) lookup(f *file, idx int64) (b *block, staged, ok bool) {
 	want := f.blockLen(idx, c.opts.BlockSize)
 	if b, ok := c.rc.Get(c.keyFn(f.id, idx)); ok && b.id == f.id && b.idx == idx && int64(len(b.data)) == want {
@@ -396,15 +399,18 @@ func (e *FillError) Unwrap() error { return e.Err }
 
 // fill reads block idx of f from its Source, once however many callers ask
 // at the same time, and offers it to ristretto and the staging ring. A failed
-// fill caches nothing; every caller sharing it gets the error.
-func (c *Cache) fill(f *file, idx int64, prefetch bool) (*block, error) {
+// fill caches nothing; every caller sharing it gets the error. The caller
+// that led the fill (led) holds a reference to the block; the others must
+// acquire one, and the block may be dead by then.
+func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err error) {
 	var k [16]byte
 	binary.LittleEndian.PutUint64(k[:8], f.id)
 	binary.LittleEndian.PutUint64(k[8:], uint64(idx))
 	v, err, _ := c.sf.Do(string(k[:]), func() (any, error) {
+		led = true // fn runs on the goroutine of the caller that leads
 		// A fill that finished between the caller's lookup and Do is
 		// in the staging ring (synchronously), so this catches it.
-		if b, _, ok := c.lookup(f, idx); ok {
+		if b, _, ok := c.lookup(f, idx); ok && b.acquire() {
 			return b, nil
 		}
 		if !prefetch {
@@ -416,9 +422,9 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (*block, error) {
 		c.fills.Add(1)
 		off := idx * c.opts.BlockSize
 		n := f.blockLen(idx, c.opts.BlockSize)
-		c.filling.Add(n)
-		defer c.filling.Add(-n)
-		buf := make([]byte, n) // fresh per fill, never recycled: see package doc
+		buf, recycle := c.bufs.get(n)
+		filled := sync.OnceFunc(func() { c.bufs.filled(n) })
+		defer filled()
 		start := time.Now()
 		got, err := f.src.ReadAt(buf, off)
 		switch {
@@ -432,39 +438,61 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (*block, error) {
 		}
 		if err != nil {
 			c.fillErrors.Add(1)
+			if recycle {
+				c.bufs.put(buf)
+			}
 			return nil, &FillError{ID: f.id, Block: idx, Off: off, Len: n, Err: err}
 		}
 		b := &block{id: f.id, idx: idx, data: buf}
+		if recycle {
+			b.bufs = c.bufs
+		}
+		b.refs.Store(1) // the leader's
 		b.prefetched.Store(prefetch)
+		filled() // before the block is staged: the Stats gauges never count it twice
 		c.stg.put(b)
-		c.rc.Set(c.keyFn(f.id, idx), b, n) // may be dropped or rejected
+		b.enterRC()
+		if !c.rc.Set(c.keyFn(f.id, idx), b, n) { // dropped; a rejection comes later, through OnExit
+			b.leaveRC()
+		}
 		return b, nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return v.(*block), nil
+	return v.(*block), led, nil
 }
 
-// getBlock serves one block to a foreground read. Caller holds c.mu.RLock.
+// getBlock serves one block to a foreground read and returns it acquired.
+// Caller holds c.mu.RLock.
 func (c *Cache) getBlock(f *file, idx int64) (*block, error) {
-	b, staged, ok := c.lookup(f, idx)
-	if ok {
-		c.hits.Add(1)
-		if staged {
-			c.stagingHits.Add(1)
+	for {
+		if b, staged, ok := c.lookup(f, idx); ok && b.acquire() {
+			c.hits.Add(1)
+			if staged {
+				c.stagingHits.Add(1)
+			}
+			return c.used(b), nil
 		}
-	} else {
 		c.misses.Add(1)
-		var err error
-		if b, err = c.fill(f, idx, false); err != nil {
+		b, led, err := c.fill(f, idx, false)
+		if err != nil {
 			return nil, err
 		}
+		if led || b.acquire() {
+			return c.used(b), nil
+		}
+		// Filled by another reader and dropped by every holder before
+		// this one could take it: look again.
 	}
+}
+
+// used counts the first foreground use of a prefetched block.
+func (c *Cache) used(b *block) *block {
 	if b.prefetched.Load() && b.prefetched.CompareAndSwap(true, false) {
 		c.raHits.Add(1)
 	}
-	return b, nil
+	return b
 }
 
 // enqueue offers prefetch of blocks [from, to] of h's file. It never blocks:
@@ -517,7 +545,10 @@ func (c *Cache) prefetch(j job) {
 	if _, _, ok := c.lookup(&j.h.f, j.idx); ok {
 		return
 	}
-	_, _ = c.fill(&j.h.f, j.idx, true) // an error is counted in FillErrors; a foreground read will retry
+	// An error is counted in FillErrors; a foreground read will retry.
+	if b, led, err := c.fill(&j.h.f, j.idx, true); err == nil && led {
+		b.release()
+	}
 }
 
 func (c *Cache) jobAdd() {
@@ -536,7 +567,8 @@ func (c *Cache) jobDone() {
 }
 
 // staging is a FIFO ring of the most recently filled blocks. It holds
-// references, not copies: a block usually sits in ristretto too.
+// references, not copies: a block usually sits in ristretto too. Each block
+// in the ring holds one of its refs.
 type staging struct {
 	mu    sync.Mutex
 	slots []*block              // GUARDED_BY(mu)
@@ -564,18 +596,21 @@ func (s *staging) put(b *block) {
 	k := stagingKey{b.id, b.idx}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.index[k]; ok {
+	b.retain()
+	if old, ok := s.index[k]; ok {
 		s.index[k] = b // already in a slot; keep the newer fill
-		for i, old := range s.slots {
-			if old != nil && old.id == b.id && old.idx == b.idx {
+		for i, o := range s.slots {
+			if o == old {
 				s.slots[i] = b
 			}
 		}
+		old.release()
 		return
 	}
 	if old := s.slots[s.next]; old != nil {
 		delete(s.index, stagingKey{old.id, old.idx})
 		s.size.Add(-int64(len(old.data)))
+		old.release()
 	}
 	s.slots[s.next] = b
 	s.index[k] = b
@@ -588,6 +623,11 @@ func (s *staging) bytes() int64 { return s.size.Load() }
 func (s *staging) clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, b := range s.slots {
+		if b != nil {
+			b.release()
+		}
+	}
 	clear(s.slots)
 	clear(s.index)
 	s.size.Store(0)

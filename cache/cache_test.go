@@ -193,15 +193,153 @@ func TestSlicesMatchReadAt(t *testing.T) {
 		off, n := tc[0], int(tc[1])
 		buf := make([]byte, n)
 		wn, werr := want(src.data, buf, off)
-		parts, err := h.Slices(off, n)
+		pinned, err := h.Slices(off, n)
 		require.Equal(t, werr, err, "err at off=%d len=%d", off, n)
-		require.True(t, bytes.Equal(buf[:wn], bytes.Join(parts, nil)), "bytes at off=%d len=%d", off, n)
+		require.True(t, bytes.Equal(buf[:wn], bytes.Join(pinned.Parts, nil)), "bytes at off=%d len=%d", off, n)
+		require.Equal(t, wn, pinned.Len())
 		if wn > 0 {
-			require.Len(t, parts, int((off+int64(wn)-1)/testBS-off/testBS+1), "one slice per block touched")
+			require.Len(t, pinned.Parts, int((off+int64(wn)-1)/testBS-off/testBS+1), "one slice per block touched")
 		}
+		pinned.Release()
+		pinned.Release() // idempotent
 	}
 	_, err := h.Slices(-1, 4)
 	assert.Error(t, err)
+}
+
+func init() {
+	// A read through a block after its last release sees 0xA5 bytes, which
+	// every byte comparison in these tests catches.
+	poisonFreed = true
+}
+
+// TestPinnedBytesSurviveEviction: bytes handed out by Slices stay the
+// block's bytes while pinned, however many fills reuse buffers meanwhile;
+// once released, their buffers are reused.
+func TestPinnedBytesSurviveEviction(t *testing.T) {
+	const size = 64 * testBS
+	src := newMemSource(size, 30)
+	c := newTestCache(t, Options{Size: 4 * testBS, Staging: 1, MaxFills: 2})
+	h := c.Open(1, src, size)
+	defer h.Close()
+	pinned, err := h.Slices(testBS/2, 2*testBS)
+	require.NoError(t, err)
+	for off := int64(3 * testBS); off < size; off += testBS {
+		checkRead(t, h, src.data, off, testBS) // evicts and refills, reusing buffers
+		c.Wait()                                // ristretto lets go of its blocks asynchronously
+	}
+	require.True(t, bytes.Equal(src.data[testBS/2:testBS/2+2*testBS], bytes.Join(pinned.Parts, nil)),
+		"pinned bytes changed under eviction")
+	reused := c.Stats().BuffersReused
+	assert.Positive(t, reused, "fills reuse the buffers of evicted blocks")
+	pinned.Release()
+	for off := int64(0); off < size; off += testBS {
+		checkRead(t, h, src.data, off, testBS)
+		c.Wait()
+	}
+	assert.Greater(t, c.Stats().BuffersReused, reused)
+}
+
+// TestBlockRefsRefuseDead: a dead block is never handed out again, and an
+// over-release stops the process instead of letting a buffer serve two
+// blocks.
+func TestBlockRefsRefuseDead(t *testing.T) {
+	bufs := &buffers{size: 4, limit: 8}
+	b := &block{data: []byte{1, 2, 3, 4}, bufs: bufs}
+	b.refs.Store(1)
+	require.True(t, b.acquire())
+	b.release()
+	b.release()
+	assert.False(t, b.acquire(), "a dead block cannot be acquired")
+	assert.Equal(t, []byte{0xA5, 0xA5, 0xA5, 0xA5}, b.data, "its buffer went back to the pool")
+	assert.EqualValues(t, 4, bufs.freeBytes.Load())
+	assert.Panics(t, b.release)
+	assert.Panics(t, b.retain)
+}
+
+// TestBuffersKeepWithinLimit: buffers kept for reuse and bytes being
+// filled together stay within the fills' share of Size.
+func TestBuffersKeepWithinLimit(t *testing.T) {
+	p := &buffers{size: 4, limit: 12}
+	var got [][]byte
+	for range 3 {
+		buf, recycle := p.get(4)
+		require.True(t, recycle)
+		got = append(got, buf)
+	}
+	short, recycle := p.get(3)
+	assert.False(t, recycle, "short blocks are not pooled")
+	p.filled(3)
+	p.put(short)
+	p.filled(4)
+	p.put(got[0]) // 2 filling + 1 free
+	assert.EqualValues(t, 4, p.freeBytes.Load())
+	p.put(got[1]) // would make 2 filling + 2 free > limit
+	assert.EqualValues(t, 4, p.freeBytes.Load())
+	p.filled(4)
+	p.filled(4)
+	p.put(got[1])
+	p.put(got[2])
+	assert.EqualValues(t, 12, p.freeBytes.Load())
+	buf, _ := p.get(4)
+	assert.Len(t, buf, 4)
+	assert.EqualValues(t, 1, p.reused.Load())
+	assert.EqualValues(t, 8, p.freeBytes.Load())
+}
+
+// TestPinnedReadersUnderChurn: many readers, half of them holding what
+// Slices gave them for a while before checking it, against a cache of a
+// few blocks, so that blocks die and their buffers are reused all the time.
+func TestPinnedReadersUnderChurn(t *testing.T) {
+	const size = 48*testBS + 5
+	srcs := []*memSource{newMemSource(size, 40), newMemSource(size, 41)}
+	c := newTestCache(t, Options{Size: 6 * testBS, ReadAhead: 2, Workers: 2, Staging: 1, MaxFills: 2})
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := srcs[g%2]
+			h := c.Open(uint64(g%2), s, size)
+			defer h.Close()
+			r := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 150 {
+				off := r.Int64N(size)
+				n := 1 + r.IntN(3*testBS)
+				exp := make([]byte, n)
+				wn, _ := want(s.data, exp, off)
+				if g%2 == 0 {
+					got := make([]byte, n)
+					if k, _ := h.ReadAt(got, off); k != wn || !bytes.Equal(got[:k], exp[:wn]) {
+						t.Errorf("reader %d: ReadAt(%d, %d) wrong", g, n, off)
+						return
+					}
+					continue
+				}
+				pinned, err := h.Slices(off, n)
+				if err != nil && !errors.Is(err, io.EOF) {
+					t.Errorf("reader %d: Slices(%d, %d): %v", g, off, n, err)
+					return
+				}
+				runtime.Gosched()
+				if r.IntN(4) == 0 {
+					time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+				}
+				ok := bytes.Equal(bytes.Join(pinned.Parts, nil), exp[:wn])
+				pinned.Release()
+				if !ok {
+					t.Errorf("reader %d: Slices(%d, %d) bytes changed while pinned", g, off, n)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	c.Wait()
+	st := c.Stats()
+	assert.Positive(t, st.BuffersReused)
+	assert.Zero(t, st.FillErrors)
+	t.Logf("%d fills, %d into reused buffers", st.Fills, st.BuffersReused)
 }
 
 func TestConcurrentReaders(t *testing.T) {

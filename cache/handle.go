@@ -54,24 +54,64 @@ func (h *Handle) Close() {
 // the bytes there are and io.EOF; an empty p returns 0, nil.
 func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
 	n := 0
-	err := h.blocks(off, len(p), func(b []byte) { n += copy(p[n:], b) })
+	err := h.blocks(off, len(p), func(b *block, part []byte) {
+		n += copy(p[n:], part)
+		b.release()
+	})
 	return n, err
 }
 
+// Pinned is bytes of the cache's blocks, handed out without a copy. The
+// blocks' buffers are not reused for other bytes until Release.
+type Pinned struct {
+	Parts    [][]byte // the bytes, in order, one slice per block
+	blocks   []*block
+	released atomic.Bool
+}
+
+// Len is the number of bytes in Parts.
+func (p *Pinned) Len() int {
+	n := 0
+	for _, part := range p.Parts {
+		n += len(part)
+	}
+	return n
+}
+
+// Release lets the blocks' buffers be reused; Parts must not be read after
+// it. Idempotent. A Pinned that is never released only keeps its buffers
+// from being reused (the GC frees them).
+func (p *Pinned) Release() {
+	if p == nil || !p.released.CompareAndSwap(false, true) {
+		return
+	}
+	for _, b := range p.blocks {
+		b.release()
+	}
+}
+
 // Slices returns up to n bytes at off as slices of the blocks that hold
-// them, without copying, with the errors of ReadAt. Blocks are never
-// written after their fill and never recycled, so the slices stay valid
-// after their blocks leave the cache; the caller should drop them soon (a
-// FUSE reply does), since the cache's bound no longer counts them then.
-func (h *Handle) Slices(off int64, n int) ([][]byte, error) {
-	var out [][]byte
-	err := h.blocks(off, n, func(b []byte) { out = append(out, b) })
-	return out, err
+// them, without copying, with the errors of ReadAt: on io.EOF, the bytes up
+// to the end of the file; on any other error, nil. The caller releases the
+// result once it is done with the bytes (a FUSE reply, once written); the
+// cache's bound does not count them once their blocks left the cache.
+func (h *Handle) Slices(off int64, n int) (*Pinned, error) {
+	p := &Pinned{}
+	err := h.blocks(off, n, func(b *block, part []byte) {
+		p.Parts = append(p.Parts, part)
+		p.blocks = append(p.blocks, b)
+	})
+	if err != nil && !errors.Is(err, io.EOF) {
+		p.Release()
+		return nil, err
+	}
+	return p, err
 }
 
 // blocks passes the parts of the blocks covering [off, off+n), in order, to
-// use; it returns io.EOF when the range runs past the end of the file.
-func (h *Handle) blocks(off int64, n int, use func([]byte)) error {
+// use, each block acquired: use releases it when done with the part. It
+// returns io.EOF when the range runs past the end of the file.
+func (h *Handle) blocks(off int64, n int, use func(*block, []byte)) error {
 	if off < 0 {
 		return errNegativeOffset
 	}
@@ -104,10 +144,11 @@ func (h *Handle) blocks(off int64, n int, use func([]byte)) error {
 		}
 		part := b.data[cur-idx*bs : min(int64(len(b.data)), end-idx*bs)]
 		if len(part) == 0 { // a block shorter than the file says: never loop on it
+			b.release()
 			c.bytesServed.Add(cur - off)
 			return io.ErrUnexpectedEOF
 		}
-		use(part)
+		use(b, part)
 		cur += int64(len(part))
 	}
 	c.bytesServed.Add(end - off)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 
@@ -85,20 +86,25 @@ func (p *prefiller) fill(job prefillJob) {
 	defer h.Close()
 	nextCheck := int64(64 << 20) // memory is checked again every 64 MiB
 	for off := int64(0); off < job.file.Size; {
-		parts, err := h.Slices(off, prefillPiece)
+		pinned, err := h.Slices(off, prefillPiece)
 		if err != nil && !errors.Is(err, io.EOF) {
 			log.Debug("prefill stopped", "err", err)
 			return
 		}
-		if len(parts) == 0 {
+		if len(pinned.Parts) == 0 {
 			return
 		}
-		for _, part := range parts {
-			if errno := job.node.WriteCache(off, part); errno != 0 {
-				log.Debug("prefill stopped: kernel refused the pages", "errno", errno)
-				return
+		errno := syscall.Errno(0)
+		for _, part := range pinned.Parts {
+			if errno = job.node.WriteCache(off, part); errno != 0 {
+				break
 			}
 			off += int64(len(part))
+		}
+		pinned.Release()
+		if errno != 0 {
+			log.Debug("prefill stopped: kernel refused the pages", "errno", errno)
+			return
 		}
 		if off >= nextCheck {
 			nextCheck += 64 << 20

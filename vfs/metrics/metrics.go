@@ -123,6 +123,8 @@ var stats = []stat{
 	{newDesc("cache_bytes", "Bytes of blocks held in the cache now (.ckptfs cache.cached_bytes)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.CachedBytes }, ""},
 	{newDesc("cache_staged_bytes", "Bytes of the most recently filled blocks kept whether or not the cache admitted them (.ckptfs cache.staged_bytes)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.StagedBytes }, ""},
 	{newDesc("cache_filling_bytes", "Bytes of the blocks being read from their sources now (.ckptfs cache.filling_bytes)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.FillingBytes }, ""},
+	{newDesc("cache_free_bytes", "Bytes of block buffers kept for the next fills (.ckptfs cache.free_bytes)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.FreeBytes }, ""},
+	{newDesc("cache_buffers_reused_total", "Fills into a kept block buffer instead of a fresh one (.ckptfs cache.buffers_reused)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.BuffersReused }, ""},
 	{newDesc("read_ahead_issued_total", "Blocks queued for read-ahead (.ckptfs cache.read_ahead_issued)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadIssued }, ""},
 	{newDesc("read_ahead_hits_total", "Read-ahead blocks later used by a read (.ckptfs cache.read_ahead_hits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadHits }, ""},
 	{newDesc("read_ahead_dropped_total", "Read-ahead blocks dropped because the queue or the foreground was busy (.ckptfs cache.read_ahead_dropped)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadDropped }, ""},
