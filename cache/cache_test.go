@@ -226,7 +226,7 @@ func TestPinnedBytesSurviveEviction(t *testing.T) {
 	require.NoError(t, err)
 	for off := int64(3 * testBS); off < size; off += testBS {
 		checkRead(t, h, src.data, off, testBS) // evicts and refills, reusing buffers
-		c.Wait()                                // ristretto lets go of its blocks asynchronously
+		c.Wait()                               // ristretto lets go of its blocks asynchronously
 	}
 	require.True(t, bytes.Equal(src.data[testBS/2:testBS/2+2*testBS], bytes.Join(pinned.Parts, nil)),
 		"pinned bytes changed under eviction")
