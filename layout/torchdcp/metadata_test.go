@@ -172,11 +172,18 @@ func TestDecodeMetadataBad(t *testing.T) {
 			`field state_dict_metadata["f32"]: expected TensorStorageMetadata or BytesStorageMetadata, got object torch.distributed.checkpoint.metadata.TensorStorageMetadatX`},
 		{"unknown properties class", mutate(t, "TensorProperties", "TensorPropertieX"),
 			`field state_dict_metadata["f32"].properties: expected TensorProperties`},
-		{"missing relative_path", mutate(t, "relative_path", "relative_patX"), `].relative_path: missing`},
+		{"missing relative_path", mutate(t, "relative_path", "relative_patX"), `field storage_data["step"].relative_path: missing`},
 		{"unknown storage info class", mutate(t, "_StorageInfo", "_StorageInfX"), `expected _StorageInfo, got object`},
 		{"unknown index class", mutate(t, "MetadataIndex", "MetadataIndeX"), `field storage_data[0].key: expected MetadataIndex`},
 		{"Size is not torch.Size", mutate(t, "\x8c\x04Size", "\x8c\x04Sizf"), `.size: expected torch.Size, got object torch.Sizf`},
 		{"missing chunks", mutate(t, "chunks", "chunkX"), `field state_dict_metadata["f32"].chunks: missing`},
+		// Per-chunk and per-storage-entry fields are named only on error
+		// (within): the names must still be whole.
+		{"unknown chunk class", mutate(t, "ChunkStorageMetadata", "ChunkStorageMetadatX"),
+			`field state_dict_metadata["f32"].chunks[0]: expected ChunkStorageMetadata, got object`},
+		{"missing chunk offsets", mutate(t, "offsets", "offsetX"), `field state_dict_metadata["f32"].chunks[0].offsets: missing`},
+		{"missing index fqn", mutate(t, "\x8c\x03fqn", "\x8c\x03fqX"), `field storage_data[0].key.fqn: missing`},
+		{"missing storage length", mutate(t, "\x8c\x06length", "\x8c\x06lengtX"), `field storage_data["step"].length: missing`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := DecodeMetadata(bytes.NewReader(tc.in))
