@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 )
@@ -77,9 +78,11 @@ func (b *block) leaveRC() {
 	}
 }
 
-// poisonFreed, set by tests, overwrites every buffer given back, so that a
-// read through a block after its last release shows as wrong bytes.
-var poisonFreed = false
+// poisonFreed overwrites every buffer given back, so that a read through a
+// block after its last release shows as wrong bytes: on in this package's
+// tests, and wherever CKPTFS_DEBUG_POISON is set (make test sets it for
+// every Go test and every mount the e2e tests start).
+var poisonFreed = os.Getenv("CKPTFS_DEBUG_POISON") != ""
 
 // buffers hands out the buffers of full blocks and keeps those given back
 // for the next fills: a fresh 4 MiB buffer costs its zeroing and page faults

@@ -323,9 +323,9 @@ func (c *Cache) Wait() {
 
 // Stats returns a snapshot of the counters.
 func (c *Cache) Stats() Stats {
-	// A buffer moves from filling to staged (and cached), and from there
-	// to free: read in that order, a moving buffer may be missed by the
-	// sum of these gauges but is never counted twice.
+	// Filling and free bytes are read at one instant: together they stay
+	// within the fills' share of Size, which reading them apart could
+	// overstate while a buffer moves from one to the other.
 	filling, free := c.bufs.gauges()
 	s := Stats{
 		FillingBytes:     filling,
@@ -439,6 +439,7 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 		if err != nil {
 			c.fillErrors.Add(1)
 			if recycle {
+				filled()
 				c.bufs.put(buf)
 			}
 			return nil, &FillError{ID: f.id, Block: idx, Off: off, Len: n, Err: err}
@@ -449,7 +450,7 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 		}
 		b.refs.Store(1) // the leader's
 		b.prefetched.Store(prefetch)
-		filled() // before the block is staged: the Stats gauges never count it twice
+		filled() // its buffer now counts as staged (and cached)
 		c.stg.put(b)
 		b.enterRC()
 		if !c.rc.Set(c.keyFn(f.id, idx), b, n) { // dropped; a rejection comes later, through OnExit
