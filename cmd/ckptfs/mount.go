@@ -68,7 +68,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory); peak RSS stays near this plus ~64 MiB")
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (s3:// sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; s3:// sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
-	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (see BENCHMARKS.md: no gain measured on a 2-core VM)")
+	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (see BENCHMARKS.md: on a 2-core VM, a small, noisy gain for loads and 10% slower for cat)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
 	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request")
