@@ -294,52 +294,58 @@ func TestPinnedReadersUnderChurn(t *testing.T) {
 	const size = 48*testBS + 5
 	srcs := []*memSource{newMemSource(size, 40), newMemSource(size, 41)}
 	c := newTestCache(t, Options{Size: 6 * testBS, ReadAhead: 2, Workers: 2, Staging: 1, MaxFills: 2})
-	var wg sync.WaitGroup
-	for g := range 32 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s := srcs[g%2]
-			h := c.Open(uint64(g%2), s, size)
-			defer h.Close()
-			r := rand.New(rand.NewPCG(uint64(g), 9))
-			for range 150 {
-				off := r.Int64N(size)
-				n := 1 + r.IntN(3*testBS)
-				exp := make([]byte, n)
-				wn, _ := want(s.data, exp, off)
-				if g%2 == 0 {
-					got := make([]byte, n)
-					if k, _ := h.ReadAt(got, off); k != wn || !bytes.Equal(got[:k], exp[:wn]) {
-						t.Errorf("reader %d: ReadAt(%d, %d) wrong", g, n, off)
-						return
-					}
-					continue
-				}
-				pinned, err := h.Slices(off, n)
-				if err != nil && !errors.Is(err, io.EOF) {
-					t.Errorf("reader %d: Slices(%d, %d): %v", g, off, n, err)
+	readers(c, srcs, 32, 9, func(g int, s *memSource, h *Handle, r *rand.Rand) {
+		for range 150 {
+			off := r.Int64N(size)
+			n := 1 + r.IntN(3*testBS)
+			exp := make([]byte, n)
+			wn, _ := want(s.data, exp, off)
+			if g%2 == 0 {
+				got := make([]byte, n)
+				if k, _ := h.ReadAt(got, off); k != wn || !bytes.Equal(got[:k], exp[:wn]) {
+					t.Errorf("reader %d: ReadAt(%d, %d) wrong", g, n, off)
 					return
 				}
-				runtime.Gosched()
-				if r.IntN(4) == 0 {
-					time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
-				}
-				ok := bytes.Equal(bytes.Join(pinned.Parts, nil), exp[:wn])
-				pinned.Release()
-				if !ok {
-					t.Errorf("reader %d: Slices(%d, %d) bytes changed while pinned", g, off, n)
-					return
-				}
+				continue
 			}
-		}()
-	}
-	wg.Wait()
+			pinned, err := h.Slices(off, n)
+			if err != nil && !errors.Is(err, io.EOF) {
+				t.Errorf("reader %d: Slices(%d, %d): %v", g, off, n, err)
+				return
+			}
+			runtime.Gosched()
+			if r.IntN(4) == 0 {
+				time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+			}
+			ok := bytes.Equal(bytes.Join(pinned.Parts, nil), exp[:wn])
+			pinned.Release()
+			if !ok {
+				t.Errorf("reader %d: Slices(%d, %d) bytes changed while pinned", g, off, n)
+				return
+			}
+		}
+	})
 	c.Wait()
 	st := c.Stats()
 	assert.Positive(t, st.BuffersReused)
 	assert.Zero(t, st.FillErrors)
 	t.Logf("%d fills, %d into reused buffers", st.Fills, st.BuffersReused)
+}
+
+// readers runs n concurrent readers, reader g with a handle on srcs[g %
+// len(srcs)] (file id g % len(srcs)) and its own random source, and waits
+// for them.
+func readers(c *Cache, srcs []*memSource, n int, seed uint64, read func(g int, s *memSource, h *Handle, r *rand.Rand)) {
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			s := srcs[g%len(srcs)]
+			h := c.Open(uint64(g%len(srcs)), s, int64(len(s.data)))
+			defer h.Close()
+			read(g, s, h, rand.New(rand.NewPCG(uint64(g), seed)))
+		})
+	}
+	wg.Wait()
 }
 
 func TestConcurrentReaders(t *testing.T) {
@@ -348,34 +354,24 @@ func TestConcurrentReaders(t *testing.T) {
 	// The cache holds a tenth of the data, so blocks are evicted and refilled
 	// while others read them.
 	c := newTestCache(t, Options{Size: 8 * testBS, ReadAhead: 2, Workers: 2, Staging: 4})
-	var wg sync.WaitGroup
-	for g := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s := srcs[g%2]
-			h := c.Open(uint64(g%2), s, size)
-			defer h.Close()
-			r := rand.New(rand.NewPCG(uint64(g), 3))
-			off := r.Int64N(size)
-			for range 100 {
-				if r.IntN(2) == 0 { // half sequential, half random
-					off = r.Int64N(size + testBS)
-				}
-				n := r.IntN(2*testBS + 1)
-				got := make([]byte, n)
-				exp := make([]byte, n)
-				gn, gerr := h.ReadAt(got, off)
-				wn, werr := want(s.data, exp, off)
-				if gn != wn || gerr != werr || !bytes.Equal(got[:gn], exp[:wn]) {
-					t.Errorf("reader %d: ReadAt(%d, %d) = %d, %v; want %d, %v (or bytes differ)", g, n, off, gn, gerr, wn, werr)
-					return
-				}
-				off += int64(gn)
+	readers(c, srcs, 64, 3, func(g int, s *memSource, h *Handle, r *rand.Rand) {
+		off := r.Int64N(size)
+		for range 100 {
+			if r.IntN(2) == 0 { // half sequential, half random
+				off = r.Int64N(size + testBS)
 			}
-		}()
-	}
-	wg.Wait()
+			n := r.IntN(2*testBS + 1)
+			got := make([]byte, n)
+			exp := make([]byte, n)
+			gn, gerr := h.ReadAt(got, off)
+			wn, werr := want(s.data, exp, off)
+			if gn != wn || gerr != werr || !bytes.Equal(got[:gn], exp[:wn]) {
+				t.Errorf("reader %d: ReadAt(%d, %d) = %d, %v; want %d, %v (or bytes differ)", g, n, off, gn, gerr, wn, werr)
+				return
+			}
+			off += int64(gn)
+		}
+	})
 	c.Wait()
 	st := c.Stats()
 	assert.LessOrEqual(t, st.CachedBytes, int64(8*testBS), "ristretto holds at most Size bytes")

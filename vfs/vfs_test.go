@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -167,45 +169,73 @@ func TestMountEqualsExport(t *testing.T) {
 	}
 }
 
+// TestConcurrentRandomReaders: 64 readers of one view file at random
+// offsets get its bytes. With a cache of a few small blocks and O_DIRECT
+// opens (every read reaches ckptfs), blocks are evicted and their buffers
+// reused while replies written from them are in flight: with
+// CKPTFS_DEBUG_POISON set (make test), a reply written from a buffer after
+// its block's last release would show as wrong bytes.
 func TestConcurrentRandomReaders(t *testing.T) {
 	src := fixture(t, "sample")
 	ref := exported(t, filepath.Join(src, "ckpt"))
 	want, err := os.ReadFile(filepath.Join(ref, "model.safetensors"))
 	require.NoError(t, err)
-	mnt := testMount(t, newFS(t, src))
-	path := filepath.Join(mnt, "ckpt", "model.safetensors")
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	for r := 0; r < 64; r++ {
-		wg.Add(1)
-		go func(seed int64) {
-			defer wg.Done()
-			rng := rand.New(rand.NewSource(seed))
-			fd, err := os.Open(path)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer fd.Close()
-			for i := 0; i < 20; i++ {
-				off := rng.Intn(len(want))
-				n := 1 + rng.Intn(min(len(want)-off, 1<<20))
-				buf := make([]byte, n)
-				if _, err := fd.ReadAt(buf, int64(off)); err != nil {
-					errs <- err
-					return
-				}
-				if !bytes.Equal(buf, want[off:off+n]) {
-					errs <- errors.New("wrong bytes")
-					return
-				}
-			}
-		}(int64(r))
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	tiny := func(o *Options) {
+		c, err := cache.New(cache.Options{Size: 16 << 10, BlockSize: 4 << 10, ReadAhead: 2, Staging: 1, MaxFills: 2})
 		require.NoError(t, err)
+		t.Cleanup(c.Close)
+		o.Cache = c
+	}
+	for _, tc := range []struct {
+		name  string
+		opts  []func(*Options)
+		flags int
+	}{
+		{"default", nil, 0},
+		{"churning cache, O_DIRECT", []func(*Options){tiny}, syscall.O_DIRECT},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fsys := newFS(t, src, tc.opts...)
+			mnt := testMount(t, fsys)
+			path := filepath.Join(mnt, "ckpt", "model.safetensors")
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for r := 0; r < 64; r++ {
+				wg.Add(1)
+				go func(seed int64) {
+					defer wg.Done()
+					rng := rand.New(rand.NewSource(seed))
+					fd, err := os.OpenFile(path, os.O_RDONLY|tc.flags, 0)
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer fd.Close()
+					for i := 0; i < 20; i++ {
+						off := rng.Intn(len(want))
+						n := 1 + rng.Intn(min(len(want)-off, 1<<20))
+						buf := make([]byte, n)
+						if _, err := fd.ReadAt(buf, int64(off)); err != nil {
+							errs <- err
+							return
+						}
+						if !bytes.Equal(buf, want[off:off+n]) {
+							errs <- fmt.Errorf("wrong bytes at [%d, %d)", off, off+n)
+							return
+						}
+					}
+				}(int64(r))
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			if tc.flags != 0 {
+				st := fsys.Stats().Cache
+				assert.Positive(t, st.BuffersReused, "blocks churned: %+v", st)
+			}
+		})
 	}
 }
 
