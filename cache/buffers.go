@@ -85,10 +85,11 @@ func (b *block) leaveRC() {
 var poisonFreed = os.Getenv("CKPTFS_DEBUG_POISON") != ""
 
 // buffers hands out the buffers of full blocks and keeps those given back
-// for the next fills: a fresh 4 MiB buffer costs its zeroing and page faults
-// (and the GC its sweep), a third of the mount's CPU in a cold read. It also
-// counts the bytes being filled, so that the bytes filling plus the bytes
-// kept free stay within limit, the share of Size the fills have.
+// for the next fills: a fresh 4 MiB buffer costs its zeroing and page
+// faults (and the GC its sweep), about a seventh of the mount's CPU in a
+// cold read. It also counts the bytes being filled, so that the bytes
+// filling plus the bytes kept free stay within limit, the share of Size
+// the fills have.
 type buffers struct {
 	size  int64 // bytes of a full block
 	limit int64

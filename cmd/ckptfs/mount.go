@@ -188,8 +188,8 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// constantly when fills in flight were not bounded). That limit is the
 	// whole policy: proportional collection (GOGC) is off unless the user
 	// sets GOGC, since while the cache is still empty it collected every
-	// few MiB of a large .metadata's decode (a third of the time to open
-	// a checkpoint of 100k chunks) to keep a heap far below the limit.
+	// few MiB of a large .metadata's decode (a quarter of the profile of
+	// opening 100k chunks) to keep a heap far below the limit.
 	debug.SetMemoryLimit(c.Bound() + memoryHeadroom)
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
