@@ -73,9 +73,6 @@ func TestPythonFiles(t *testing.T) {
 // virtual environment.
 func pythonPath(t *testing.T) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs Python; skipped with -short")
-	}
 	py := os.Getenv("CKPTFS_PYTHON")
 	if py == "" {
 		py = filepath.Join("..", "e2e", ".venv", "bin", "python")

@@ -29,9 +29,6 @@ func (p patternFile) ReadAt(b []byte, off int64) (int, error) {
 // every rank's chunk is thousands of strided runs, and checks that the
 // commit allocates a small fraction of the tensor: buffers, not tensors.
 func TestCommitMemoryBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes 64 MiB")
-	}
 	const rows, cols = 4096, 4096
 	infos := safetensors.Layout([]safetensors.TensorInfo{{Name: "big", DType: safetensors.F32, Shape: []int64{rows, cols}}})
 	const dataStart = 64

@@ -255,9 +255,6 @@ func TestEagerNumbering(t *testing.T) {
 // TestEagerMemoryBounded: with many ranks an eager commit holds one copy
 // buffer and one record buffer, not one buffer per rank.
 func TestEagerMemoryBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes 16 MiB")
-	}
 	const rows, cols = 4096, 1024
 	infos := safetensors.Layout([]safetensors.TensorInfo{{Name: "big", DType: safetensors.F32, Shape: []int64{rows, cols}}})
 	const dataStart = 64

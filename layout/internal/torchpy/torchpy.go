@@ -1,4 +1,4 @@
-// Package torchpy finds the Python with torch that tests run real torch in:
+// Package torchpy finds the Python that tests run real torch (or moto) in:
 // $CKPTFS_PYTHON, else the e2e virtual environment. Without one a test is
 // skipped, unless CKPTFS_REQUIRE_PYTHON=1 (make test-go sets it), which
 // makes it fail.
@@ -17,9 +17,6 @@ import (
 func Python(t testing.TB, module string) string {
 	t.Helper()
 	must := os.Getenv("CKPTFS_REQUIRE_PYTHON") == "1"
-	if testing.Short() && !must {
-		t.Skip("runs torch; skipped with -short")
-	}
 	py := os.Getenv("CKPTFS_PYTHON")
 	if py == "" {
 		_, file, _, _ := runtime.Caller(0) // layout/internal/torchpy/torchpy.go

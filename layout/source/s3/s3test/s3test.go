@@ -21,6 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/ckptfs/ckptfs/layout/internal/torchpy"
 )
 
 // Server is a running moto server.
@@ -33,39 +35,11 @@ type Server struct {
 }
 
 // Python finds a Python that has moto's server: $CKPTFS_PYTHON, else the
-// e2e virtual environment of the module.
+// e2e virtual environment of the module (skipping or failing t as
+// torchpy.Python does).
 func Python(t testing.TB) string {
 	t.Helper()
-	must := os.Getenv("CKPTFS_REQUIRE_PYTHON") == "1"
-	py := os.Getenv("CKPTFS_PYTHON")
-	if py == "" {
-		py = filepath.Join(moduleRoot(t), "e2e", ".venv", "bin", "python")
-	}
-	err := exec.Command(py, "-c", "import moto.server").Run()
-	switch {
-	case err == nil:
-		return py
-	case must:
-		t.Fatalf("CKPTFS_REQUIRE_PYTHON=1 but %s cannot import moto.server (make venv, or set CKPTFS_PYTHON): %v", py, err)
-	default:
-		t.Skipf("no Python with moto[server] at %s (make venv, or set CKPTFS_PYTHON; CKPTFS_REQUIRE_PYTHON=1 turns this skip into a failure): %v", py, err)
-	}
-	return ""
-}
-
-func moduleRoot(t testing.TB) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			t.Fatalf("no go.mod above %s", dir)
-		}
-	}
+	return torchpy.Python(t, "moto.server")
 }
 
 // Start starts a server for the test, stopped at its end, and sets the
