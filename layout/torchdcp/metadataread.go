@@ -185,15 +185,21 @@ func sizeField(d *pickle.Dict, key, name string) ([]int64, error) {
 	return decodeSize(name, v)
 }
 
+// classState returns the dict state of v, which must be an object of
+// module.class (errors name the object itself: see within).
+func classState(v any, module, class string) (*pickle.Dict, error) {
+	obj, ok := v.(*pickle.Object)
+	if !ok || !obj.Is(module, class) {
+		return nil, fieldErr("", "expected %s, got %s", class, pickle.TypeName(v))
+	}
+	return stateOf("", obj)
+}
+
 // decodeChunk decodes one ChunkStorageMetadata (fields named relative to
 // it: see within).
 func decodeChunk(v any) (ChunkMetadata, error) {
 	var c ChunkMetadata
-	co, ok := v.(*pickle.Object)
-	if !ok || !co.Is(modMetadata, "ChunkStorageMetadata") {
-		return c, fieldErr("", "expected ChunkStorageMetadata, got %s", pickle.TypeName(v))
-	}
-	cs, err := stateOf("", co)
+	cs, err := classState(v, modMetadata, "ChunkStorageMetadata")
 	if err != nil {
 		return c, err
 	}
@@ -415,11 +421,7 @@ func (m *Metadata) decodeStorageData(v any) error {
 // within).
 func decodeIndex(v any) (Index, error) {
 	var idx Index
-	obj, ok := v.(*pickle.Object)
-	if !ok || !obj.Is(modMetadata, "MetadataIndex") {
-		return idx, fieldErr("", "expected MetadataIndex, got %s", pickle.TypeName(v))
-	}
-	st, err := stateOf("", obj)
+	st, err := classState(v, modMetadata, "MetadataIndex")
 	if err != nil {
 		return idx, err
 	}
@@ -441,13 +443,8 @@ func decodeIndex(v any) (Index, error) {
 // decodeStorageInfo decodes a _StorageInfo (fields named relative to it:
 // see within).
 func decodeStorageInfo(v any) (StorageInfo, error) {
-	const field = ""
 	var info StorageInfo
-	obj, ok := v.(*pickle.Object)
-	if !ok || !obj.Is(modFilesystem, "_StorageInfo") {
-		return info, fieldErr(field, "expected _StorageInfo, got %s", pickle.TypeName(v))
-	}
-	st, err := stateOf(field, obj)
+	st, err := classState(v, modFilesystem, "_StorageInfo")
 	if err != nil {
 		return info, err
 	}
@@ -480,12 +477,12 @@ func decodeStorageInfo(v any) (StorageInfo, error) {
 		case *pickle.List:
 			items = x.Items
 		default:
-			return info, fieldErr(field+".transform_descriptors", "expected a list of str, got %s", pickle.TypeName(tv))
+			return info, fieldErr(".transform_descriptors", "expected a list of str, got %s", pickle.TypeName(tv))
 		}
 		for i, it := range items {
 			s, ok := it.(string)
 			if !ok {
-				return info, fieldErr(field+".transform_descriptors", "element %d is %s, not str", i, pickle.TypeName(it))
+				return info, fieldErr(".transform_descriptors", "element %d is %s, not str", i, pickle.TypeName(it))
 			}
 			info.TransformDescriptors = append(info.TransformDescriptors, s)
 		}
