@@ -23,16 +23,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import Mount, drop_caches  # noqa: E402
+from bench import Mount, drop_caches, log  # noqa: E402
 
 import numpy as np
 
 ROWS, COLS = 4096, 4096  # 64 MiB of float32, 32 MiB of bfloat16 per tensor
 FILE_BYTES = 512 << 20  # HF-style shards of about this size
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
 
 
 def gen(work, gib):
