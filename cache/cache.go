@@ -423,10 +423,9 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 		off := idx * c.opts.BlockSize
 		n := f.blockLen(idx, c.opts.BlockSize)
 		buf, recycle := c.bufs.get(n)
-		filled := sync.OnceFunc(func() { c.bufs.filled(n) })
-		defer filled()
 		start := time.Now()
 		got, err := f.src.ReadAt(buf, off)
+		c.bufs.filled(n) // from here the buffer counts as staged (and cached), or is dropped
 		switch {
 		case int64(got) == n:
 			err = nil
@@ -437,11 +436,10 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 			observe(time.Since(start), err)
 		}
 		if err != nil {
+			// The buffer is left to the GC, not reused: a failed fill is
+			// rare, and nothing then has to trust that a failing Source
+			// stopped writing into it.
 			c.fillErrors.Add(1)
-			if recycle {
-				filled()
-				c.bufs.put(buf)
-			}
 			return nil, &FillError{ID: f.id, Block: idx, Off: off, Len: n, Err: err}
 		}
 		b := &block{id: f.id, idx: idx, data: buf}
@@ -450,7 +448,6 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 		}
 		b.refs.Store(1) // the leader's
 		b.prefetched.Store(prefetch)
-		filled() // its buffer now counts as staged (and cached)
 		c.stg.put(b)
 		b.enterRC()
 		if !c.rc.Set(c.keyFn(f.id, idx), b, n) { // dropped; a rejection comes later, through OnExit

@@ -67,6 +67,10 @@ type Pinned struct {
 	Parts    [][]byte // the bytes, in order, one slice per block
 	blocks   []*block
 	released atomic.Bool
+	// A FUSE read (at most 1 MiB) spans one or two blocks: room for them
+	// here saves two allocations per read.
+	partsBuf  [2][]byte
+	blocksBuf [2]*block
 }
 
 // Len is the number of bytes in Parts.
@@ -97,6 +101,7 @@ func (p *Pinned) Release() {
 // cache's bound does not count them once their blocks left the cache.
 func (h *Handle) Slices(off int64, n int) (*Pinned, error) {
 	p := &Pinned{}
+	p.Parts, p.blocks = p.partsBuf[:0], p.blocksBuf[:0]
 	err := h.blocks(off, n, func(b *block, part []byte) {
 		p.Parts = append(p.Parts, part)
 		p.blocks = append(p.blocks, b)
