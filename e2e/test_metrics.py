@@ -6,6 +6,7 @@ import mmap
 import os
 import re
 import socket
+import time
 import urllib.request
 
 from safetensors.torch import load, load_file
@@ -76,6 +77,12 @@ def test_counters_move_by_the_bytes_read(mount):
     finally:
         os.close(fd)
 
+    # close(2) returns before the kernel sends FUSE RELEASE (it is
+    # asynchronous): wait, with a bound, for the handle to be released.
+    deadline = time.time() + 10
+    while scrape(addr)["ckptfs_open_handles"] != 0:
+        assert time.time() < deadline, "the view's handle was never released"
+        time.sleep(0.01)
     # The endpoint and the .ckptfs file are one snapshot: they agree.
     stats = json.loads((m.mnt / ".ckptfs").read_text())
     now = scrape(addr)
