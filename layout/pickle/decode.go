@@ -62,6 +62,9 @@ const (
 // maxLongBytes bounds LONG1/LONG4 integers (2 kbit): nothing sane is larger.
 const maxLongBytes = 256
 
+// maxMaxDepth caps MaxDepth: slots keep depths in 32 bits.
+const maxMaxDepth = 1 << 30
+
 func (o Options) withDefaults() Options {
 	if o.MaxInputBytes <= 0 {
 		o.MaxInputBytes = DefaultMaxInputBytes
@@ -75,6 +78,7 @@ func (o Options) withDefaults() Options {
 	if o.MaxDepth <= 0 {
 		o.MaxDepth = DefaultMaxDepth
 	}
+	o.MaxDepth = min(o.MaxDepth, maxMaxDepth)
 	if o.MaxStack <= 0 {
 		o.MaxStack = DefaultMaxStack
 	}
@@ -132,10 +136,12 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 // slot is a stack or memo entry: a value and, for tuples and scalars, its
 // nesting depth and expanded weight (mutable containers carry their own in
 // their node). shared marks a second reference (from the memo or DUP).
+// A .metadata of 100k chunks memoizes 1.5M values, hence the 32 bits of
+// depth (withDefaults bounds MaxDepth below that).
 type slot struct {
 	v      any
-	d      int
 	w      int64
+	d      int32
 	shared bool
 }
 
@@ -143,7 +149,7 @@ func (s slot) depth() int {
 	if n := nodeOf(s.v); n != nil {
 		return n.depth
 	}
-	return s.d
+	return int(s.d)
 }
 
 func (s slot) weight() int64 {
@@ -165,6 +171,75 @@ type decoder struct {
 	memo  memo
 	items int64 // expanded items so far, checked against MaxItems
 	late  bool  // a container grew after it was put somewhere
+
+	// A .metadata holds millions of small values; one allocation each was
+	// most of the time to decode it. Tuples, objects and dicts come from
+	// slabs, and short strings and globals are boxed once (a pickle without
+	// a memo repeats its field names for every chunk).
+	tuples  slab[any]
+	objects slab[Object]
+	dicts   slab[Dict]
+	entries slab[DictItem]
+	strs    interner
+	globals interner
+}
+
+// slab hands out values from chunks of slabLen, one allocation per chunk.
+// A value keeps its whole chunk alive, which costs nothing when the values
+// are kept together, as a decoded pickle is.
+type slab[T any] struct{ free []T }
+
+const slabLen = 256
+
+func (s *slab[T]) one() *T {
+	if len(s.free) == 0 {
+		s.free = make([]T, slabLen)
+	}
+	p := &s.free[0]
+	s.free = s.free[1:]
+	return p
+}
+
+// many returns n zero values whose capacity is n, so that appending to
+// them never writes over a neighbour's.
+func (s *slab[T]) many(n int) []T {
+	if n > slabLen/4 {
+		return make([]T, n)
+	}
+	if len(s.free) < n {
+		s.free = make([]T, slabLen)
+	}
+	v := s.free[:n:n]
+	s.free = s.free[n:]
+	return v
+}
+
+// interner boxes each distinct short string (or global) once. It holds at
+// most maxInterned of them, so hostile input cannot grow it without bound.
+type interner map[string]any
+
+const (
+	maxInternLen = 64
+	maxInterned  = 4096
+)
+
+// get returns the value interned under key, or nil.
+func (in interner) get(key []byte) any {
+	if len(key) > maxInternLen {
+		return nil
+	}
+	return in[string(key)] // no allocation: the compiler looks up in place
+}
+
+// put interns v under key when there is room.
+func (in *interner) put(key []byte, v any) {
+	if len(key) > maxInternLen || len(*in) >= maxInterned {
+		return
+	}
+	if *in == nil {
+		*in = interner{}
+	}
+	(*in)[string(key)] = v
 }
 
 func (d *decoder) fail(format string, args ...any) error {
@@ -212,18 +287,29 @@ func (d *decoder) readLen(n int) (int, error) {
 	return int(v), nil
 }
 
-func (d *decoder) readLine() (string, error) {
+// readLine reads up to the next newline and returns the line without it.
+func (d *decoder) readLine() ([]byte, error) {
 	for i := d.pos; i < len(d.data); i++ {
 		if i-d.pos > d.opts.MaxStringLen {
-			return "", d.limit("line longer than %d bytes", d.opts.MaxStringLen)
+			return nil, d.limit("line longer than %d bytes", d.opts.MaxStringLen)
 		}
 		if d.data[i] == '\n' {
-			s := string(d.data[d.pos:i])
+			b := d.data[d.pos:i]
 			d.pos = i + 1
-			return s, nil
+			return b, nil
 		}
 	}
-	return "", d.fail("truncated input: unterminated line")
+	return nil, d.fail("truncated input: unterminated line")
+}
+
+// str returns b as a boxed string, interned when short.
+func (d *decoder) str(b []byte) any {
+	if v := d.strs.get(b); v != nil {
+		return v
+	}
+	var v any = string(b)
+	d.strs.put(b, v)
+	return v
 }
 
 func (d *decoder) base() int {
@@ -235,7 +321,7 @@ func (d *decoder) base() int {
 
 // push pushes a new scalar or container.
 func (d *decoder) push(v any, depth int) error {
-	return d.pushSlot(slot{v: v, d: depth, w: scalarWeight(v)})
+	return d.pushSlot(slot{v: v, d: int32(depth), w: scalarWeight(v)})
 }
 
 func (d *decoder) pushSlot(s slot) error {
@@ -266,17 +352,28 @@ func (d *decoder) top() (slot, error) {
 	return d.stack[len(d.stack)-1], nil
 }
 
-// popMark removes and returns everything above the topmost MARK, and the mark.
+// popMark removes everything above the topmost MARK, and the mark, and
+// returns what it removed: the stack's own slots, valid until the next push
+// (no copy: a .metadata has a MARK for every object). Slots left above the
+// top are overwritten by later pushes, or dropped with the decoder.
 func (d *decoder) popMark() ([]slot, error) {
 	if len(d.marks) == 0 {
 		return nil, d.fail("no MARK on the stack")
 	}
 	b := d.marks[len(d.marks)-1]
 	d.marks = d.marks[:len(d.marks)-1]
-	out := make([]slot, len(d.stack)-b)
-	copy(out, d.stack[b:])
-	clear(d.stack[b:])
+	out := d.stack[b:]
 	d.stack = d.stack[:b]
+	return out, nil
+}
+
+// popN is popMark for the n topmost slots (TUPLE1..3).
+func (d *decoder) popN(n int) ([]slot, error) {
+	if len(d.stack)-d.base() < n {
+		return nil, d.fail("stack underflow")
+	}
+	out := d.stack[len(d.stack)-n:]
+	d.stack = d.stack[:len(d.stack)-n]
 	return out, nil
 }
 
@@ -313,8 +410,16 @@ func (d *decoder) deepen(p *int, c int) error {
 	return nil
 }
 
+// emptyTuple is (), boxed once.
+var emptyTuple any = Tuple{}
+
+// pushTuple pushes the tuple of items, which may be the stack's own slots
+// above the top (popMark).
 func (d *decoder) pushTuple(items []slot) error {
-	t := make(Tuple, len(items))
+	if len(items) == 0 {
+		return d.pushSlot(slot{v: emptyTuple, d: 1, w: 1})
+	}
+	t := Tuple(d.tuples.many(len(items)))
 	n := newNode()
 	for i, s := range items {
 		t[i] = s.v
@@ -322,7 +427,7 @@ func (d *decoder) pushTuple(items []slot) error {
 			return err
 		}
 	}
-	return d.pushSlot(slot{v: t, d: n.depth, w: n.weight})
+	return d.pushSlot(slot{v: t, d: int32(n.depth), w: n.weight})
 }
 
 func (d *decoder) memoPut(idx uint32, s slot) error {
@@ -338,28 +443,24 @@ func (d *decoder) memoGet(idx uint32) error {
 	if !ok {
 		return d.fail("memo key %d not found", idx)
 	}
-	s.shared = true
-	return d.pushSlot(s)
+	return d.pushSlot(s) // shared, as all the memo holds
+
 }
 
 // memo is the pickle memo. Writers number entries 0, 1, 2, ... (MEMOIZE,
 // and BINPUT from CPython's pickler), so they live in fixed-size pages,
 // which grow without copying what is there (a .metadata of 100k chunks
 // holds millions of entries); any other index a hand-made pickle uses goes
-// to a map.
+// to a map. What the memo holds is shared by definition, so an entry's
+// shared flag also tells a set entry of the pages from an unset one.
 type memo struct {
-	pages  [][]memoEntry // every page full but the last
-	dense  int           // entries in pages: indices [0, dense)
+	pages  [][]slot // every page full but the last
+	dense  int      // entries in pages: indices [0, dense)
 	sparse map[uint32]slot
 	n      int // entries in both
 }
 
 const memoPage = 1024
-
-type memoEntry struct {
-	s   slot
-	set bool
-}
 
 func (m *memo) has(idx uint32) bool {
 	_, ok := m.get(idx)
@@ -368,21 +469,22 @@ func (m *memo) has(idx uint32) bool {
 
 func (m *memo) get(idx uint32) (slot, bool) {
 	if int64(idx) < int64(m.dense) {
-		e := m.pages[idx/memoPage][idx%memoPage]
-		return e.s, e.set
+		s := m.pages[idx/memoPage][idx%memoPage]
+		return s, s.shared
 	}
 	s, ok := m.sparse[idx]
 	return s, ok
 }
 
 func (m *memo) put(idx uint32, s slot) {
+	s.shared = true
 	switch {
 	case int64(idx) < int64(m.dense):
 		e := &m.pages[idx/memoPage][idx%memoPage]
-		if !e.set {
+		if !e.shared {
 			m.n++
 		}
-		*e = memoEntry{s, true}
+		*e = s
 		return
 	case int64(idx) == int64(m.dense):
 		if _, moved := m.sparse[idx]; moved {
@@ -390,10 +492,10 @@ func (m *memo) put(idx uint32, s slot) {
 			m.n--
 		}
 		if idx%memoPage == 0 {
-			m.pages = append(m.pages, make([]memoEntry, 0, memoPage))
+			m.pages = append(m.pages, make([]slot, 0, memoPage))
 		}
 		last := len(m.pages) - 1
-		m.pages[last] = append(m.pages[last], memoEntry{s, true})
+		m.pages[last] = append(m.pages[last], s)
 		m.dense++
 		m.n++
 		return
@@ -450,14 +552,14 @@ func (d *decoder) setItems(kv []slot) error {
 		dict, n = c, &c.node
 	case *Object:
 		if c.Items == nil {
-			c.Items = &Dict{}
+			c.Items = d.dicts.one()
 		}
 		dict, n = c.Items, &c.node
 	default:
 		return d.fail("cannot set items on %s", typeName(t.v))
 	}
 	if len(dict.items) == 0 && len(kv) > 2 {
-		dict.items = make([]DictItem, 0, len(kv)/2) // SETITEMS says how many
+		dict.items = d.entries.many(len(kv) / 2)[:0] // SETITEMS says how many
 	}
 	for i := 0; i < len(kv); i += 2 {
 		if err := d.put(n, kv[i]); err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 )
 
 func (d *decoder) run() (any, error) {
@@ -84,7 +85,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
-		return d.push(int64(v), 0)
+		return d.push(int64(v), 0) // boxing 0..255 allocates nothing
 	case opBININT2:
 		v, err := d.readUint(2)
 		if err != nil {
@@ -129,7 +130,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
-		return d.push(string(b), 0)
+		return d.push(d.str(b), 0)
 	case opSHORT_BINBYTES, opBINBYTES, opBINBYTES8, opBYTEARRAY8:
 		n, err := d.readLen(lenSize(d.op))
 		if err != nil {
@@ -143,16 +144,12 @@ func (d *decoder) step() error {
 
 	// Containers.
 	case opEMPTY_TUPLE:
-		return d.pushSlot(slot{v: Tuple{}, d: 1, w: 1})
+		return d.pushTuple(nil)
 	case opTUPLE1, opTUPLE2, opTUPLE3:
-		n := int(d.op-opTUPLE1) + 1
-		if len(d.stack)-d.base() < n {
-			return d.fail("stack underflow")
+		items, err := d.popN(int(d.op-opTUPLE1) + 1)
+		if err != nil {
+			return err
 		}
-		items := make([]slot, n)
-		copy(items, d.stack[len(d.stack)-n:])
-		clear(d.stack[len(d.stack)-n:])
-		d.stack = d.stack[:len(d.stack)-n]
 		return d.pushTuple(items)
 	case opTUPLE:
 		items, err := d.popMark()
@@ -167,6 +164,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
+		items = slices.Clone(items) // the push below overwrites them
 		l := &List{node: newNode()}
 		if err := d.push(l, 1); err != nil {
 			return err
@@ -185,13 +183,14 @@ func (d *decoder) step() error {
 		}
 		return d.appendTo(items)
 	case opEMPTY_DICT:
-		return d.push(&Dict{node: newNode()}, 1)
+		return d.push(d.newDict(), 1)
 	case opDICT:
 		items, err := d.popMark()
 		if err != nil {
 			return err
 		}
-		if err := d.push(&Dict{node: newNode()}, 1); err != nil {
+		items = slices.Clone(items) // the push below overwrites them
+		if err := d.push(d.newDict(), 1); err != nil {
 			return err
 		}
 		return d.setItems(items)
@@ -272,6 +271,7 @@ func (d *decoder) step() error {
 
 	// Globals and objects.
 	case opGLOBAL:
+		start := d.pos
 		module, err := d.readLine()
 		if err != nil {
 			return err
@@ -280,7 +280,13 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
-		return d.push(Global{Module: module, Name: name}, 0)
+		key := d.data[start:d.pos]
+		g := d.globals.get(key)
+		if g == nil {
+			g = Global{Module: string(module), Name: string(name)}
+			d.globals.put(key, g)
+		}
+		return d.push(g, 0)
 	case opSTACK_GLOBAL:
 		name, err := d.pop()
 		if err != nil {
@@ -350,7 +356,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return &Error{Offset: d.opPos, Op: opName(d.op), Msg: "persistent load: " + err.Error(), Err: err}
 		}
-		return d.pushSlot(slot{v: v, d: pid.depth(), w: pid.weight()})
+		return d.pushSlot(slot{v: v, d: int32(pid.depth()), w: pid.weight()})
 	}
 	if name, ok := opNames[d.op]; ok {
 		return &Error{Offset: d.opPos, Msg: fmt.Sprintf("unsupported opcode %s (0x%02x) at offset %d", name, d.op, d.opPos)}
@@ -358,8 +364,15 @@ func (d *decoder) step() error {
 	return &Error{Offset: d.opPos, Msg: fmt.Sprintf("unknown opcode 0x%02x at offset %d", d.op, d.opPos)}
 }
 
+func (d *decoder) newDict() *Dict {
+	dict := d.dicts.one()
+	dict.node = newNode()
+	return dict
+}
+
 func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
-	obj := &Object{NewObj: d.op != opREDUCE, node: newNode()}
+	obj := d.objects.one()
+	obj.NewObj, obj.node = d.op != opREDUCE, newNode()
 	switch c := callable.v.(type) {
 	case Global:
 		obj.Class = c
