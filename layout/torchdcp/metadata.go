@@ -115,7 +115,8 @@ type StorageEntry struct {
 // Lookup finds the storage of (fqn, offset) the way torch does: by fqn and
 // offset only. offset nil means "no offset" (BYTE_IO).
 func (m *Metadata) Lookup(fqn string, offset []int64) (StorageInfo, bool) {
-	i, ok := m.storage[Index{FQN: fqn, Offset: offset}.Key()]
+	var buf [64]byte
+	i, ok := m.storage[string(appendKey(buf[:0], fqn, offset))] // no allocation
 	if !ok {
 		return StorageInfo{}, false
 	}
@@ -125,18 +126,22 @@ func (m *Metadata) Lookup(fqn string, offset []int64) (StorageInfo, bool) {
 // Key identifies the index as torch compares MetadataIndex: by fqn and
 // offset only.
 func (i Index) Key() string {
-	var b strings.Builder
-	b.WriteString(i.FQN)
-	b.WriteByte(0)
-	if i.Offset == nil {
-		b.WriteByte('-')
-		return b.String()
+	var buf [64]byte
+	return string(appendKey(buf[:0], i.FQN, i.Offset))
+}
+
+// appendKey appends the Key of (fqn, offset) to b.
+func appendKey(b []byte, fqn string, offset []int64) []byte {
+	b = append(b, fqn...)
+	b = append(b, 0)
+	if offset == nil {
+		return append(b, '-')
 	}
-	for _, o := range i.Offset {
-		b.WriteString(strconv.FormatInt(o, 10))
-		b.WriteByte(',')
+	for _, o := range offset {
+		b = strconv.AppendInt(b, o, 10)
+		b = append(b, ',')
 	}
-	return b.String()
+	return b
 }
 
 // With returns a copy of m with items, planner entries and storage entries

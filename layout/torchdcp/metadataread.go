@@ -47,6 +47,10 @@ func decodeMetadata(r io.Reader, maxBytes int64) (*Metadata, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading: %w", err)
 	}
+	return decodeMetadataBytes(data, maxBytes)
+}
+
+func decodeMetadataBytes(data []byte, maxBytes int64) (*Metadata, error) {
 	opts := pickle.Options{MaxInputBytes: maxBytes,
 		MaxItems: max(minMetadataItems, metadataItemsPerByte*int64(len(data)))}
 	v, err := pickle.DecodeBytes(data, opts)
@@ -440,6 +444,19 @@ func decodeIndex(v any) (Index, error) {
 	return idx, nil
 }
 
+// intField decodes the int in field key of d; name is ".key", for errors.
+func intField(d *pickle.Dict, key, name string) (int64, error) {
+	v, ok := d.Get(key)
+	if !ok {
+		return 0, fieldErr(name, "missing")
+	}
+	n, ok := pickle.Int(v)
+	if !ok {
+		return 0, fieldErr(name, "expected an int that fits in 64 bits, got %s", pickle.TypeName(v))
+	}
+	return n, nil
+}
+
 // decodeStorageInfo decodes a _StorageInfo (fields named relative to it:
 // see within).
 func decodeStorageInfo(v any) (StorageInfo, error) {
@@ -455,19 +472,11 @@ func decodeStorageInfo(v any) (StorageInfo, error) {
 	if info.RelativePath, ok = rv.(string); !ok {
 		return info, fieldErr(".relative_path", "expected str, got %s", pickle.TypeName(rv))
 	}
-	for _, f := range [...]struct {
-		key, name string
-		dst       *int64
-	}{{"offset", ".offset", &info.Offset}, {"length", ".length", &info.Length}} {
-		iv, ok := st.Get(f.key)
-		if !ok {
-			return info, fieldErr(f.name, "missing")
-		}
-		n, ok := pickle.Int(iv)
-		if !ok {
-			return info, fieldErr(f.name, "expected an int that fits in 64 bits, got %s", pickle.TypeName(iv))
-		}
-		*f.dst = n
+	if info.Offset, err = intField(st, "offset", ".offset"); err != nil {
+		return info, err
+	}
+	if info.Length, err = intField(st, "length", ".length"); err != nil {
+		return info, err
 	}
 	if tv, ok := st.Get("transform_descriptors"); ok && tv != nil {
 		var items []any

@@ -21,7 +21,6 @@
 package torchdcp
 
 import (
-	"bytes"
 	"fmt"
 	"strings"
 
@@ -83,7 +82,7 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("torchdcp: %w", err)
 	}
-	m, err := decodeMetadata(bytes.NewReader(b), opts.MaxMetadataBytes)
+	m, err := decodeMetadataBytes(b, opts.MaxMetadataBytes)
 	if err != nil {
 		return nil, fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 	}
@@ -133,18 +132,20 @@ func transform(desc []string) (zstd bool, err error) {
 	return false, invalidf("unsupported transform_descriptors %q", desc)
 }
 
-// file resolves and bounds-checks one storage entry.
-func (b *builder) file(what string, info StorageInfo) (*ckpt.File, error) {
+// file resolves and bounds-checks one storage entry. what names the entry
+// in errors; it is a function because a checkpoint can have millions of
+// entries, and formatting each name up front was a tenth of opening one.
+func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error) {
 	f, err := b.c.Files.Get(info.RelativePath)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, fmt.Errorf("%s: %w", what(), err)
 	}
-	loc := fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length)
+	loc := func() string { return fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length) }
 	if info.Offset < 0 || info.Length < 0 {
-		return nil, invalidf("%s stored in %s: negative offset or length", what, loc)
+		return nil, invalidf("%s stored in %s: negative offset or length", what(), loc())
 	}
 	if info.Offset > f.Size() || info.Length > f.Size()-info.Offset {
-		return nil, invalidf("%s stored in %s past end of file (size %d)", what, loc, f.Size())
+		return nil, invalidf("%s stored in %s past end of file (size %d)", what(), loc(), f.Size())
 	}
 	return f, nil
 }
@@ -158,7 +159,7 @@ func (b *builder) object(fqn string) error {
 	if _, err := transform(info.TransformDescriptors); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	f, err := b.file(what, info)
+	f, err := b.file(func() string { return what }, info)
 	if err != nil {
 		return err
 	}
@@ -192,14 +193,14 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 	}
 	for i := range t.Chunks {
 		ch := &t.Chunks[i]
-		what := fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets))
+		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
 		info, ok := b.m.Lookup(fqn, ch.Offsets)
 		if !ok {
-			return invalidf("%s has no storage_data entry", what)
+			return invalidf("%s has no storage_data entry", what())
 		}
 		zstd, err := transform(info.TransformDescriptors)
 		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
+			return fmt.Errorf("%s: %w", what(), err)
 		}
 		f, err := b.file(what, info)
 		if err != nil {
@@ -209,12 +210,12 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		nbytes := numel * elem
 		if !zstd && info.Length < nbytes {
 			return invalidf("%s stored in %s@%d+%d: record too short for %d bytes of data",
-				what, f.Rel, info.Offset, info.Length, nbytes)
+				what(), f.Rel, info.Offset, info.Length, nbytes)
 		}
 		ch.Source = &recordSource{
 			file: f, off: info.Offset, length: info.Length, zstd: zstd,
 			want:   recordWant{DType: tm.Properties.DType, ElemSize: elem, Sizes: ch.Sizes},
-			nbytes: nbytes, tensor: fqn, chunk: formatOffsets(ch.Offsets),
+			nbytes: nbytes, tensor: fqn, offsets: ch.Offsets,
 			tmpDir: b.opts.TempDir, files: b.c.Files,
 		}
 	}

@@ -49,16 +49,16 @@ func crcMismatch(entry string, want, got uint32, how string) error {
 // of the whole chunk when the chunk is the entry (as DCP writes it), and
 // when a zstd record is decompressed. Verify checks it on demand.
 type recordSource struct {
-	file   *ckpt.File
-	off    int64 // record offset in file
-	length int64 // record length in file
-	zstd   bool
-	want   recordWant
-	nbytes int64 // chunk bytes
-	tensor string
-	chunk  string // formatted chunk offsets, for messages
-	tmpDir string
-	files  *ckpt.FileSet // owns the scratch file of a large zstd record
+	file    *ckpt.File
+	off     int64 // record offset in file
+	length  int64 // record length in file
+	zstd    bool
+	want    recordWant
+	nbytes  int64 // chunk bytes
+	tensor  string
+	offsets []int64 // the chunk's, for messages
+	tmpDir  string
+	files   *ckpt.FileSet // owns the scratch file of a large zstd record
 
 	mu  sync.Mutex
 	loc *chunkBytes // GUARDED_BY(mu); set once located
@@ -130,7 +130,7 @@ func (s *recordSource) Verify() error {
 	}
 	sum, err := crcOf(loc.entry)
 	if err != nil {
-		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.tensor, s.chunk, loc.name, err)
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.tensor, formatOffsets(s.offsets), loc.name, err)
 	}
 	return s.checkCRC(loc, sum)
 }
@@ -148,7 +148,7 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 	if got == loc.crc {
 		return nil
 	}
-	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, formatOffsets(s.offsets), crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
 }
 
 // located finds the chunk's bytes on first use and remembers where they
@@ -171,7 +171,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 		s.loc = loc
 		return loc, nil
 	}
-	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, s.chunk, err)
+	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, formatOffsets(s.offsets), err)
 	var pathErr *fs.PathError
 	var errno syscall.Errno
 	switch {
