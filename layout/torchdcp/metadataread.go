@@ -180,8 +180,9 @@ func within(prefix string, err error) error {
 }
 
 // sizeField decodes the torch.Size in field key of d; name is ".key", for
-// errors.
-func sizeField(d *pickle.Dict, key, name string) ([]int64, error) {
+// errors. key is an any so that callers box a constant, which allocates
+// nothing (a string parameter is boxed again on every call).
+func sizeField(d *pickle.Dict, key any, name string) ([]int64, error) {
 	v, ok := d.Get(key)
 	if !ok {
 		return nil, fieldErr(name, "missing")
@@ -444,8 +445,9 @@ func decodeIndex(v any) (Index, error) {
 	return idx, nil
 }
 
-// intField decodes the int in field key of d; name is ".key", for errors.
-func intField(d *pickle.Dict, key, name string) (int64, error) {
+// intField decodes the int in field key of d; name is ".key", for errors
+// (key is an any as in sizeField).
+func intField(d *pickle.Dict, key any, name string) (int64, error) {
 	v, ok := d.Get(key)
 	if !ok {
 		return 0, fieldErr(name, "missing")
