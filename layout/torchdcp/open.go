@@ -191,6 +191,9 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
+	// One allocation for the sources of all chunks: a tensor can have
+	// hundreds of thousands.
+	srcs := make([]recordSource, len(t.Chunks))
 	for i := range t.Chunks {
 		ch := &t.Chunks[i]
 		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
@@ -212,12 +215,13 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 			return invalidf("%s stored in %s@%d+%d: record too short for %d bytes of data",
 				what(), f.Rel, info.Offset, info.Length, nbytes)
 		}
-		ch.Source = &recordSource{
+		srcs[i] = recordSource{
 			file: f, off: info.Offset, length: info.Length, zstd: zstd,
 			want:   recordWant{DType: tm.Properties.DType, ElemSize: elem, Sizes: ch.Sizes},
 			nbytes: nbytes, tensor: fqn, offsets: ch.Offsets,
 			tmpDir: b.opts.TempDir, files: b.c.Files,
 		}
+		ch.Source = &srcs[i]
 	}
 	b.c.Tensors = append(b.c.Tensors, t)
 	return nil
