@@ -147,7 +147,7 @@ type slot struct {
 
 func (s slot) depth() int {
 	if n := nodeOf(s.v); n != nil {
-		return n.depth
+		return int(n.depth)
 	}
 	return int(s.d)
 }
@@ -400,11 +400,11 @@ func (d *decoder) put(n *node, s slot) error {
 }
 
 // deepen records that a child of depth c went into a container of depth *p.
-func (d *decoder) deepen(p *int, c int) error {
-	if c+1 > *p {
-		*p = c + 1
+func (d *decoder) deepen(p *int32, c int) error {
+	if c+1 > int(*p) {
+		*p = int32(c + 1)
 	}
-	if *p > d.opts.MaxDepth {
+	if int(*p) > d.opts.MaxDepth {
 		return d.limit("values nested deeper than %d", d.opts.MaxDepth)
 	}
 	return nil
@@ -427,7 +427,7 @@ func (d *decoder) pushTuple(items []slot) error {
 			return err
 		}
 	}
-	return d.pushSlot(slot{v: t, d: int32(n.depth), w: n.weight})
+	return d.pushSlot(slot{v: t, d: n.depth, w: n.weight})
 }
 
 func (d *decoder) memoPut(idx uint32, s slot) error {
@@ -517,6 +517,7 @@ func (d *decoder) appendTo(items []slot) error {
 	}
 	switch c := t.v.(type) {
 	case *List:
+		c.Items = reserve(c.Items, len(items))
 		for _, s := range items {
 			if err := d.put(&c.node, s); err != nil {
 				return err
@@ -524,6 +525,7 @@ func (d *decoder) appendTo(items []slot) error {
 			c.Items = append(c.Items, s.v)
 		}
 	case *Object:
+		c.Appended = reserve(c.Appended, len(items))
 		for _, s := range items {
 			if err := d.put(&c.node, s); err != nil {
 				return err
@@ -561,6 +563,7 @@ func (d *decoder) setItems(kv []slot) error {
 	if len(dict.items) == 0 && len(kv) > 2 {
 		dict.items = d.entries.many(len(kv) / 2)[:0] // SETITEMS says how many
 	}
+	dict.items = reserve(dict.items, len(kv)/2)
 	for i := 0; i < len(kv); i += 2 {
 		if err := d.put(n, kv[i]); err != nil {
 			return err
@@ -577,6 +580,18 @@ func (d *decoder) setItems(kv []slot) error {
 		}
 	}
 	return nil
+}
+
+// reserve returns s with room for n more elements, doubling its capacity
+// when it grows: append grows a large slice by a quarter, and a pickle
+// fills a list or dict of 100k entries by the thousand (APPENDS,
+// SETITEMS), which copied it over and over. n is at most what the stack
+// held, so the room is bounded by what was already allocated.
+func reserve[T any](s []T, n int) []T {
+	if cap(s)-len(s) >= n {
+		return s
+	}
+	return append(make([]T, 0, max(2*cap(s), len(s)+n)), s...)
 }
 
 func (d *decoder) addToSet(s *Set, items []slot) error {

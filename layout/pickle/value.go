@@ -92,7 +92,6 @@ func (o *Object) StateDict() *Dict {
 type DictItem struct {
 	Key   any
 	Value any
-	norm  any // the scalar key normalized (scalarKey); nil for a tuple key
 }
 
 // Dict is a Python dict that keeps insertion order. Keys may be None, bools,
@@ -158,15 +157,15 @@ func (d *Dict) Set(key, value any) error {
 		d.tuples[h] = append(d.tuples[h], i)
 		return nil
 	}
-	d.items = append(d.items, DictItem{Key: key, Value: value, norm: k})
+	d.items = append(d.items, DictItem{Key: key, Value: value})
 	switch {
 	case d.index != nil:
 		d.index[k] = i
 	case len(d.items) > smallDict:
 		d.index = make(map[any]int, 2*len(d.items))
 		for j, it := range d.items {
-			if it.norm != nil {
-				d.index[it.norm] = j
+			if k, err := scalarKey(it.Key); err == nil { // not a tuple
+				d.index[k] = j
 			}
 		}
 	}
@@ -199,8 +198,11 @@ func (d *Dict) find(key any) (int, any, error) {
 		return -1, nil, err
 	}
 	if d.index == nil {
+		// Normalizing again rather than keeping each item's normalized
+		// key costs less than the 16 bytes per item a .metadata's
+		// million dict items would hold.
 		for i := range d.items {
-			if d.items[i].norm == k {
+			if n, err := scalarKey(d.items[i].Key); err == nil && n == k {
 				return i, k, nil
 			}
 		}

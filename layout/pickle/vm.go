@@ -235,7 +235,7 @@ func (d *decoder) step() error {
 		if err := d.addToSet(s, items); err != nil {
 			return err
 		}
-		return d.push(s, s.depth)
+		return d.push(s, int(s.depth))
 
 	// Memo.
 	case opMEMOIZE:
@@ -405,5 +405,5 @@ func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
 		}
 		obj.Kwargs = kw
 	}
-	return d.push(obj, obj.depth)
+	return d.push(obj, int(obj.depth))
 }

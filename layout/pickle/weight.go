@@ -29,8 +29,8 @@ const itemBytes = 16
 
 // node is the bookkeeping of a mutable container (list, dict, set, object).
 type node struct {
-	depth  int   // nesting depth: 1 + the deepest thing put into it
 	weight int64 // expanded size
+	depth  int32 // nesting depth: 1 + the deepest thing put into it (as slot.d)
 	placed bool  // put into a container; growth after that is "late"
 }
 
