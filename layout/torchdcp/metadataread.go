@@ -406,6 +406,7 @@ func (m *Metadata) decodeStorageData(v any) error {
 		return fieldErr("storage_data", "expected dict, got %s", pickle.TypeName(v))
 	}
 	m.Storage = make([]StorageEntry, 0, d.Len())
+	m.storage = make(map[string]int, d.Len())
 	for i, it := range d.Items() {
 		idx, err := decodeIndex(it.Key)
 		if err != nil {
