@@ -486,27 +486,27 @@ func TestReadAheadPrefetchesSequential(t *testing.T) {
 	checkRead(t, h, src.data, 0, 100)
 	c.Wait()
 	assert.Zero(t, c.Stats().ReadAheadIssued, "a first read is not sequential")
-	checkRead(t, h, src.data, 100, 100) // sequential, a short run: prefetch block 1 only
+	checkRead(t, h, src.data, 100, testBS-100) // a run of one block: prefetch block 1 only
 	c.Wait()
 	st := c.Stats()
 	assert.EqualValues(t, 1, st.ReadAheadIssued)
 	assert.EqualValues(t, 1, src.calls[1].Load())
 	assert.Zero(t, src.calls[2].Load())
 
-	checkRead(t, h, src.data, 200, testBS) // into block 1: a hit; prefetch block 2
+	checkRead(t, h, src.data, testBS, testBS) // block 1: a hit; the run is 2 blocks long: window 2
 	c.Wait()
 	st = c.Stats()
 	assert.EqualValues(t, 1, src.calls[1].Load(), "block 1 came from read-ahead")
 	assert.EqualValues(t, 1, st.ReadAheadHits)
-	assert.EqualValues(t, 2, st.ReadAheadIssued)
+	assert.EqualValues(t, 3, st.ReadAheadIssued)
 	assert.EqualValues(t, 1, src.calls[2].Load())
+	assert.EqualValues(t, 1, src.calls[3].Load())
 
-	checkRead(t, h, src.data, 200+testBS, testBS) // into block 2; the run is 2 blocks long: window 2
+	checkRead(t, h, src.data, 2*testBS, 10) // block 2: a hit; block 4 comes into the window
 	c.Wait()
 	st = c.Stats()
 	assert.EqualValues(t, 2, st.ReadAheadHits)
 	assert.EqualValues(t, 4, st.ReadAheadIssued)
-	assert.EqualValues(t, 1, src.calls[3].Load())
 	assert.EqualValues(t, 1, src.calls[4].Load())
 
 	checkRead(t, h, src.data, testBS+300, 10) // block 1 again: not a second read-ahead hit
@@ -524,17 +524,27 @@ func TestSequentialDetection(t *testing.T) {
 		want  []int64 // blocks filled by read-ahead
 	}{
 		{"first read", []read{{0, 10}}, nil},
-		{"contiguous", []read{{0, 10}, {10, 10}}, []int64{1}},
-		{"same block backwards", []read{{500, 10}, {100, 10}}, []int64{1}},
-		{"next block", []read{{500, 10}, {testBS + 700, 10}}, []int64{2}},
-		{"jump", []read{{0, 10}, {5 * testBS, 10}}, nil},
+		// A loader touching the first pages of a tensor long before it
+		// reads the rest: nothing is read ahead for it.
+		{"a run shorter than a block", []read{{0, 10}, {10, testBS / 2}}, nil},
+		{"a run of a block", []read{{0, 10}, {10, testBS}}, []int64{2}},
+		{"same block backwards", []read{{500, 10}, {100, testBS}}, []int64{2}},
+		{"next block", []read{{500, 10}, {testBS + 700, testBS}}, []int64{3}},
+		{"jump", []read{{0, 10}, {5 * testBS, testBS}}, nil},
 		{"spanning read", []read{{0, 10}, {10, 2 * testBS}}, []int64{3, 4}},
-		{"end of file", []read{{6 * testBS, 10}, {6*testBS + 10, 10}}, []int64{7}},
-		{"seek then stream", []read{{0, 10}, {10, 10}, {5 * testBS, 10}, {5*testBS + 10, 10}}, []int64{1, 6}},
+		{"end of file", []read{{12 * testBS, 10}, {12*testBS + 10, 2 * testBS}}, []int64{15}},
+		{"seek then stream", []read{{0, 10}, {10, testBS}, {5 * testBS, 10}, {5*testBS + 10, testBS}}, []int64{2, 7}},
 		{"long run ramps up", []read{{0, 10}, {10, testBS}, {10 + testBS, testBS}}, []int64{3, 4}},
+		// Two threads copying halves of one mapped tensor: each stream
+		// keeps its own run.
+		{"interleaved streams", []read{{0, 10}, {4 * testBS, 10}, {10, testBS}, {4*testBS + 10, testBS}}, []int64{2, 6}},
+		{"four streams are kept", []read{{0, 10}, {4 * testBS, 10}, {8 * testBS, 10}, {12 * testBS, 10},
+			{10, testBS}}, []int64{2}},
+		{"a fifth stream replaces the oldest", []read{{0, 10}, {4 * testBS, 10}, {8 * testBS, 10}, {12 * testBS, 10},
+			{14 * testBS, 10}, {10, testBS}}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			const size = 8 * testBS
+			const size = 16 * testBS
 			src := newMemSource(size, 7)
 			c := newTestCache(t, Options{ReadAhead: 2, Workers: 1})
 			h := c.Open(1, src, size)
@@ -549,7 +559,7 @@ func TestSequentialDetection(t *testing.T) {
 				}
 			}
 			var got []int64
-			for b := range int64(8) {
+			for b := range int64(16) {
 				if src.calls[b].Load() > 0 && !read[b] {
 					got = append(got, b)
 				}
@@ -616,7 +626,7 @@ func TestReadAheadDroppedWhenForegroundBusy(t *testing.T) {
 		}()
 	}
 	require.Eventually(t, func() bool { return c.fgFills.Load() == 2 }, 5*time.Second, time.Millisecond)
-	checkRead(t, h, src.data, 10, 10) // sequential (window 1), but the foreground is busy
+	checkRead(t, h, src.data, 10, testBS-10) // a run of a block (window 1), but the foreground is busy
 	st := c.Stats()
 	assert.EqualValues(t, 1, st.ReadAheadDropped)
 	assert.Zero(t, st.ReadAheadIssued)
@@ -695,7 +705,7 @@ func TestCloseWaitsForStuckPrefetch(t *testing.T) {
 	require.NoError(t, err)
 	h := c.Open(1, src, size)
 	checkRead(t, h, src.data, 0, 10)
-	checkRead(t, h, src.data, 10, 10)
+	checkRead(t, h, src.data, 10, testBS-10) // a run of a block: read-ahead of block 1
 	src.waitEnter(1) // the worker is filling block 1
 	closed := make(chan struct{})
 	go func() { c.Close(); close(closed) }()

@@ -19,9 +19,34 @@ type Handle struct {
 	closed atomic.Bool
 
 	mu      sync.Mutex
-	lastEnd int64 // GUARDED_BY(mu); end of the previous read, -1 before the first
-	raNext  int64 // GUARDED_BY(mu); first block this stream has not yet offered to read-ahead
-	run     int64 // GUARDED_BY(mu); bytes read by the current sequential stream
+	streams [maxStreams]stream // GUARDED_BY(mu)
+	tick    uint64             // GUARDED_BY(mu); orders the streams' last use
+}
+
+// maxStreams is how many sequential streams one handle tracks at once.
+// Several threads copying one mapped tensor (torch splits a large copy
+// between its threads) fault it in as interleaved streams through one
+// handle; tracked as one, each read would break the other's run and
+// read-ahead would never ramp up.
+const maxStreams = 4
+
+// stream is one sequential run of a handle's reads.
+type stream struct {
+	lastEnd int64  // end of its last read; 0: unused
+	raNext  int64  // first block it has not yet offered to read-ahead
+	run     int64  // bytes read by the run
+	used    uint64 // the handle's tick at its last read
+}
+
+// continues reports whether a read at off continues the stream: it starts
+// where the stream's last read ended, or in the block where it ended, or in
+// the block after it.
+func (s *stream) continues(off, bs int64) bool {
+	if s.lastEnd <= 0 {
+		return false
+	}
+	lastBlk, startBlk := (s.lastEnd-1)/bs, off/bs
+	return off == s.lastEnd || startBlk == lastBlk || startBlk == lastBlk+1
 }
 
 // Open returns a handle for one open of file id (a stable id for the virtual
@@ -35,7 +60,7 @@ func (c *Cache) Open(id uint64, src Source, size int64) *Handle {
 		nb++
 	}
 	c.openHandles.Add(1)
-	return &Handle{c: c, f: file{id: id, src: src, size: size, nblocks: nb}, lastEnd: -1}
+	return &Handle{c: c, f: file{id: id, src: src, size: size, nblocks: nb}}
 }
 
 // Size returns the size of the file.
@@ -164,12 +189,11 @@ func (h *Handle) blocks(off int64, n int, use func(*block, []byte)) error {
 }
 
 // readAhead updates the access pattern with the read [off, end) and, when it
-// is sequential, offers the next ReadAhead blocks after end to the workers.
-// A read is sequential when it starts where the previous one ended, or in the
-// block where the previous one ended, or in the block after it. The window
-// ramps up with the stream: one block ahead per block already read, up to
-// ReadAhead, so short runs (mmap faults hopping between small tensors) do not
-// pull in blocks nobody reads.
+// continues one of the handle's streams, offers the next blocks after end to
+// the workers. A read that continues none starts a stream in place of the
+// least recently used one. The window ramps up with the stream: one block
+// ahead per block already read, up to ReadAhead, so short runs (mmap faults
+// hopping between small tensors) do not pull in blocks nobody reads.
 func (h *Handle) readAhead(off, end int64) {
 	c := h.c
 	if c.opts.ReadAhead <= 0 {
@@ -177,27 +201,36 @@ func (h *Handle) readAhead(off, end int64) {
 	}
 	bs := c.opts.BlockSize
 	h.mu.Lock()
-	seq := false
-	if h.lastEnd > 0 {
-		lastBlk, startBlk := (h.lastEnd-1)/bs, off/bs
-		seq = off == h.lastEnd || startBlk == lastBlk || startBlk == lastBlk+1
+	h.tick++
+	var s *stream
+	for i := range h.streams {
+		if h.streams[i].continues(off, bs) {
+			s = &h.streams[i]
+			break
+		}
 	}
-	h.lastEnd = end
-	if !seq {
-		h.raNext, h.run = 0, end-off
+	if s == nil {
+		s = &h.streams[0]
+		for i := range h.streams {
+			if h.streams[i].used < s.used {
+				s = &h.streams[i]
+			}
+		}
+		*s = stream{lastEnd: end, run: end - off, used: h.tick}
 		h.mu.Unlock()
 		return
 	}
-	h.run += end - off
-	window := min(int64(c.opts.ReadAhead), max(1, h.run/bs))
+	s.lastEnd, s.used = end, h.tick
+	s.run += end - off
+	window := min(int64(c.opts.ReadAhead), s.run/bs)
 	endBlk := (end - 1) / bs
-	from := max(h.raNext, endBlk+1)
+	from := max(s.raNext, endBlk+1)
 	to := min(endBlk+window, h.f.nblocks-1)
 	if from > to {
 		h.mu.Unlock()
 		return
 	}
-	h.raNext = to + 1
+	s.raNext = to + 1
 	h.mu.Unlock()
 	c.enqueue(h, from, to)
 }
