@@ -706,7 +706,7 @@ func TestCloseWaitsForStuckPrefetch(t *testing.T) {
 	h := c.Open(1, src, size)
 	checkRead(t, h, src.data, 0, 10)
 	checkRead(t, h, src.data, 10, testBS-10) // a run of a block: read-ahead of block 1
-	src.waitEnter(1) // the worker is filling block 1
+	src.waitEnter(1)                         // the worker is filling block 1
 	closed := make(chan struct{})
 	go func() { c.Close(); close(closed) }()
 	select {
