@@ -53,7 +53,7 @@ test-go: venv
 	GOMAXPROCS=1 $(GO) test -count=1 ./vfs/... ./cache/... ./safetensors/...
 
 test-e2e: build venv
-	CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -p no:cacheprovider e2e
+	CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider e2e
 
 # The README's first command: inspect and export the embedded sample, then
 # mount it, list it, load it with safetensors and unmount.

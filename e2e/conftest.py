@@ -20,6 +20,25 @@ def ckptfs(*args, check=True, **kw):
     return subprocess.run([BIN, *map(str, args)], check=check, capture_output=True, text=True, **kw)
 
 
+def held_under(mnt):
+    """The files under mnt this process has open or mapped."""
+    mnt = os.path.realpath(mnt) + "/"
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(mnt):
+            held.add(f"fd {target}")
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip().startswith(mnt):
+                held.add(f"mapped {fields[5].strip()}")
+    return sorted(held)
+
+
 def is_mounted(mnt):
     mnt = os.path.realpath(mnt)
     with open("/proc/self/mounts") as f:
@@ -31,6 +50,7 @@ class Mount:
 
     def __init__(self, src, mnt, *flags):
         self.src, self.mnt = pathlib.Path(src), pathlib.Path(mnt)
+        self.stuck = None  # after close(): what held a mount that ignored SIGTERM
         self.mnt.mkdir(parents=True, exist_ok=True)
         self.log = open(str(self.mnt) + ".log", "w+")
         self.proc = subprocess.Popen([BIN, "mount", *map(str, flags), str(src), str(mnt)],
@@ -44,6 +64,18 @@ class Mount:
                 raise TimeoutError(f"mount not ready: {self.output()}")
             time.sleep(0.05)
 
+    def exit_report(self):
+        """Why the mount did not exit cleanly, short enough that CI's tail
+        shows it whole (a SIGQUIT stack dump is kept in the log file)."""
+        head = f"ckptfs mount exited {self.proc.returncode}"
+        if self.stuck is not None:
+            head += f" (still running 20 s after SIGTERM; this process holds under the mount: {self.stuck or 'nothing'})"
+        log = self.output()
+        dump = log.find("\nSIGQUIT")
+        if dump >= 0:
+            log = log[:dump] + f"\n[goroutine dump: {self.log.name}]"
+        return f"{head}: {log[-4000:]}"
+
     def output(self):
         if not self.log.closed:
             self.log.flush()
@@ -51,11 +83,16 @@ class Mount:
             return f.read()
 
     def close(self):
+        self.stuck = None
         if self.proc.poll() is None:
+            # A mount whose files are still open or mapped is detached and
+            # served until they close: what this process holds names why.
+            held = held_under(self.mnt)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
+                self.stuck = held
                 # Go prints every goroutine's stack on SIGQUIT: the log
                 # shows what the mount was stuck on.
                 self.proc.send_signal(signal.SIGQUIT)
@@ -83,7 +120,7 @@ def mount(tmp_path):
     for m in mounts:
         m.close()
     for m in mounts:
-        assert m.proc.returncode == 0, f"ckptfs mount exited {m.proc.returncode}: {m.output()}"
+        assert m.proc.returncode == 0, m.exit_report()
         assert not is_mounted(m.mnt)
 
 
