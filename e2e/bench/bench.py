@@ -232,7 +232,8 @@ def bench_load(binary, work, repeat):
         subprocess.run([binary, "export", "--quiet", dcp_src, copy], check=True)
     mnt = os.path.join(work, "mnt")
     scratch = os.path.join(work, "scratch")
-    extra = {"mount_rss_MiB": [], "cached_growth": [], "copy_cached_growth": [], "hf_mount_rss_MiB": []}
+    extra = {"mount_rss_MiB": [], "cached_growth": [], "copy_cached_growth": [], "hf_mount_rss_MiB": [],
+             "plain_mount_rss_MiB": []}
 
     cat_shards = functools.partial(cold_cat, files(dcp_src, "*.distcp"))
     cat_mount = functools.partial(cold_cat_view, binary, dcp_src, mnt)
@@ -279,6 +280,7 @@ def bench_load(binary, work, repeat):
                               "cat_fuse_plain": cat_fuse_plain, "load_copy": load_copy,
                               "load_mount": load_mount(dcp_src, extra["mount_rss_MiB"], extra["cached_growth"]),
                               "load_mount_hf": load_mount(hf_src, extra["hf_mount_rss_MiB"]),
+                              "load_fuse_plain": load_mount(copy, extra["plain_mount_rss_MiB"]),
                               "consolidate_and_load": convert_and_load(CONSOLIDATE, hf_src),
                               "dcp_convert_and_load": convert_and_load(DCP_CONVERT, dcp_src)}, repeat)
 
@@ -307,6 +309,8 @@ def bench_load(binary, work, repeat):
         ("from_pretrained + touch, physical copy, cold", cold["load_copy"], None, None),
         ("the same through the mount (DCP), cold", cold["load_mount"], cold["load_mount"] / cold["load_copy"], "<= 1.1 x copy"),
         ("the same through the mount (HF-sharded), cold", cold["load_mount_hf"], cold["load_mount_hf"] / cold["load_copy"], "<= 1.1 x copy"),
+        ("the copy itself through the mount (FUSE floor), cold", cold["load_fuse_plain"],
+         cold["load_fuse_plain"] / cold["load_copy"], "the floor for any FUSE-served load"),
         ("the same through the mount, warm", warm["load_mount_warm"], warm["load_mount_warm"] / warm["load_copy_warm"], "<= 1.05 x copy warm"),
         ("torch consolidate_safetensors_files + load", cold["consolidate_and_load"],
          cold["load_mount_hf"] / cold["consolidate_and_load"], "mount <= 0.5 x this"),

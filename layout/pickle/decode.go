@@ -444,7 +444,6 @@ func (d *decoder) memoGet(idx uint32) error {
 		return d.fail("memo key %d not found", idx)
 	}
 	return d.pushSlot(s) // shared, as all the memo holds
-
 }
 
 // memo is the pickle memo. Writers number entries 0, 1, 2, ... (MEMOIZE,
