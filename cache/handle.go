@@ -192,8 +192,9 @@ func (h *Handle) blocks(off int64, n int, use func(*block, []byte)) error {
 // continues one of the handle's streams, offers the next blocks after end to
 // the workers. A read that continues none starts a stream in place of the
 // least recently used one. The window ramps up with the stream: one block
-// ahead per block already read, up to ReadAhead, so short runs (mmap faults
-// hopping between small tensors) do not pull in blocks nobody reads.
+// ahead per whole block already read, up to ReadAhead, so short runs (mmap
+// faults hopping between small tensors, a loader touching the first pages of
+// every tensor long before it reads them) pull in nothing.
 func (h *Handle) readAhead(off, end int64) {
 	c := h.c
 	if c.opts.ReadAhead <= 0 {
