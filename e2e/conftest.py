@@ -33,9 +33,9 @@ def held_under(mnt):
             held.add(f"fd {target}")
     with open("/proc/self/maps") as f:
         for line in f:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].strip().startswith(mnt):
-                held.add(f"mapped {fields[5].strip()}")
+            path = line.split(maxsplit=5)[5:]
+            if path and path[0].strip().startswith(mnt):
+                held.add(f"mapped {path[0].strip()}")
     return sorted(held)
 
 
@@ -65,16 +65,21 @@ class Mount:
             time.sleep(0.05)
 
     def exit_report(self):
-        """Why the mount did not exit cleanly, short enough that CI's tail
-        shows it whole (a SIGQUIT stack dump is kept in the log file)."""
-        head = f"ckptfs mount exited {self.proc.returncode}"
-        if self.stuck is not None:
-            head += f" (still running 20 s after SIGTERM; this process holds under the mount: {self.stuck or 'nothing'})"
+        """Why the mount did not exit cleanly, short enough for CI's tail:
+        its log before any SIGQUIT dump, the dump's goroutines that are busy
+        in ckptfs code (the whole dump stays in the log file), and last what
+        this process held under the mount."""
         log = self.output()
         dump = log.find("\nSIGQUIT")
         if dump >= 0:
-            log = log[:dump] + f"\n[goroutine dump: {self.log.name}]"
-        return f"{head}: {log[-4000:]}"
+            idle = ("[select", "[IO wait", "[sleep")  # workers and loops waiting for work
+            ours = [g for g in log[dump:].split("\n\n")
+                    if "ckptfs/ckptfs/" in g and not any(w in g.split("\n", 1)[0] for w in idle)]
+            log = log[:dump][-2000:] + "\n[ckptfs goroutines of the dump]\n" + "\n\n".join(ours)[:6000]
+        tail = f"ckptfs mount exited {self.proc.returncode} (whole log: {self.log.name})"
+        if self.stuck is not None:
+            tail += f"; still running 20 s after SIGTERM while this process held under the mount: {self.stuck or 'nothing'}"
+        return f"{log[-8000:]}\n{tail}"
 
     def output(self):
         if not self.log.closed:

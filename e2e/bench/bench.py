@@ -319,7 +319,7 @@ def bench_load(binary, work, repeat):
     ]
     return {"model_GB": round(gb, 2), "rows": [dict(what=w, seconds=round(s, 2), ratio=None if r is None else round(r, 2),
                                                        target=t) for w, s, r, t in rows],
-            "mount_peak_rss_MiB": round(max(extra["mount_rss_MiB"])), "hf_mount_peak_rss_MiB": round(max(extra["hf_mount_rss_MiB"])),
+            "mount_peak_rss_MiB": round(max(extra["mount_rss_MiB"])), "hf_mount_peak_rss_MiB": round(max(extra["hf_mount_rss_MiB"])), "plain_mount_peak_rss_MiB": round(max(extra["plain_mount_rss_MiB"])),
             "cache_MiB": 512, "page_cache_growth_x_model": round(statistics.median(extra["cached_growth"]), 2),
             "copy_page_cache_growth_x_model": round(statistics.median(extra["copy_cached_growth"]), 2),
             "runs": {**runs, **warm_runs}}
