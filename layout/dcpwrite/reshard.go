@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -240,6 +241,9 @@ func (r *Reshard) Run() error {
 			return fmt.Errorf("dcpwrite: %w", err)
 		}
 		r.created = append(r.created, full)
+		if osf, ok := f.(*os.File); ok {
+			f = directOut(osf)
+		}
 		files[i] = &rankOut{f: f, rel: rel}
 	}
 	nw := min(r.workers, len(r.ranks))
@@ -251,6 +255,7 @@ func (r *Reshard) Run() error {
 		for i := wi; i < len(r.ranks); i += nw {
 			mine[r.ranks[i]] = files[i]
 		}
+		shareStaging(mine)
 		infos[wi] = map[string]torchdcp.StorageInfo{}
 		g.Go(func() error { return r.work(ctx, mine, infos[wi]) })
 	}
