@@ -14,8 +14,10 @@ import (
 )
 
 // writeChunk writes one chunk of a tensor whose bytes start at base in src
-// as a torch.save record.
-func writeChunk(w torchdcp.PosWriter, src io.ReaderAt, base int64, p *planned, c RankChunk, buf []byte) error {
+// as a torch.save record. It waits for the source a buffer-full at a time,
+// so that the chunk of a file being written is written as it arrives and
+// little is left when the file is closed.
+func writeChunk(w torchdcp.PosWriter, src Source, base int64, p *planned, c RankChunk, buf []byte) error {
 	rec, err := torchdcp.NewRecordWriter(w, p.torch, p.es, c.Sizes)
 	if err != nil {
 		return err
@@ -32,7 +34,7 @@ func writeChunk(w torchdcp.PosWriter, src io.ReaderAt, base int64, p *planned, c
 // for a dim-0 box, one per row for a dim-1 box of a matrix); runs are
 // gathered with one ReadAt per buffer-full of source span, never one per
 // run.
-func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []int64, es int64, buf []byte) error {
+func copyBox(w io.Writer, src Source, base int64, shape, offsets, sizes []int64, es int64, buf []byte) error {
 	g, err := box.New(shape, es, box.Box{Offsets: offsets, Sizes: sizes})
 	if err != nil || g.Bytes() == 0 {
 		return err
@@ -67,7 +69,7 @@ func copyBox(w io.Writer, src io.ReaderAt, base int64, shape, offsets, sizes []i
 }
 
 // copyRange writes length bytes of src at off to w, a buffer at a time.
-func copyRange(w io.Writer, src io.ReaderAt, off, length int64, buf []byte) error {
+func copyRange(w io.Writer, src Source, off, length int64, buf []byte) error {
 	for length > 0 {
 		m := min(length, int64(len(buf)))
 		if err := readFull(src, buf[:m], off); err != nil {
@@ -85,7 +87,11 @@ func copyRange(w io.Writer, src io.ReaderAt, off, length int64, buf []byte) erro
 // errShortSource is returned when the source ends before a chunk's bytes.
 var errShortSource = errors.New("dcpwrite: source shorter than its header says")
 
-func readFull(src io.ReaderAt, p []byte, off int64) error {
+// readFull reads p at off once the source holds it.
+func readFull(src Source, p []byte, off int64) error {
+	if err := src.Wait(off + int64(len(p))); err != nil {
+		return err
+	}
 	err := ckpt.ReadFullAt(src, p, off)
 	if errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: %w", errShortSource, err)

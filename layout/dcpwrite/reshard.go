@@ -14,15 +14,14 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
-	"github.com/ckptfs/ckptfs/layout/box"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 // The reshard pipeline: the one way a safetensors file becomes shard files.
-// A Reshard writes each chunk to its rank's shard file as soon as the
-// source bytes it needs are final (Source.Wait), so a file can be resharded
-// while it is still being written, and when it is complete only the tail,
+// A Reshard writes each chunk to its rank's shard file as the source bytes
+// it needs become final (Source.Wait, a buffer-full at a time), so a file
+// can be resharded while it is still being written, and when it is complete only the tail,
 // the fsyncs and .metadata are left. Commit at close is the same run over a
 // complete source, whose bytes are all final.
 //
@@ -285,15 +284,8 @@ func (r *Reshard) work(ctx context.Context, files map[int]*rankOut, infos map[st
 			if err := ctx.Err(); err != nil {
 				return err // another worker failed
 			}
-			g, err := box.New(p.info.Shape, p.es, box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
-			if err != nil {
-				return err
-			}
-			if err := r.src.Wait(base + g.End()); err != nil {
-				return err
-			}
 			w.reset(o.f, o.pos)
-			err = writeChunk(w, r.src, base, p, c, buf)
+			err := writeChunk(w, r.src, base, p, c, buf)
 			if err == nil {
 				err = w.Flush()
 			}

@@ -132,7 +132,7 @@ func FuzzChunks(f *testing.F) {
 		buf := make([]byte, int(bufSize)+1)
 		for _, c := range chunks {
 			var out bytes.Buffer
-			err := copyBox(&out, bytes.NewReader(src), 6, shape, c.Offsets, c.Sizes, esz, buf)
+			err := copyBox(&out, complete{bytes.NewReader(src)}, 6, shape, c.Offsets, c.Sizes, esz, buf)
 			require.NoError(t, err)
 			require.Equal(t, boxBytes(full, shape, c.Offsets, c.Sizes, esz), append([]byte{}, out.Bytes()...), "box %v %v of %v", c.Offsets, c.Sizes, shape)
 		}
