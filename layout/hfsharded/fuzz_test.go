@@ -98,3 +98,32 @@ func FuzzParseFileIndex(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseShardingInfo checks the ordered decoder of DCP_SHARDING_INFO
+// against json.Unmarshal: the same offsets, or an error from both, and
+// every name listed once.
+func FuzzParseShardingInfo(f *testing.F) {
+	for _, s := range []string{`{"a": {"saved_offsets": [1, 0]}, "b": {}}`, `null`, `{}`, `{"a": 1}`, `[]`,
+		`{"a": {"saved_offsets": [1]}, "a": null}`, `{"a": {"SAVED_OFFSETS": [2]}}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		names, offsets, err := parseShardingInfo(raw)
+		var want map[string]struct {
+			SavedOffsets []int64 `json:"saved_offsets"`
+		}
+		werr := json.Unmarshal([]byte(raw), &want)
+		if werr != nil {
+			require.Error(t, err, "json.Unmarshal: %v", werr)
+			return
+		}
+		require.NoError(t, err)
+		require.Len(t, offsets, len(want))
+		require.Len(t, names, len(want))
+		for _, n := range names {
+			w, ok := want[n]
+			require.True(t, ok, n)
+			require.Equal(t, w.SavedOffsets, offsets[n], n)
+		}
+	})
+}

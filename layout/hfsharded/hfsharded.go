@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -95,12 +97,14 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: ckpt.FormatHFSharded, Files: ckpt.NewFileSet(dir),
 		FileIndex: map[string]int{}}
 	byName := map[string]*ckpt.Tensor{}
+	saved := map[string]int{}
 	for _, name := range names {
-		if err := addShard(c, byName, name); err != nil {
+		if err := addShard(c, byName, saved, name); err != nil {
 			c.Close()
 			return nil, err
 		}
 	}
+	inSaveOrder(c.Tensors, saved)
 	if err := loadNeMoFileIndex(c); err != nil {
 		c.Close()
 		return nil, err
@@ -114,7 +118,70 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	return c, nil
 }
 
-func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, name string) error {
+// inSaveOrder orders tensors as the writer saved them (their order in
+// DCP_SHARDING_INFO, the state dict's), not as the shard files store them
+// (sorted by name): the view is laid out in the order a loader builds the
+// model, and so reads it. Tensors no sharding info names stay last, in file
+// order.
+func inSaveOrder(tensors []*ckpt.Tensor, saved map[string]int) {
+	pos := func(t *ckpt.Tensor) int {
+		if p, ok := saved[t.Name]; ok {
+			return p
+		}
+		return len(saved)
+	}
+	sort.SliceStable(tensors, func(i, j int) bool { return pos(tensors[i]) < pos(tensors[j]) })
+}
+
+// parseShardingInfo decodes DCP_SHARDING_INFO: tensor name → its pieces'
+// saved_offsets, with the names in the order the writer listed them. Of a
+// name listed twice, the last offsets count, as json.Unmarshal would.
+func parseShardingInfo(raw string) (names []string, offsets map[string][]int64, err error) {
+	dec := json.NewDecoder(strings.NewReader(raw))
+	tok, err := dec.Token()
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case tok == nil: // null: no offsets, as json.Unmarshal reads it
+		return nil, nil, atEnd(dec)
+	case tok != json.Delim('{'):
+		return nil, nil, fmt.Errorf("not a JSON object")
+	}
+	offsets = map[string][]int64{}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return nil, nil, err
+		}
+		var entry struct {
+			SavedOffsets []int64 `json:"saved_offsets"`
+		}
+		if err := dec.Decode(&entry); err != nil {
+			return nil, nil, err
+		}
+		name := key.(string) // object keys are strings
+		if _, dup := offsets[name]; !dup {
+			names = append(names, name)
+		}
+		offsets[name] = entry.SavedOffsets
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, nil, err
+	}
+	return names, offsets, atEnd(dec)
+}
+
+// atEnd fails when anything but white space follows the decoded value.
+func atEnd(dec *json.Decoder) error {
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("data after the JSON value")
+	}
+	return nil
+}
+
+// addShard adds the pieces of one shard file; saved numbers tensor names in
+// the order the sharding infos list them (the first listing counts).
+func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, saved map[string]int, name string) error {
 	file, err := c.Files.Get(name)
 	if err != nil {
 		return fmt.Errorf("hfsharded: %w", err)
@@ -123,17 +190,21 @@ func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, name string) e
 	if err != nil {
 		return fmt.Errorf("hfsharded: %s: %w", file.Path, err)
 	}
-	offsets := map[string]struct {
-		SavedOffsets []int64 `json:"saved_offsets"`
-	}{}
+	var offsets map[string][]int64
 	if raw, ok := h.Metadata[ShardingInfoKey]; ok {
-		if err := json.Unmarshal([]byte(raw), &offsets); err != nil {
+		var listed []string
+		if listed, offsets, err = parseShardingInfo(raw); err != nil {
 			return fmt.Errorf("hfsharded: %s: %s is not valid JSON: %w", file.Path, ShardingInfoKey, err)
+		}
+		for _, n := range listed {
+			if _, ok := saved[n]; !ok {
+				saved[n] = len(saved)
+			}
 		}
 	}
 	modelIndex, _ := strconv.Atoi(shardName.FindStringSubmatch(name)[2])
 	for _, info := range h.Tensors {
-		off := offsets[info.Name].SavedOffsets
+		off := offsets[info.Name]
 		if off == nil {
 			off = make([]int64, len(info.Shape))
 		}

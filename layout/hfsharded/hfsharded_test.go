@@ -31,9 +31,52 @@ func TestOpenTorchWrittenShards(t *testing.T) {
 	defer c.Close()
 	require.Equal(t, ckpt.FormatHFSharded, c.Format)
 	require.NotEmpty(t, c.Tensors)
+	var names []string
 	for _, tensor := range c.Tensors {
 		require.NoError(t, tensor.Validate())
 		require.Contains(t, c.FileIndex, tensor.Name, "the model-N-of-M file split is kept")
+		names = append(names, tensor.Name)
+	}
+	// The order torch saved them in (its DCP_SHARDING_INFO lists), model
+	// file by model file; the shard files store them sorted by alignment
+	// and name instead (extra.int64_7x2 first).
+	require.Equal(t, []string{"emb.weight", "extra.bf16_6x4", "extra.f64_3", "extra.int64_7x2", "extra.int32_5",
+		"fc1.weight", "fc1.bias", "fc2.weight", "norm.weight", "norm.bias"}, names)
+}
+
+func TestParseShardingInfo(t *testing.T) {
+	cases := map[string]struct {
+		raw     string
+		names   []string
+		offsets map[string][]int64
+		err     string
+	}{
+		"in order":        {raw: `{"b": {"saved_offsets": [1, 0]}, "a": {"saved_offsets": [0]}}`, names: []string{"b", "a"}, offsets: map[string][]int64{"b": {1, 0}, "a": {0}}},
+		"empty":           {raw: `{}`, offsets: map[string][]int64{}},
+		"null":            {raw: `null`},
+		"null entry":      {raw: `{"a": null}`, names: []string{"a"}, offsets: map[string][]int64{"a": nil}},
+		"listed twice":    {raw: `{"a": {"saved_offsets": [1]}, "b": {}, "a": {"saved_offsets": [2]}}`, names: []string{"a", "b"}, offsets: map[string][]int64{"a": {2}, "b": nil}},
+		"other fields":    {raw: `{"a": {"saved_offsets": [3], "x": 1}}`, names: []string{"a"}, offsets: map[string][]int64{"a": {3}}},
+		"not an object":   {raw: `[1]`, err: "not a JSON object"},
+		"not JSON":        {raw: `{nope`, err: "invalid character"},
+		"cut":             {raw: `{"a": {"saved_offsets": [1`, err: "EOF"},
+		"trailing data":   {raw: `{} {}`, err: "data after the JSON value"},
+		"bad offsets":     {raw: `{"a": {"saved_offsets": "x"}}`, err: "cannot unmarshal"},
+		"entry not dict":  {raw: `{"a": 5}`, err: "cannot unmarshal"},
+		"empty input":     {raw: ``, err: "EOF"},
+		"trailing spaces": {raw: "{} \n", offsets: map[string][]int64{}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			names, offsets, err := parseShardingInfo(tc.raw)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.names, names)
+			require.Equal(t, tc.offsets, offsets)
+		})
 	}
 }
 
