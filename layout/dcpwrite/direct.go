@@ -11,16 +11,17 @@ import (
 
 // Shard files are written with O_DIRECT where the filesystem supports it.
 // Their bytes then go from an aligned buffer to the disk, instead of being
-// copied into the page cache and written back later: that copy was a third
-// of the mount's CPU while a file was copied in, and the fsync at the end
-// finds nothing left to write. Nothing is lost by bypassing the cache: the
-// shards are read again only when a view is read, long after.
+// copied into the page cache and written back later: that copy (and the
+// delayed allocation behind it) was about a third of the mount's CPU while
+// cp wrote into it, and the fsync at the end finds nothing left to write.
+// Nothing is lost by bypassing the cache: the shards are read again only
+// when a view is read, long after.
 //
 // O_DIRECT needs the offset, the length and the memory of every write
 // aligned. A shard is a stream of records written front to back, so a
 // directFile keeps the unaligned end of what it was given (less than one
-// alignment unit) and writes every whole unit through a pooled, aligned
-// staging buffer. Patches of bytes already written (a record's CRC, known
+// alignment unit) and writes every whole unit through its worker's
+// aligned staging buffer. Patches of bytes already written (a record's CRC, known
 // once its data is written) and the last unaligned bytes are ordinary
 // buffered writes, with O_DIRECT cleared on the descriptor for them.
 
@@ -62,6 +63,7 @@ type directFile struct {
 	// by the files of one worker (shareStaging), else allocated on first use.
 	staging []byte
 	ended   bool // the tail went to disk (Sync, Close): later writes are buffered
+	refused bool // the filesystem refused a direct write: every write is buffered
 }
 
 // directOut returns f wrapped to write with O_DIRECT, or f itself when its
@@ -150,6 +152,7 @@ func (d *directFile) writeDirect(b []byte, off int64) error {
 		if !errors.Is(err, unix.EINVAL) {
 			return err
 		}
+		d.refused = true
 	}
 	_, err := d.buffered(b, off)
 	return err
@@ -179,7 +182,7 @@ func (d *directFile) WriteAt(p []byte, off int64) (int, error) {
 	if _, err := d.buffered(p, off); err != nil {
 		return 0, err
 	}
-	if !d.ended {
+	if !d.ended && !d.refused {
 		if err := d.setDirect(true); err != nil {
 			return 0, err
 		}

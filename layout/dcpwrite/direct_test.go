@@ -141,3 +141,25 @@ func TestDirectFilePatchPastEnd(t *testing.T) {
 	require.ErrorContains(t, err, "past the end 10")
 	require.NoError(t, d.Close())
 }
+
+// TestDirectFileRefused: where the filesystem supports O_DIRECT, a direct
+// write it refuses (here: staging memory misaligned on purpose, EINVAL) is
+// done again buffered, and the file stays buffered, patches included.
+// Where it does not, directOut leaves the file as it is.
+func TestDirectFileRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "__0_0.distcp")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	require.NoError(t, err)
+	out := directOut(f)
+	d, ok := out.(*directFile)
+	if !ok {
+		require.Same(t, f, out, "no O_DIRECT on %s: the file itself", filepath.Dir(path))
+		require.NoError(t, f.Close())
+		return
+	}
+	require.True(t, d.direct)
+	d.staging = alignedBuffer(stagingSize + 1)[1:]
+	runDirect(t, d, path, []directOp{{n: 3 * stagingSize}, {n: 8, patch: true, off: 100}, {n: 5000}}, 3)
+	require.True(t, d.refused)
+	require.False(t, d.direct)
+}
