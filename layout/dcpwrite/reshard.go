@@ -21,9 +21,10 @@ import (
 // The reshard pipeline: the one way a safetensors file becomes shard files.
 // A Reshard writes each chunk to its rank's shard file as the source bytes
 // it needs become final (Source.Wait, a buffer-full at a time), so a file
-// can be resharded while it is still being written, and when it is complete only the tail,
-// the fsyncs and .metadata are left. Commit at close is the same run over a
-// complete source, whose bytes are all final.
+// can be resharded while it is still being written, and when it is
+// complete only the tail, the fsyncs and .metadata are left. Commit at
+// close is the same run over a complete source, whose bytes are all final.
+// Shard files are written with O_DIRECT where possible (direct.go).
 //
 // Its shard files are numbered by a file number reserved when it starts.
 // Until Reshard.Commit renames .metadata nothing of it is committed:
@@ -210,13 +211,13 @@ func (o *rankOut) finish() error {
 	return err
 }
 
-// Run writes every chunk, in data order, to its rank's shard file as soon
-// as the source holds its bytes (src.Wait), then fsyncs and closes the
-// files. It returns the first error of Wait or of I/O; the caller then
-// calls Discard. A few workers write, each the files of its own ranks,
-// each with one copy buffer and one record buffer whatever the number of
-// ranks (a record is written with a few large writes), and each fsyncs its
-// files when it has written them.
+// Run writes every chunk, in data order, to its rank's shard file as the
+// source holds its bytes (src.Wait), then fsyncs and closes the files. It
+// returns the first error of Wait or of I/O; the caller then calls
+// Discard. A few workers write, each the files of its own ranks, each with
+// one copy buffer, one record buffer and one staging buffer whatever the
+// number of ranks (a record is written with a few large writes), and each
+// fsyncs its files when it has written them.
 func (r *Reshard) Run() error {
 	defer r.releaseSlot()
 	if r.finished || r.ran || r.created != nil {
