@@ -112,8 +112,8 @@ type Reshard struct {
 // error or a full disk; the shard files it wrote are removed. A failure to
 // fsync the directory after the rename is reported, but the commit stands.
 //
-// Memory is bounded by a copy buffer and a record buffer per worker, not
-// by tensor size.
+// Memory is bounded by a copy, a record and a staging buffer per worker,
+// not by tensor size.
 func (d *Dir) Commit(src io.ReaderAt, h *safetensors.Header) error {
 	r, err := d.start(complete{src}, h, completeWorkers, false)
 	if err != nil {
