@@ -82,6 +82,9 @@ fuzz:
 	    echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
 	  done; done
 
+# The reference logits are computed with torch's AVX2 kernels, the ones the
+# e2e tests pin (e2e/conftest.py): AVX-512 kernels round sums differently.
+fixtures: export ATEN_CPU_CAPABILITY = avx2
 fixtures: venv
 	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements-fixtures.txt
 	$(PY) e2e/fixtures/gen.py testdata

@@ -10,6 +10,26 @@ import time
 
 import pytest
 
+def pin_torch_kernels():
+    """Have torch pick its AVX2 kernels on an x86 CPU that has AVX-512.
+
+    The fixtures' reference logits (testdata/*/logits.safetensors) were
+    computed with torch's AVX2 kernels. On a CPU with AVX-512 torch picks
+    other kernels, whose float sums round differently, and a comparison "to
+    the bit" then fails for every view, the plain pass-through ones too, for
+    reasons that are not ckptfs's. Set before anything imports torch; the
+    subprocesses the tests start inherit it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return
+    if "avx2" in flags:
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+
+
+pin_torch_kernels()
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTDATA = ROOT / "testdata"
 BIN = os.environ.get("CKPTFS_BIN") or str(ROOT / "bin" / "ckptfs")
