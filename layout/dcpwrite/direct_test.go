@@ -55,6 +55,22 @@ func runDirect(t *testing.T, f outFile, path string, ops []directOp, seed uint64
 	require.True(t, string(model) == string(got), "file content differs from what was written")
 }
 
+// newShard creates a shard file to write.
+func newShard(t *testing.T) (*os.File, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "__0_0.distcp")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	require.NoError(t, err)
+	return f, path
+}
+
+// streaming is f written by a directFile without O_DIRECT: the tail and
+// patch bookkeeping of a direct file on any filesystem.
+func streaming(f *os.File) *directFile {
+	align := os.Getpagesize()
+	return &directFile{f: f, align: align, tail: make([]byte, 0, align)}
+}
+
 // directCases are written as a shard is: record headers, data runs that
 // cross alignment units and staging buffers, CRC patches behind the data.
 var directCases = map[string][]directOp{
@@ -76,9 +92,7 @@ var directCases = map[string][]directOp{
 func TestDirectFile(t *testing.T) {
 	for name, ops := range directCases {
 		t.Run(name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "__0_0.distcp")
-			f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-			require.NoError(t, err)
+			f, path := newShard(t)
 			out := directOut(f)
 			if _, ok := out.(*directFile); !ok {
 				t.Logf("%s does not support O_DIRECT: testing the buffered fallback", filepath.Dir(path))
@@ -94,11 +108,8 @@ func TestDirectFile(t *testing.T) {
 func TestDirectFileStreaming(t *testing.T) {
 	for name, ops := range directCases {
 		t.Run(name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "__0_0.distcp")
-			f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-			require.NoError(t, err)
-			align := os.Getpagesize()
-			runDirect(t, &directFile{f: f, align: align, tail: make([]byte, 0, align)}, path, ops, 2)
+			f, path := newShard(t)
+			runDirect(t, streaming(f), path, ops, 2)
 		})
 	}
 }
@@ -122,20 +133,15 @@ func TestDirectFileRandom(t *testing.T) {
 			}
 			ops = append(ops, op)
 		}
-		path := filepath.Join(t.TempDir(), "__0_0.distcp")
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-		require.NoError(t, err)
+		f, path := newShard(t)
 		runDirect(t, directOut(f), path, ops, seed)
 	}
 }
 
 func TestDirectFilePatchPastEnd(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "__0_0.distcp")
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	require.NoError(t, err)
-	align := os.Getpagesize()
-	d := &directFile{f: f, align: align, tail: make([]byte, 0, align)}
-	_, err = d.Write(make([]byte, 10))
+	f, _ := newShard(t)
+	d := streaming(f)
+	_, err := d.Write(make([]byte, 10))
 	require.NoError(t, err)
 	_, err = d.WriteAt([]byte{1, 2}, 9)
 	require.ErrorContains(t, err, "past the end 10")
@@ -147,9 +153,7 @@ func TestDirectFilePatchPastEnd(t *testing.T) {
 // done again buffered, and the file stays buffered, patches included.
 // Where it does not, directOut leaves the file as it is.
 func TestDirectFileRefused(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "__0_0.distcp")
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	require.NoError(t, err)
+	f, path := newShard(t)
 	out := directOut(f)
 	d, ok := out.(*directFile)
 	if !ok {
