@@ -524,12 +524,13 @@ func (d *decoder) appendTo(items []slot) error {
 			c.Items = append(c.Items, s.v)
 		}
 	case *Object:
-		c.Appended = reserve(c.Appended, len(items))
+		e := c.extra()
+		e.Appended = reserve(e.Appended, len(items))
 		for _, s := range items {
 			if err := d.put(&c.node, s); err != nil {
 				return err
 			}
-			c.Appended = append(c.Appended, s.v)
+			e.Appended = append(e.Appended, s.v)
 		}
 	default:
 		return d.fail("cannot append to %s", typeName(t.v))
@@ -552,10 +553,11 @@ func (d *decoder) setItems(kv []slot) error {
 	case *Dict:
 		dict, n = c, &c.node
 	case *Object:
-		if c.Items == nil {
-			c.Items = d.dicts.one()
+		e := c.extra()
+		if e.Items == nil {
+			e.Items = d.dicts.one()
 		}
-		dict, n = c.Items, &c.node
+		dict, n = e.Items, &c.node
 	default:
 		return d.fail("cannot set items on %s", typeName(t.v))
 	}

@@ -65,7 +65,7 @@ func TestDecodeValues(t *testing.T) {
 
 			od := get("od").(*Object)
 			assert.True(t, od.Is("collections", "OrderedDict"))
-			assert.Equal(t, `{"a": 1}`, Repr(od.Items))
+			assert.Equal(t, `{"a": 1}`, Repr(od.Extras().Items))
 
 			shared := get("shared").(*List)
 			require.Len(t, shared.Items, 2)

@@ -122,8 +122,9 @@ func (r *reprer) write(v any, depth int) {
 		if !r.enter(x) {
 			return
 		}
-		if x.Func != nil {
-			r.write(x.Func, depth+1)
+		e := x.Extras()
+		if e.Func != nil {
+			r.write(e.Func, depth+1)
 		} else {
 			r.s(x.Class.String())
 		}
@@ -132,9 +133,9 @@ func (r *reprer) write(v any, depth int) {
 		}
 		r.s("(")
 		r.seq(x.Args, depth)
-		if x.Kwargs != nil {
+		if e.Kwargs != nil {
 			r.s(", **")
-			r.dict(x.Kwargs, depth)
+			r.dict(e.Kwargs, depth)
 		}
 		r.s(")")
 		if x.State != nil {
@@ -142,14 +143,14 @@ func (r *reprer) write(v any, depth int) {
 			r.write(x.State, depth+1)
 			r.s(">")
 		}
-		if x.Items != nil {
+		if e.Items != nil {
 			r.s("<items ")
-			r.dict(x.Items, depth)
+			r.dict(e.Items, depth)
 			r.s(">")
 		}
-		if len(x.Appended) > 0 {
+		if len(e.Appended) > 0 {
 			r.s("<appended [")
-			r.seq(x.Appended, depth)
+			r.seq(e.Appended, depth)
 			r.s("]>")
 		}
 		delete(r.seen, x)

@@ -380,7 +380,7 @@ func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
 		if d.op != opREDUCE {
 			return d.fail("%s on %s (needs a class)", opName(d.op), typeName(callable.v))
 		}
-		obj.Func = c
+		obj.extra().Func = c
 		if err := d.put(&obj.node, callable); err != nil {
 			return err
 		}
@@ -403,7 +403,7 @@ func (d *decoder) newObject(callable, args slot, kwargs *slot) error {
 		if err := d.put(&obj.node, *kwargs); err != nil {
 			return err
 		}
-		obj.Kwargs = kw
+		obj.extra().Kwargs = kw
 	}
 	return d.push(obj, int(obj.depth))
 }

@@ -140,7 +140,8 @@ func (w *weigher) children(v any, f func(any) bool) {
 	case *Dict:
 		dict(x)
 	case *Object:
-		_ = (x.Func == nil || f(x.Func)) && each(x.Args) && dict(x.Kwargs) &&
-			f(x.State) && dict(x.Items) && each(x.Appended)
+		e := x.Extras()
+		_ = (e.Func == nil || f(e.Func)) && each(x.Args) && dict(e.Kwargs) &&
+			f(x.State) && dict(e.Items) && each(e.Appended)
 	}
 }
