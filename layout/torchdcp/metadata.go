@@ -115,12 +115,33 @@ type StorageEntry struct {
 // Lookup finds the storage of (fqn, offset) the way torch does: by fqn and
 // offset only. offset nil means "no offset" (BYTE_IO).
 func (m *Metadata) Lookup(fqn string, offset []int64) (StorageInfo, bool) {
-	var buf [64]byte
-	i, ok := m.storage[string(appendKey(buf[:0], fqn, offset))] // no allocation
+	i, ok := m.lookupFrom(-1, fqn, offset)
 	if !ok {
 		return StorageInfo{}, false
 	}
 	return m.Storage[i].Info, true
+}
+
+// lookupFrom returns the index in Storage of (fqn, offset) as Lookup finds
+// it, trying Storage[hint] first: torch writes storage_data in the order of
+// the chunks, so a caller that looks chunks up in order with the entry after
+// the last one found as the hint hashes no key (for 100k chunks the map
+// look-ups were 3 % of a mount's profile).
+func (m *Metadata) lookupFrom(hint int, fqn string, offset []int64) (int, bool) {
+	// Each key of the index names one entry, so when it indexes them all a
+	// matching entry is the one it would find.
+	if hint >= 0 && hint < len(m.Storage) && len(m.storage) == len(m.Storage) &&
+		m.Storage[hint].Index.is(fqn, offset) {
+		return hint, true
+	}
+	var buf [64]byte
+	i, ok := m.storage[string(appendKey(buf[:0], fqn, offset))] // no allocation
+	return i, ok
+}
+
+// is reports whether i has the Key of (fqn, offset), without building it.
+func (i Index) is(fqn string, offset []int64) bool {
+	return i.FQN == fqn && (i.Offset == nil) == (offset == nil) && slices.Equal(i.Offset, offset)
 }
 
 // Key identifies the index as torch compares MetadataIndex: by fqn and

@@ -224,3 +224,32 @@ func FuzzDecodeMetadata(f *testing.F) {
 		checkReencode(t, m)
 	})
 }
+
+// lookupFrom finds what the index finds whatever the hint, including
+// entries whose keys differ only by a nil or empty offset.
+func TestLookupFromHint(t *testing.T) {
+	entry := func(fqn string, off []int64, n int64) StorageEntry {
+		return StorageEntry{Index: Index{FQN: fqn, Offset: off}, Info: StorageInfo{RelativePath: "f", Offset: n}}
+	}
+	m := (&Metadata{}).With(nil, nil, []StorageEntry{
+		entry("a", []int64{0, 0}, 1), entry("a", []int64{1, 0}, 2), entry("a", nil, 3),
+		entry("a", []int64{}, 4), entry("b", []int64{0, 0}, 5), entry("a", []int64{1, 0}, 6),
+	})
+	require.Len(t, m.Storage, 5)
+	keys := []Index{{"a", []int64{0, 0}}, {"a", []int64{1, 0}}, {"a", nil}, {"a", []int64{}},
+		{"b", []int64{0, 0}}, {"b", nil}, {"c", []int64{0, 0}}, {"a", []int64{0}}}
+	for _, k := range keys {
+		want, wantOK := m.lookupFrom(-1, k.FQN, k.Offset)
+		for hint := -1; hint <= len(m.Storage)+1; hint++ {
+			got, ok := m.lookupFrom(hint, k.FQN, k.Offset)
+			require.Equal(t, wantOK, ok, "%v hint %d", k, hint)
+			if ok {
+				require.Equal(t, want, got, "%v hint %d", k, hint)
+			}
+		}
+	}
+	// A hand-made Metadata has no index: nothing is found, hint or not.
+	h := &Metadata{Storage: m.Storage}
+	_, ok := h.lookupFrom(0, "a", []int64{0, 0})
+	require.False(t, ok)
+}

@@ -114,6 +114,17 @@ type builder struct {
 	m    *Metadata
 	c    *ckpt.Checkpoint
 	opts Options
+	next int // the storage entry after the last one looked up: see lookupFrom
+}
+
+// lookup is m.Lookup, trying the entry after the last one found first.
+func (b *builder) lookup(fqn string, offset []int64) (StorageInfo, bool) {
+	i, ok := b.m.lookupFrom(b.next, fqn, offset)
+	if !ok {
+		return StorageInfo{}, false
+	}
+	b.next = i + 1
+	return b.m.Storage[i].Info, true
 }
 
 // transform classifies transform_descriptors: none, or zstd.
@@ -152,7 +163,7 @@ func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error)
 
 func (b *builder) object(fqn string) error {
 	what := fmt.Sprintf("object %q", fqn)
-	info, ok := b.m.Lookup(fqn, nil)
+	info, ok := b.lookup(fqn, nil)
 	if !ok {
 		return invalidf("%s has no storage_data entry", what)
 	}
@@ -197,7 +208,7 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 	for i := range t.Chunks {
 		ch := &t.Chunks[i]
 		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
-		info, ok := b.m.Lookup(fqn, ch.Offsets)
+		info, ok := b.lookup(fqn, ch.Offsets)
 		if !ok {
 			return invalidf("%s has no storage_data entry", what())
 		}
