@@ -216,9 +216,15 @@ func FuzzDecodeMetadata(f *testing.F) {
 			}
 			return
 		}
-		for _, e := range m.Storage {
+		for i, e := range m.Storage {
 			if _, ok := m.Lookup(e.Index.FQN, e.Index.Offset); !ok {
 				t.Fatalf("storage entry %s not found by Lookup", e.Index)
+			}
+			// Every hint finds what the index finds (see lookupFrom).
+			for _, hint := range []int{i, i - 1, i + 1, 0} {
+				if j, ok := m.lookupFrom(hint, e.Index.FQN, e.Index.Offset); !ok || j != i {
+					t.Fatalf("storage entry %d %s found at %d (%v) with hint %d", i, e.Index, j, ok, hint)
+				}
 			}
 		}
 		checkReencode(t, m)
