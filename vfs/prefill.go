@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -38,6 +39,11 @@ type prefiller struct {
 
 	mu      sync.Mutex
 	offered map[uint64]bool // GUARDED_BY(mu); cache ids queued or done
+
+	// stored counts the bytes the kernel took into its page cache. What it
+	// keeps is up to the kernel: reclaim (DAMON's pageout on some VMs
+	// included) may drop clean pages at any time.
+	stored atomic.Int64
 }
 
 type prefillJob struct {
@@ -100,6 +106,7 @@ func (p *prefiller) fill(job prefillJob) {
 				break
 			}
 			off += int64(len(part))
+			p.stored.Add(int64(len(part)))
 		}
 		pinned.Release()
 		if errno != 0 {

@@ -61,27 +61,29 @@ func resident(t *testing.T, path string) (int, int) {
 func TestPrefillStoresTheFileInThePageCache(t *testing.T) {
 	for _, prefill := range []bool{true, false} {
 		src := plainModel(t, 8<<20)
-		mnt := testMount(t, newFS(t, src, func(o *Options) { o.Prefill = prefill }))
+		fsys := newFS(t, src, func(o *Options) { o.Prefill = prefill })
+		mnt := testMount(t, fsys)
 		path := filepath.Join(mnt, "m", "model.safetensors")
 		f, err := os.Open(path)
 		require.NoError(t, err)
+		fi, err := f.Stat()
+		require.NoError(t, err)
 		_, err = f.ReadAt(make([]byte, 4096), 4<<20)
 		require.NoError(t, err)
-		wait := 300 * time.Millisecond // long enough to see a prefill start
-		if prefill {
-			wait = 10 * time.Second
-		}
-		for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if have, total := resident(t, path); have == total {
-				break
-			}
-		}
-		have, total := resident(t, path)
-		if prefill {
-			require.Equal(t, total, have, "every page stored")
-		} else {
+		if !prefill {
+			time.Sleep(300 * time.Millisecond) // long enough to see a prefill start
+			have, total := resident(t, path)
 			require.Less(t, have, total/2, "only the pages read (and the kernel's read-ahead)")
+			f.Close()
+			continue
 		}
+		require.Eventually(t, func() bool { return fsys.prefill.stored.Load() == fi.Size() },
+			10*time.Second, 20*time.Millisecond, "the whole file stored")
+		// The kernel may reclaim clean pages as soon as they are stored (CI's
+		// VMs run DAMON pageout, which dropped 4 of 2049 pages once), so the
+		// check is that the file is there, not that every page stayed.
+		have, total := resident(t, path)
+		require.Greater(t, have, total*3/4, "the stored pages are in the page cache")
 		f.Close()
 	}
 }
