@@ -6,6 +6,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -38,6 +39,15 @@ BIN = os.environ.get("CKPTFS_BIN") or str(ROOT / "bin" / "ckptfs")
 def ckptfs(*args, check=True, **kw):
     """Run the ckptfs binary and return the CompletedProcess."""
     return subprocess.run([BIN, *map(str, args)], check=check, capture_output=True, text=True, **kw)
+
+
+def python(*args, **kw):
+    """Run a Python fixture script (gloo ranks need USE_LIBUV=0); a failure
+    raises with the end of its stderr, the only trace CI's log keeps."""
+    r = subprocess.run([sys.executable, *map(str, args)], env={**os.environ, "USE_LIBUV": "0"},
+                       capture_output=True, text=True, **kw)
+    assert r.returncode == 0, f"{args[0]} exited {r.returncode}:\n{r.stderr[-4000:]}"
+    return r
 
 
 def held_under(mnt):

@@ -10,13 +10,29 @@ CKPT (the DCP checkpoint, with config.json beside it)."""
 import argparse
 import os
 import shutil
-import socket
+import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
+
+
+def spawn(fn, world, *args):
+    """Run fn(rank, world, init_method, *args) on `world` gloo ranks. The
+    ranks meet at a FileStore in a fresh directory: a TCP port picked free
+    and bound later by rank 0 can be taken in between (a fixture save failed
+    so on CI once)."""
+    d = tempfile.mkdtemp(prefix="ckptfs-gloo-")
+    try:
+        mp.spawn(fn, args=(world, "file://" + os.path.join(d, "store"), *args), nprocs=world, join=True)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def join(rank, world, init_method):
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
 
 def tiny_config(dtype):
     from transformers import LlamaConfig
@@ -65,9 +81,8 @@ def shard(model, mode, world, mesh_group=None):
     return model
 
 
-def worker(rank, world, port, ckpt, ref, mode, dtype, nested):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(rank, world, init_method, ckpt, ref, mode, dtype, nested):
+    join(rank, world, init_method)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     model = build(dtype)
@@ -85,11 +100,7 @@ def worker(rank, world, port, ckpt, ref, mode, dtype, nested):
 
 
 def save(ckpt, ref, mode="fsdp2", world=3, dtype="float32", nested=False):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    mp.spawn(worker, args=(world, port, str(ckpt), str(ref), mode, dtype, nested), nprocs=world, join=True)
+    spawn(worker, world, str(ckpt), str(ref), mode, dtype, nested)
 
 
 # --- The write path: DCP checkpoints written through a --rw mount, loaded back
@@ -135,11 +146,10 @@ def _load_and_compare(model, ckpt, prefix, want, group, label):
         raise AssertionError(f"{label}: {len(bad)} parameters differ after dcp.load of {ckpt}: {bad[:5]}")
 
 
-def load_worker(rank, world, port, cases, ref, dtype, configs):
+def load_worker(rank, world, init_method, cases, ref, dtype, configs):
     """One rank of check_load: for each config (mode, n), the first n ranks
     build a sharded model and dcp.load every case (ckpt, prefix) into it."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join(rank, world, init_method)
     want = reference_state(ref)
     for mode, n in configs:
         if mode == "fsdp2" and n < world:
@@ -160,12 +170,8 @@ def check_load(cases, ref, dtype="float32", world=4, configs=(("fsdp2", 2), ("fs
     2, 3 and 4 ranks and into a 2x2 TP x FSDP mesh model, in one set of
     `world` gloo processes; raise if any parameter differs from the HF
     directory `ref`."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
     cases = [(str(c), p) for c, p in cases]
-    mp.spawn(load_worker, args=(world, port, cases, str(ref), dtype, list(configs)), nprocs=world, join=True)
+    spawn(load_worker, world, cases, str(ref), dtype, list(configs))
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ class FaultProxy:
             writer.close()
 
 
-def _save_worker(rank, world, port, url, ref):
+def _save_worker(rank, world, init_method, url, ref):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FsspecWriter
@@ -164,8 +164,7 @@ def _save_worker(rank, world, port, url, ref):
 
     import models
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    models.join(rank, world, init_method)
     model = models.build("float32")
     if rank == 0:
         model.save_pretrained(ref)
@@ -183,8 +182,6 @@ def _save_worker(rank, world, port, url, ref):
 if __name__ == "__main__":
     import argparse
 
-    import torch.multiprocessing as mp
-
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser()
     ap.add_argument("cmd", choices=["save"])
@@ -192,4 +189,6 @@ if __name__ == "__main__":
     ap.add_argument("ref")
     ap.add_argument("--world", type=int, default=2)
     a = ap.parse_args()
-    mp.spawn(_save_worker, args=(a.world, free_port(), a.url, a.ref), nprocs=a.world, join=True)
+    import models
+
+    models.spawn(_save_worker, a.world, a.url, a.ref)

@@ -11,13 +11,12 @@ import filecmp
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import BIN, TESTDATA
+from conftest import BIN, TESTDATA, python
 from s3 import FaultProxy, Moto
 from test_frameworks import check_logits, load
 from test_transformers import logits
@@ -38,9 +37,7 @@ def s3(tmp_path_factory):
         tmp = tmp_path_factory.mktemp("s3")
         c = moto.client()
         c.create_bucket(Bucket="ckpts")
-        subprocess.run([sys.executable, os.path.join(HERE, "s3.py"), "save", "s3://ckpts/run/step_100",
-                        str(tmp / "reference"), "--world", "2"],
-                       check=True, env={**os.environ, "USE_LIBUV": "0"}, capture_output=True)
+        python(os.path.join(HERE, "s3.py"), "save", "s3://ckpts/run/step_100", tmp / "reference", "--world", 2)
         upload(c, TESTDATA / HF_CASE / "ckpt", "run/hf_step")
         save_big(tmp / "big")
         upload(c, tmp / "big", "run/big")

@@ -2,13 +2,12 @@
 checkpoint and computes exactly the logits of the original model."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import models
+from conftest import python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INPUT = torch.tensor([[1, 5, 9, 33, 77, 120, 3, 64]])
@@ -16,13 +15,13 @@ INPUT = torch.tensor([[1, 5, 9, 33, 77, 120, 3, 64]])
 
 def save(ckpt, ref, **kw):
     """Write a checkpoint in a fresh interpreter (mp.spawn workers import this module)."""
-    args = [sys.executable, os.path.join(HERE, "models.py"), str(ckpt), str(ref)]
+    args = [os.path.join(HERE, "models.py"), ckpt, ref]
     for k, v in kw.items():
         if v is True:
             args.append(f"--{k}")
         else:
-            args += [f"--{k}", str(v)]
-    subprocess.run(args, check=True, env={**os.environ, "USE_LIBUV": "0"}, capture_output=True)
+            args += [f"--{k}", v]
+    python(*args)
 
 
 def logits(path):

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import models
-from conftest import Mount
+from conftest import Mount, python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INPUT = torch.tensor([[1, 5, 9, 33, 77, 120, 3, 64]])
@@ -112,9 +112,7 @@ def test_save_pretrained_then_dcp_load(tmp_path, mount):
 
     # dcp.load into FSDP2 models on 2, 3 and 4 ranks and a 2x2 TP x FSDP mesh
     code = ("import sys, models; models.check_load([(sys.argv[1], ''), (sys.argv[2], 'model')], sys.argv[3])")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a" / "imported"), str(tmp_path / "b" / "imported"), str(ref)],
-                       cwd=HERE, env={**os.environ, "USE_LIBUV": "0"}, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
+    python("-c", code, tmp_path / "a" / "imported", tmp_path / "b" / "imported", ref, cwd=HERE, timeout=600)
 
     # from_pretrained through the mount that wrote it, and through a new read-only mount
     expect = logits(ref)
