@@ -143,8 +143,11 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 				return &Dir{fsys: d.fsys, real: real, rel: rel}
 			}})
 		case info.IsRegular():
-			add(entry{name: name, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
-				return &PassFile{fsys: d.fsys, rel: rel}
+			// One inode per file, not per name: a file replaced under the
+			// name is a new inode, so the kernel never serves it from the
+			// old one's pages or passthrough backing.
+			add(entry{name: name, mode: syscall.S_IFREG, ino: inode(rel + "\x00" + info.ID), make: func() fs.InodeEmbedder {
+				return &PassFile{fsys: d.fsys, rel: rel, id: info.ID}
 			}})
 		}
 	}

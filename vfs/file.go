@@ -142,6 +142,7 @@ type PassFile struct {
 	fs.Inode
 	fsys *FS
 	rel  string // name in the source tree
+	id   string // the file the name reached at lookup (source.Info.ID)
 }
 
 var (
@@ -159,7 +160,15 @@ func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 	return 0
 }
 
+// Open hands a local file's descriptor to the kernel, which then reads and
+// maps it itself (FUSE passthrough): no request, no copy through ckptfs.
+// Where the kernel refuses (not root, a source on another FUSE mount), go-fuse
+// stops asking and reads come here.
 func (f *PassFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return f.open(flags, true)
+}
+
+func (f *PassFile) open(flags uint32, passthrough bool) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
 	}
@@ -167,25 +176,45 @@ func (f *PassFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if err != nil {
 		return nil, 0, toErrno(f.fsys.log, "open "+f.fsys.tree.Path(f.rel), err)
 	}
-	return &passHandle{fsys: f.fsys, fd: fd, name: f.fsys.tree.Path(f.rel)}, 0, 0
+	if f.id != "" && fd.Info().ID != f.id {
+		// The name reaches another file now. The kernel takes ESTALE from
+		// an open as a cue to look the name up again, which finds the new
+		// file's inode; the kernel's passthrough backing of this one (the
+		// file an earlier open registered) must not serve it.
+		fd.Close()
+		return nil, 0, syscall.ESTALE
+	}
+	return &passHandle{fsys: f.fsys, fd: fd, name: f.fsys.tree.Path(f.rel), passthrough: passthrough}, 0, 0
 }
 
 type passHandle struct {
-	fsys *FS
-	fd   source.File
-	name string
+	fsys        *FS
+	fd          source.File
+	name        string
+	passthrough bool // the kernel may read fd itself
 }
 
 var (
 	_ = (fs.FileReader)((*passHandle)(nil))
 	_ = (fs.FileReleaser)((*passHandle)(nil))
+	_ = (fs.FilePassthroughFder)((*passHandle)(nil))
 )
+
+// PassthroughFd is asked once per inode while no open of it is passthrough.
+func (h *passHandle) PassthroughFd() (int, bool) {
+	d, ok := h.fd.(source.Descriptor)
+	if !h.passthrough || !ok {
+		return 0, false
+	}
+	return int(d.Fd()), true
+}
 
 func (h *passHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n, err := h.fd.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, toErrno(h.fsys.log, "read "+h.name, err)
 	}
+	h.fsys.passServed.Add(int64(n))
 	return fuse.ReadResultData(dest[:n]), 0
 }
 
@@ -246,7 +275,11 @@ var (
 type Stats struct {
 	Source      string `json:"source"`
 	BytesServed int64  `json:"bytes_served"`
-	ReadErrors  int64  `json:"read_errors"`
+	// PassBytesServed counts the bytes of files shown as they are that
+	// ckptfs read itself: with FUSE passthrough the kernel reads them and
+	// this stays 0.
+	PassBytesServed int64 `json:"pass_bytes_served"`
+	ReadErrors      int64 `json:"read_errors"`
 	// Commits and CommitErrors count the files closed in write targets.
 	Commits      int64       `json:"commits,omitempty"`
 	CommitErrors int64       `json:"commit_errors,omitempty"`
@@ -271,7 +304,7 @@ type ViewStats struct {
 
 // Stats returns a snapshot of the mount's counters.
 func (f *FS) Stats() Stats {
-	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats(),
+	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats(),
 		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
 	if c, ok := f.tree.(source.Counted); ok {
 		st := c.Stats()

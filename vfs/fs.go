@@ -81,6 +81,7 @@ type FS struct {
 	closed  bool                  // GUARDED_BY(mu)
 
 	bytesServed  atomic.Int64
+	passServed   atomic.Int64
 	readErrors   atomic.Int64
 	commits      atomic.Int64
 	commitErrors atomic.Int64

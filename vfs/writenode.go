@@ -211,7 +211,9 @@ func (f *sidecarNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, ui
 	if isWrite(flags) {
 		return f.t.open(f.fsys, f.name, flags)
 	}
-	return f.PassFile.Open(ctx, flags)
+	// Not passthrough: the kernel fails an open of an inode whose other
+	// opens use the other mode, and this file's writes come through ckptfs.
+	return f.PassFile.open(flags, false)
 }
 
 func (f *sidecarNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {

@@ -213,6 +213,7 @@ type localFile struct {
 
 func (f *localFile) Info() Info   { return f.info }
 func (f *localFile) Close() error { return f.f.Close() }
+func (f *localFile) Fd() uintptr  { return f.f.Fd() }
 
 // maxFolio is the largest page-cache folio on x86-64 (a PMD).
 const maxFolio = 2 << 20

@@ -50,6 +50,14 @@ type File interface {
 	Check() error
 }
 
+// Descriptor is a File the kernel can read itself: a local file, whose
+// descriptor a FUSE server can hand over (passthrough). Files whose bytes
+// ckptfs must check or fetch first (objects, their disk cache) are not.
+type Descriptor interface {
+	File
+	Fd() uintptr
+}
+
 // ErrChanged is returned when a file's content may differ from when it was
 // first seen: serving it could mix old and new bytes.
 var ErrChanged = errors.New("source: file changed")
