@@ -3,6 +3,7 @@ package pickle
 import (
 	"encoding/binary"
 	"math"
+	"strings"
 )
 
 // Encoder writes a protocol-2 pickle of the few shapes torch's files need
@@ -29,6 +30,15 @@ func (e *Encoder) Bytes() []byte { return append(e.b, opSTOP) }
 
 // Global pushes the class or function module.name.
 func (e *Encoder) Global(module, name string) {
+	if strings.ContainsRune(module, '\n') || strings.ContainsRune(name, '\n') {
+		// GLOBAL's operands are lines. A name read from a hostile file can
+		// hold a newline; STACK_GLOBAL (protocol 4, read by CPython in any
+		// stream) takes them as strings.
+		e.Str(module)
+		e.Str(name)
+		e.b = append(e.b, opSTACK_GLOBAL)
+		return
+	}
 	e.b = append(e.b, opGLOBAL)
 	e.b = append(e.b, module...)
 	e.b = append(e.b, '\n')

@@ -85,3 +85,16 @@ func TestEncodeRoundTrip(t *testing.T) {
 	assert.Equal(t, "S", get("pid"))
 	assert.Equal(t, Tuple{"storage", Global{Module: "torch", Name: "FloatStorage"}}, pid)
 }
+
+// A name holding a newline cannot be a GLOBAL line: it is written so that
+// it reads back whole, and so does CPython (pickle.loads of the bytes below
+// with find_class overridden returns ("a\nb", "c\nd")).
+func TestEncodeGlobalWithNewline(t *testing.T) {
+	e := NewEncoder()
+	e.Global("a\nb", "c\nd")
+	b := e.Bytes()
+	assert.Equal(t, "80025803000000610a625803000000630a64932e", hex.EncodeToString(b))
+	v, err := DecodeBytes(b, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, Global{Module: "a\nb", Name: "c\nd"}, v)
+}
