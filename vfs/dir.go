@@ -144,8 +144,8 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 			}})
 		case info.IsRegular():
 			// One inode per file, not per name: a file replaced under the
-			// name is a new inode, so the kernel never serves it from the
-			// old one's pages or passthrough backing.
+			// name gets a new inode, never the old one's passthrough
+			// backing (see PassFile.open).
 			add(entry{name: name, mode: syscall.S_IFREG, ino: inode(rel + "\x00" + info.ID), make: func() fs.InodeEmbedder {
 				return &PassFile{fsys: d.fsys, rel: rel, id: info.ID}
 			}})

@@ -37,6 +37,8 @@ func TestParseURL(t *testing.T) {
 		{url: "s3://bucket/runs//llama", bad: true},
 		{url: "s3://bucket/./runs", bad: true},
 		{url: "s3://bucket/..", bad: true},
+		{url: "s3://bucket/.", bad: true},
+		{url: "s3://bucket/./", bad: true},
 		{url: "s3://bucket//", bad: true},
 		{url: "s3://bucket/x//", bad: true},
 		{url: "s3://Bucket/x", bad: true},

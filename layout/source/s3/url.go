@@ -46,7 +46,7 @@ func ParseURL(s string) (Location, error) {
 	prefix = strings.TrimSuffix(prefix, "/")
 	if prefix != "" {
 		clean, err := source.Clean(prefix)
-		if err != nil || clean != prefix {
+		if err != nil || clean != prefix || clean == "." { // "." is clean, and would prefix every key with "./"
 			return Location{}, fmt.Errorf("s3: %s: the prefix must be a plain path (no \"..\", \".\" or empty segments)", s)
 		}
 	}
