@@ -203,10 +203,32 @@ var (
 // PassthroughFd is asked once per inode while no open of it is passthrough.
 func (h *passHandle) PassthroughFd() (int, bool) {
 	d, ok := h.fd.(source.Descriptor)
-	if !h.passthrough || !ok {
+	if !h.passthrough || !ok || !takesBacking(int(d.Fd())) {
 		return 0, false
 	}
 	return int(d.Fd()), true
+}
+
+// backingFS lists the filesystems whose files the kernel takes as
+// passthrough backing files: not stacked (FUSE with passthrough, overlayfs
+// are refused as too deep) and with both read_iter and write_iter (a
+// read-only squashfs has no write_iter). One refusal makes go-fuse stop
+// passthrough for the whole mount, and the kernel then fails (EIO) a plain
+// open of a file that other opens hold in passthrough; so a file elsewhere
+// is served by ckptfs instead of being offered.
+var backingFS = map[int64]bool{
+	unix.EXT4_SUPER_MAGIC:  true, // ext2, ext3 too
+	unix.XFS_SUPER_MAGIC:   true,
+	unix.BTRFS_SUPER_MAGIC: true,
+	unix.TMPFS_MAGIC:       true,
+	unix.NFS_SUPER_MAGIC:   true,
+	0x2fc12fc1:             true, // ZFS
+	0x0bd00bd0:             true, // Lustre
+}
+
+func takesBacking(fd int) bool {
+	var st unix.Statfs_t
+	return unix.Fstatfs(fd, &st) == nil && backingFS[st.Type]
 }
 
 func (h *passHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

@@ -13,7 +13,8 @@ import (
 
 // A file outside any checkpoint goes to the kernel as a passthrough backing
 // file: reads and mappings never reach ckptfs. The kernel grants
-// passthrough to root only; elsewhere ckptfs serves the reads itself.
+// passthrough to root only, and ckptfs offers it on the filesystems listed
+// in backingFS; elsewhere ckptfs serves the reads itself.
 func TestOtherFilesArePassedThrough(t *testing.T) {
 	src := t.TempDir()
 	want := make([]byte, 4<<20+123)
@@ -37,11 +38,20 @@ func TestOtherFilesArePassedThrough(t *testing.T) {
 	require.NoError(t, unix.Munmap(m))
 	require.True(t, mapped, "mapped")
 
-	if os.Geteuid() == 0 {
+	if passthroughHere(t, src) {
 		require.Zero(t, fsys.Stats().PassBytesServed, "the kernel read the file itself")
 	} else {
 		require.Positive(t, fsys.Stats().PassBytesServed, "served by ckptfs without passthrough")
 	}
+}
+
+// passthroughHere says whether the kernel grants passthrough for files in
+// dir: to root, on a filesystem it stacks on.
+func passthroughHere(t *testing.T, dir string) bool {
+	d, err := os.Open(dir)
+	require.NoError(t, err)
+	defer d.Close()
+	return os.Geteuid() == 0 && takesBacking(int(d.Fd()))
 }
 
 // A file replaced under its name (a rename over it) while an open of the
@@ -71,4 +81,36 @@ func TestReplacedPlainFileIsNotServedFromTheOldOne(t *testing.T) {
 	n, err = old.ReadAt(buf, 0)
 	require.ErrorIs(t, err, io.EOF)
 	require.Equal(t, "old content\n", string(buf[:n]), "the open from before reads what it opened")
+}
+
+// A source tree can reach into another filesystem whose files the kernel
+// does not take as backing files (here a FUSE mount, too deep to stack on).
+// go-fuse stops using passthrough for the whole mount after one refusal,
+// and the kernel then fails (EIO) any further open of a file that other
+// opens hold in passthrough: such files are never offered.
+func TestPassthroughIsOfferedOnlyWhereTheKernelTakesIt(t *testing.T) {
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "a.txt"), []byte("on ext4\n"), 0o644))
+	inner := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(inner, "b.txt"), []byte("through another mount\n"), 0o644))
+	sub := filepath.Join(src, "sub")
+	require.NoError(t, os.Mkdir(sub, 0o755))
+	server, err := Mount(sub, newFS(t, inner), MountOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, server.Unmount()) })
+	fsys := newFS(t, src)
+	mnt := testMount(t, fsys)
+
+	held, err := os.Open(filepath.Join(mnt, "a.txt"))
+	require.NoError(t, err)
+	defer held.Close()
+	got, err := os.ReadFile(filepath.Join(mnt, "sub", "b.txt"))
+	require.NoError(t, err)
+	require.Equal(t, "through another mount\n", string(got))
+	got, err = os.ReadFile(filepath.Join(mnt, "a.txt"))
+	require.NoError(t, err, "a second open of a file held in passthrough")
+	require.Equal(t, "on ext4\n", string(got))
+	if passthroughHere(t, src) { // a.txt passed through, b.txt served by ckptfs
+		require.Equal(t, int64(len("through another mount\n")), fsys.Stats().PassBytesServed)
+	}
 }
