@@ -209,6 +209,7 @@ type localFile struct {
 	f    *os.File
 	path string
 	info Info
+	read readRanges
 }
 
 func (f *localFile) Info() Info   { return f.info }
@@ -233,13 +234,13 @@ const minDrop = 64 << 10
 // pages).
 func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)
-	if n >= minDrop {
-		// The kernel caches a file in folios of up to 2 MiB and drops only
-		// those wholly inside the range, so the range starts at the folio
-		// boundary below off: the folio that straddles it was the tail of
-		// the read before, in the sequential order blocks are filled in.
-		start := off &^ (maxFolio - 1)
-		_ = unix.Fadvise(int(f.f.Fd()), start, off+int64(n)-start, unix.FADV_DONTNEED)
+	if n > 0 {
+		// Small reads (record headers) are remembered too: their folios go
+		// with the fills around them.
+		lo, hi := f.read.add(off, off+int64(n), f.info.Size, maxFolio)
+		if n >= minDrop {
+			_ = unix.Fadvise(int(f.f.Fd()), lo, hi-lo, unix.FADV_DONTNEED)
+		}
 	}
 	if err == io.EOF && off+int64(n) < f.info.Size {
 		return n, fmt.Errorf("%w: %s truncated at %d (was %d bytes)", ErrChanged, f.path, off+int64(n), f.info.Size)
