@@ -18,12 +18,11 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 
-
 def spawn(fn, world, *args):
     """Run fn(rank, world, init_method, *args) on `world` gloo ranks. The
     ranks meet at a FileStore in a fresh directory: a TCP port picked free
-    and bound later by rank 0 can be taken in between (a fixture save failed
-    so on CI once)."""
+    and bound later by rank 0 can be taken in between (a fixture save on CI
+    failed once, likely so)."""
     d = tempfile.mkdtemp(prefix="ckptfs-gloo-")
     try:
         mp.spawn(fn, args=(world, "file://" + os.path.join(d, "store"), *args), nprocs=world, join=True)
@@ -33,6 +32,7 @@ def spawn(fn, world, *args):
 
 def join(rank, world, init_method):
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+
 
 def tiny_config(dtype):
     from transformers import LlamaConfig
