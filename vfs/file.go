@@ -301,7 +301,10 @@ type Stats struct {
 	// ckptfs read itself: with FUSE passthrough the kernel reads them and
 	// this stays 0.
 	PassBytesServed int64 `json:"pass_bytes_served"`
-	ReadErrors      int64 `json:"read_errors"`
+	// PrefilledBytes counts the bytes --prefill stored in the kernel's page
+	// cache (which may drop them again under memory pressure).
+	PrefilledBytes int64 `json:"prefilled_bytes"`
+	ReadErrors     int64 `json:"read_errors"`
 	// Commits and CommitErrors count the files closed in write targets.
 	Commits      int64       `json:"commits,omitempty"`
 	CommitErrors int64       `json:"commit_errors,omitempty"`
@@ -328,6 +331,9 @@ type ViewStats struct {
 func (f *FS) Stats() Stats {
 	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats(),
 		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
+	if f.prefill != nil {
+		s.PrefilledBytes = f.prefill.stored.Load()
+	}
 	if c, ok := f.tree.(source.Counted); ok {
 		st := c.Stats()
 		s.SourceIO = &st

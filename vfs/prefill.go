@@ -40,9 +40,9 @@ type prefiller struct {
 	mu      sync.Mutex
 	offered map[uint64]bool // GUARDED_BY(mu); cache ids queued or done
 
-	// stored counts the bytes the kernel took into its page cache. What it
-	// keeps is up to the kernel: reclaim (DAMON's pageout on some VMs
-	// included) may drop clean pages at any time.
+	// stored counts the bytes the kernel took into its page cache
+	// (Stats.PrefilledBytes). What it keeps is up to the kernel: reclaim
+	// (DAMON's pageout on some VMs included) may drop clean pages any time.
 	stored atomic.Int64
 }
 

@@ -77,11 +77,12 @@ func TestPrefillStoresTheFileInThePageCache(t *testing.T) {
 			f.Close()
 			continue
 		}
-		require.Eventually(t, func() bool { return fsys.prefill.stored.Load() == fi.Size() },
+		require.Eventually(t, func() bool { return fsys.Stats().PrefilledBytes == fi.Size() },
 			10*time.Second, 20*time.Millisecond, "the whole file stored")
-		// The kernel may reclaim clean pages as soon as they are stored (CI's
-		// VMs run DAMON pageout, which dropped 4 of 2049 pages once), so the
-		// check is that the file is there, not that every page stayed.
+		// The kernel may reclaim clean pages as soon as they are stored: the
+		// VMs here run DAMON pageout, which dropped 11 of 16385 freshly
+		// stored pages within 4 s (and 4 of 2049 once on CI). So the check
+		// is that the file is there, not that every page stayed.
 		have, total := resident(t, path)
 		require.Greater(t, have, total*3/4, "the stored pages are in the page cache")
 		f.Close()

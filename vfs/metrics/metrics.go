@@ -99,6 +99,7 @@ func sourceIO(field func(s *source.Stats) int64) func(s *vfs.Stats) int64 {
 // of the .ckptfs field it comes from in its help.
 var stats = []stat{
 	{newDesc("bytes_served_total", "Bytes returned to readers of view files (.ckptfs bytes_served)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.BytesServed }, ""},
+	{newDesc("prefilled_bytes_total", "Bytes --prefill stored in the kernel's page cache (.ckptfs prefilled_bytes)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.PrefilledBytes }, ""},
 	{newDesc("pass_bytes_served_total", "Bytes of other files that ckptfs read for their readers; 0 where the kernel reads them itself (FUSE passthrough) (.ckptfs pass_bytes_served)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.PassBytesServed }, ""},
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.ReadErrors }, "read"},
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.FillErrors }, "fill"},
