@@ -162,8 +162,9 @@ func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 
 // Open hands a local file's descriptor to the kernel, which then reads and
 // maps it itself (FUSE passthrough): no request, no copy through ckptfs.
-// Where the kernel refuses (not root, a source on another FUSE mount), go-fuse
-// stops asking and reads come here.
+// Files on filesystems the kernel does not stack on are not offered
+// (backingFS); where it refuses anyway (not root), go-fuse stops asking and
+// reads come here.
 func (f *PassFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	return f.open(flags, true)
 }
