@@ -9,6 +9,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -23,6 +24,8 @@ var ErrSourceChanged = source.ErrChanged
 // nothing outside the source can be read.
 type FileSet struct {
 	tree source.Tree
+	// random: views read the files out of their order (ReadRandomly).
+	random atomic.Bool
 
 	mu      sync.Mutex
 	files   map[string]*File // GUARDED_BY(mu)
@@ -32,6 +35,23 @@ type FileSet struct {
 // NewFileSet returns a FileSet over the checkpoint directory tree.
 func NewFileSet(tree source.Tree) *FileSet {
 	return &FileSet{tree: tree, files: map[string]*File{}}
+}
+
+// ReadRandomly says that views read the set's files out of their order
+// (fills jump from tensor to tensor): the kernel's read-ahead would read
+// bytes the next fills do not want. Files already open (a reader reads
+// headers while opening) are told at once, the others when they open.
+func (s *FileSet) ReadRandomly() {
+	s.random.Store(true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.files {
+		f.mu.Lock()
+		if r, ok := f.fd.(source.RandomReader); ok {
+			r.ReadRandomly()
+		}
+		f.mu.Unlock()
+	}
 }
 
 // Tree is the checkpoint directory the set reads from.
@@ -60,7 +80,7 @@ func (s *FileSet) Get(rel string) (*File, error) {
 	if !info.IsRegular() {
 		return nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, s.tree.Path(rel))
 	}
-	f := &File{Path: s.tree.Path(rel), Rel: rel, info: info, tree: s.tree}
+	f := &File{Path: s.tree.Path(rel), Rel: rel, info: info, tree: s.tree, random: &s.random}
 	s.files[rel] = f
 	return f, nil
 }
@@ -117,8 +137,9 @@ type File struct {
 	Path string // for messages: the full path (or URL)
 	Rel  string // name in the checkpoint directory
 
-	info source.Info
-	tree source.Tree
+	info   source.Info
+	tree   source.Tree
+	random *atomic.Bool // the set's: read out of order, no kernel read-ahead
 
 	mu sync.Mutex
 	fd source.File // GUARDED_BY(mu); opened on first read
@@ -146,6 +167,9 @@ func (f *File) handle() (source.File, error) {
 	if fd.Info().Version != f.info.Version {
 		fd.Close()
 		return nil, fmt.Errorf("%w: %s (size %d→%d)", ErrSourceChanged, f.Path, f.info.Size, fd.Info().Size)
+	}
+	if r, ok := fd.(source.RandomReader); ok && f.random != nil && f.random.Load() {
+		r.ReadRandomly()
 	}
 	f.fd = fd
 	return fd, nil
@@ -211,6 +235,26 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		return 0, cerr
 	}
 	return n, err
+}
+
+// OutOfFileOrder reports whether reading the tensors in order, each
+// chunk in turn, goes back in some file: a section that begins before the
+// end of the one read before it in the same file.
+func OutOfFileOrder(tensors []*Tensor) bool {
+	end := map[*File]int64{}
+	for _, t := range tensors {
+		for _, c := range t.Chunks {
+			s, ok := c.Source.(*Section)
+			if !ok {
+				continue
+			}
+			if s.Offset < end[s.File] {
+				return true
+			}
+			end[s.File] = s.Offset + s.Length
+		}
+	}
+	return false
 }
 
 // Section is a Source over a plain byte range of a file (raw safetensors data,

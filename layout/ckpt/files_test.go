@@ -77,3 +77,82 @@ func TestGetConfines(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalid, name)
 	}
 }
+
+// recordingTree notes the files it was told are read out of order.
+type recordingTree struct {
+	source.Tree
+	random *[]string
+}
+
+func (t recordingTree) Open(name string) (source.File, error) {
+	f, err := t.Tree.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return &recordingFile{File: f, name: name, random: t.random}, nil
+}
+
+type recordingFile struct {
+	source.File
+	name   string
+	random *[]string
+}
+
+func (f *recordingFile) ReadRandomly() { *f.random = append(*f.random, f.name) }
+
+// A set read out of order tells each of its files so: those open already
+// at once, the others when they open, and only then.
+func TestReadRandomly(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"a", "b"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("0123456789"), 0o644))
+	}
+	for _, random := range []bool{false, true} {
+		tree, err := source.OpenLocal(dir)
+		require.NoError(t, err)
+		var told []string
+		set := NewFileSet(recordingTree{Tree: tree, random: &told})
+		set.Adopt(tree)
+		a, err := set.Get("a") // a reader reads headers while opening
+		require.NoError(t, err)
+		_, err = a.ReadAt(make([]byte, 4), 0)
+		require.NoError(t, err)
+		b, err := set.Get("b")
+		require.NoError(t, err)
+		if random {
+			set.ReadRandomly()
+		}
+		for _, f := range []*File{a, b} {
+			_, err = f.ReadAt(make([]byte, 4), 4)
+			require.NoError(t, err)
+		}
+		if random {
+			assert.Equal(t, []string{"a", "b"}, told)
+		} else {
+			assert.Empty(t, told)
+		}
+		require.NoError(t, set.Close())
+	}
+}
+
+func TestOutOfFileOrder(t *testing.T) {
+	a, b := &File{Rel: "a"}, &File{Rel: "b"}
+	tensor := func(secs ...*Section) *Tensor {
+		t := &Tensor{}
+		for _, s := range secs {
+			t.Chunks = append(t.Chunks, Chunk{Source: s})
+		}
+		return t
+	}
+	inOrder := []*Tensor{
+		tensor(&Section{File: a, Offset: 0, Length: 10}, &Section{File: b, Offset: 0, Length: 10}),
+		tensor(&Section{File: a, Offset: 10, Length: 5}, &Section{File: b, Offset: 20, Length: 5}),
+	}
+	assert.False(t, OutOfFileOrder(inOrder))
+	back := []*Tensor{
+		tensor(&Section{File: a, Offset: 10, Length: 10}),
+		tensor(&Section{File: b, Offset: 0, Length: 10}),
+		tensor(&Section{File: a, Offset: 0, Length: 10}),
+	}
+	assert.True(t, OutOfFileOrder(back))
+}

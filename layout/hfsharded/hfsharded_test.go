@@ -42,6 +42,8 @@ func TestOpenTorchWrittenShards(t *testing.T) {
 	// and name instead (extra.int64_7x2 first).
 	require.Equal(t, []string{"emb.weight", "extra.bf16_6x4", "extra.f64_3", "extra.int64_7x2", "extra.int32_5",
 		"fc1.weight", "fc1.bias", "fc2.weight", "norm.weight", "norm.bias"}, names)
+	// So a view reads the shard files out of their order (they are told so).
+	require.True(t, ckpt.OutOfFileOrder(c.Tensors))
 }
 
 func TestParseShardingInfo(t *testing.T) {

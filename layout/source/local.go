@@ -216,6 +216,10 @@ func (f *localFile) Info() Info   { return f.info }
 func (f *localFile) Close() error { return f.f.Close() }
 func (f *localFile) Fd() uintptr  { return f.f.Fd() }
 
+// ReadRandomly turns the kernel's read-ahead off for the file
+// (FADV_RANDOM).
+func (f *localFile) ReadRandomly() { _ = unix.Fadvise(int(f.f.Fd()), 0, 0, unix.FADV_RANDOM) }
+
 // maxFolio is the largest page-cache folio on x86-64 (a PMD).
 const maxFolio = 2 << 20
 

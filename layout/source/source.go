@@ -58,6 +58,13 @@ type Descriptor interface {
 	Fd() uintptr
 }
 
+// RandomReader is a File that can be told it will be read out of its
+// order, so that the kernel reads no more than each read asks for.
+type RandomReader interface {
+	File
+	ReadRandomly()
+}
+
 // ErrChanged is returned when a file's content may differ from when it was
 // first seen: serving it could mix old and new bytes.
 var ErrChanged = errors.New("source: file changed")
