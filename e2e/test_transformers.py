@@ -6,7 +6,6 @@ import os
 import pytest
 import torch
 
-import models
 from conftest import python
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -47,10 +47,15 @@ func (s *FileSet) ReadRandomly() {
 	defer s.mu.Unlock()
 	for _, f := range s.files {
 		f.mu.Lock()
-		if r, ok := f.fd.(source.RandomReader); ok {
-			r.ReadRandomly()
-		}
+		readRandomly(f.fd)
 		f.mu.Unlock()
+	}
+}
+
+// readRandomly tells fd it is read out of order, where it can be told.
+func readRandomly(fd source.File) {
+	if r, ok := fd.(source.RandomReader); ok {
+		r.ReadRandomly()
 	}
 }
 
@@ -168,8 +173,8 @@ func (f *File) handle() (source.File, error) {
 		fd.Close()
 		return nil, fmt.Errorf("%w: %s (size %d→%d)", ErrSourceChanged, f.Path, f.info.Size, fd.Info().Size)
 	}
-	if r, ok := fd.(source.RandomReader); ok && f.random != nil && f.random.Load() {
-		r.ReadRandomly()
+	if f.random != nil && f.random.Load() {
+		readRandomly(fd)
 	}
 	f.fd = fd
 	return fd, nil
