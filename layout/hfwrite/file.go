@@ -28,8 +28,9 @@ type File struct {
 	seq     uint64 // numbers the files of the session
 	spool   string
 	started time.Time
-	listed  bool      // a new file: shown under its name while written
-	prog    *progress // its own lock, taken last: never held while taking another
+	listed  bool         // a new file: shown under its name while written
+	prog    *progress    // its own lock, taken last: never held while taking another
+	behind  *writeBehind // writes on their way to the spool; its own lock, taken before prog's
 
 	// Lock order: commitMu (serializes Commit and Abort of this file), then
 	// Session.commitMu, then mu. mu is never held during I/O on the whole
@@ -115,18 +116,38 @@ func (f *File) writeAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if err := f.behind.failed(); err != nil {
+		return 0, err
+	}
 	n := int64(len(p))
 	if err := f.prog.begin(off, n); err != nil {
 		return 0, fmt.Errorf("%w: %s", err, f.Name())
+	}
+	if n > 0 && f.behind.queue(p, off) {
+		return len(p), nil
+	}
+	// Too large to queue: written here, after those queued.
+	if err := f.behind.drain(); err != nil {
+		f.prog.end(off, n, 0)
+		return 0, err
 	}
 	written, err := fd.WriteAt(p, off)
 	f.prog.end(off, n, int64(written))
 	return written, err
 }
 
+// spooled returns the spool once every write is in it.
+func (f *File) spooled(write bool) (*os.File, error) {
+	fd, err := f.handle(write)
+	if err != nil {
+		return nil, err
+	}
+	return fd, f.behind.drain()
+}
+
 // ReadAt reads back from the spool.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
-	fd, err := f.handle(false)
+	fd, err := f.spooled(false)
 	if err != nil {
 		return 0, err
 	}
@@ -136,7 +157,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 // Truncate changes the size of the file (a change: its last release
 // commits it).
 func (f *File) Truncate(size int64) error {
-	fd, err := f.handle(true)
+	fd, err := f.spooled(true)
 	if err != nil {
 		return err
 	}
@@ -152,6 +173,8 @@ func (f *File) Size() (int64, error) {
 		defer f.mu.Unlock()
 		return f.size, nil
 	}
+	// A failed write shows in the size; the commit reports it.
+	_ = f.behind.drain()
 	fi, err := fd.Stat()
 	if err != nil {
 		return 0, err
@@ -168,7 +191,7 @@ func (f *File) Complete() bool {
 	f.mu.Lock()
 	kind, fd, ok := f.kind, f.f, !f.done && !f.sealed
 	f.mu.Unlock()
-	if !ok || kind != TensorFile {
+	if !ok || kind != TensorFile || f.behind.drain() != nil {
 		return false
 	}
 	fi, err := fd.Stat()
@@ -238,9 +261,14 @@ func (f *File) Commit() error {
 	}
 	s := f.s
 	var used bool
-	s.commitMu.Lock()
-	err := f.commit(name, kind, rs, &used)
-	s.commitMu.Unlock()
+	err := f.behind.drain()
+	if err == nil {
+		s.commitMu.Lock()
+		err = f.commit(name, kind, rs, &used)
+		s.commitMu.Unlock()
+	} else if rs != nil {
+		rs.Discard()
+	}
 	if err != nil {
 		err = &CommitError{Name: name, Dir: s.path, Err: err}
 	}
@@ -276,6 +304,7 @@ func (f *File) Abort() {
 
 // finish closes and removes the spool. Called holding f.commitMu.
 func (f *File) finish(err error) {
+	_ = f.behind.drain() // nothing is written to the spool once it is closed
 	f.mu.Lock()
 	if fi, serr := f.f.Stat(); serr == nil {
 		f.size = fi.Size()

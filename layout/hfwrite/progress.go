@@ -186,7 +186,7 @@ func (p *progress) stop() {
 }
 
 // seal ends the writes: it waits for those under way, and from then on
-// every byte is final and Wait returns at once.
+// every byte is final and wait returns at once.
 func (p *progress) seal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -214,7 +214,9 @@ func (p *progress) wait(end int64) error {
 		if p.broken || p.stopped {
 			return errAbandoned
 		}
-		if p.sealed || (p.prefix() >= end && !p.writing(p.claimed, end)) {
+		// Sealed, every byte is final once the writes under way (queued
+		// by writeBehind) are in.
+		if (p.sealed && len(p.inflight) == 0) || (p.prefix() >= end && !p.writing(p.claimed, end)) {
 			p.claimed = max(p.claimed, end)
 			return nil
 		}

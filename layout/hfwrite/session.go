@@ -270,6 +270,7 @@ func (s *Session) start(name string, created bool) (*File, error) {
 	}
 	f := &File{s: s, seq: s.seq, spool: sp, started: time.Now(), listed: created,
 		name: name, kind: kind, f: fd, changed: created, prog: newProgress()}
+	f.behind = newWriteBehind(fd, f.prog.end)
 	if kind != IndexFile {
 		// Also under another name: safetensors' save_file writes a temp
 		// file (.tmpXXXXXX) and renames it when complete. The attempt gives

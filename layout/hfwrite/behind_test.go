@@ -1,0 +1,110 @@
+package hfwrite
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// spans records what a writeBehind reports as written.
+type spans struct {
+	mu  sync.Mutex
+	all []span
+}
+
+func (s *spans) done(off, n, written int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all = append(s.all, span{off, off + written})
+}
+
+func TestWriteBehindWritesInOrderAndReportsEach(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "spool")
+	fd, err := os.Create(path)
+	require.NoError(t, err)
+	defer fd.Close()
+	var got spans
+	w := newWriteBehind(fd, got.done)
+
+	// Overlapping writes land in the order they were queued.
+	require.True(t, w.queue(bytes.Repeat([]byte("a"), 100), 0))
+	require.True(t, w.queue(bytes.Repeat([]byte("b"), 50), 25))
+	// A write larger than a buffer is not queued: the caller writes it.
+	require.False(t, w.queue(make([]byte, behindBufSize+1), 0))
+	require.NoError(t, w.drain())
+
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	want := append(append(bytes.Repeat([]byte("a"), 25), bytes.Repeat([]byte("b"), 50)...), bytes.Repeat([]byte("a"), 25)...)
+	assert.Equal(t, want, b)
+	assert.Equal(t, []span{{0, 100}, {25, 75}}, got.all)
+}
+
+func TestWriteBehindKeepsTheFirstErrorForLater(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "spool")
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	fd, err := os.Open(path) // read-only: every write fails
+	require.NoError(t, err)
+	defer fd.Close()
+	var got spans
+	w := newWriteBehind(fd, got.done)
+
+	require.True(t, w.queue([]byte("x"), 0))
+	err = w.drain()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "a write that returned failed")
+	assert.Equal(t, err, w.failed())
+	assert.Equal(t, []span{{0, 0}}, got.all, "the write is reported, with nothing written")
+}
+
+// A file's queued writes are in the spool before anything reads it or its
+// size, and a failed one fails the next write and the commit.
+func TestFileReadsItsOwnQueuedWrites(t *testing.T) {
+	s, _ := newSession(t)
+	h, err := s.Create("notes.txt")
+	require.NoError(t, err)
+	data := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB in 1 MiB writes
+	for off := 0; off < len(data); off += behindBufSize {
+		_, err := h.WriteAt(data[off:off+behindBufSize], int64(off))
+		require.NoError(t, err)
+	}
+	size, err := h.File().Size()
+	require.NoError(t, err)
+	assert.Equal(t, int64(len(data)), size)
+	back := make([]byte, len(data))
+	_, err = h.ReadAt(back, 0)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(data, back))
+	h.Release()
+}
+
+func TestFileFailsWritesAndCommitAfterAQueuedWriteFailed(t *testing.T) {
+	s, reps := newSession(t)
+	h, err := s.Create("notes.txt")
+	require.NoError(t, err)
+	f := h.File()
+	// The spool's descriptor stands in for one whose writes fail (a full
+	// disk): its queue writes through a read-only one.
+	ro, err := os.Open(f.spool)
+	require.NoError(t, err)
+	defer ro.Close()
+	f.behind = newWriteBehind(ro, f.prog.end)
+
+	_, err = h.WriteAt([]byte("queued"), 0)
+	require.NoError(t, err, "the failure comes after the write returned")
+	require.Error(t, f.behind.drain())
+	_, err = h.WriteAt([]byte("more"), 6)
+	require.Error(t, err)
+	err = h.Flush()
+	require.ErrorIs(t, err, ErrCommit)
+	assert.Contains(t, err.Error(), "a write that returned failed")
+	h.Release()
+	require.Len(t, reps.list(), 1)
+	assert.Error(t, reps.list()[0].Err)
+	assert.Empty(t, listed(t, s, "").stored, "nothing was stored")
+}
