@@ -8,19 +8,20 @@ materialised whole and generation costs about one write of the data."""
 
 import argparse
 import os
-import socket
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import models  # noqa: E402  (e2e/models.py: the gloo rendezvous)
 
 ROWS, COLS = 4096, 8192  # 128 MiB of float32 per tensor
 
 
-def worker(rank, world, port, out, dim, count):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(rank, world, init_method, out, dim, count):
+    models.join(rank, world, init_method)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
@@ -45,11 +46,7 @@ def main():
     ap.add_argument("--world", type=int, default=4)
     a = ap.parse_args()
     count = max(1, int(a.gib * 1024 / (ROWS * COLS * 4 / 2**20)))
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    mp.spawn(worker, args=(a.world, port, a.out, a.dim, count), nprocs=a.world, join=True)
+    models.spawn(worker, a.world, a.out, a.dim, count)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ fills just its own shards, so no process ever holds the whole model."""
 
 import argparse
 import os
-import socket
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import models  # noqa: E402  (e2e/models.py: the gloo rendezvous)
 
 
 def config(layers):
@@ -27,9 +29,8 @@ def config(layers):
                        tie_word_embeddings=False, torch_dtype="float32")
 
 
-def worker(rank, world, port, out, layers, fmt):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(rank, world, init_method, out, layers, fmt):
+    models.join(rank, world, init_method)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
     from transformers import LlamaForCausalLM
@@ -65,11 +66,7 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--format", choices=["dcp", "hf"], default="dcp")
     a = ap.parse_args()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    mp.spawn(worker, args=(a.world, port, a.out, a.layers, a.format), nprocs=a.world, join=True)
+    models.spawn(worker, a.world, a.out, a.layers, a.format)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ their values are random (only the layout matters here).
 import argparse
 import json
 import os
-import socket
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import models  # noqa: E402  (e2e/models.py: the gloo rendezvous)
 
 H, HEADS, GROUPS, FFN, VOCAB = 2048, 16, 4, 5632, 32000
 
@@ -37,9 +39,8 @@ def shapes(layers):
     }
 
 
-def worker(rank, world, port, out, layers):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(rank, world, init_method, out, layers):
+    models.join(rank, world, init_method)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -80,11 +81,7 @@ def main():
     per_layer = sum(torch.Size(s).numel() for n, (s, _) in shapes(1).items() if "layers" in n) * 4
     fixed = 2 * VOCAB * H * 4
     layers = max(1, int((a.gib * 2**30 - fixed) // per_layer))
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    mp.spawn(worker, args=(a.world, port, a.out, layers), nprocs=a.world, join=True)
+    models.spawn(worker, a.world, a.out, layers)
 
 
 if __name__ == "__main__":
