@@ -13,8 +13,8 @@ import (
 // order they came. A writer (cp, save_pretrained) waits for each write
 // before it reads the next bytes of its source, and the spool's copy into
 // fresh page-cache pages is the costliest step of a write: done in the
-// handler, it ran serially with the writer's reads, and on two cores a
-// third of the time neither ran. Errors of a write that already returned
+// handler, it ran serially with the writer's reads, and a third of the
+// two cores' time went idle during a cp. Errors of a write that already returned
 // fail the next write and the commit, as a write-back cache reports them
 // at fsync and close.
 //

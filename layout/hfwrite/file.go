@@ -30,7 +30,7 @@ type File struct {
 	started time.Time
 	listed  bool         // a new file: shown under its name while written
 	prog    *progress    // its own lock, taken last: never held while taking another
-	behind  *writeBehind // writes on their way to the spool; its own lock, taken before prog's
+	behind  *writeBehind // writes on their way to the spool; its own lock, never held while taking another
 
 	// Lock order: commitMu (serializes Commit and Abort of this file), then
 	// Session.commitMu, then mu. mu is never held during I/O on the whole
@@ -126,7 +126,8 @@ func (f *File) writeAt(p []byte, off int64) (int, error) {
 	if n > 0 && f.behind.queue(p, off) {
 		return len(p), nil
 	}
-	// Too large to queue: written here, after those queued.
+	// Not queued (too large, or the disk nearly full): written here,
+	// after those queued.
 	if err := f.behind.drain(); err != nil {
 		f.prog.end(off, n, 0)
 		return 0, err
