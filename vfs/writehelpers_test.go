@@ -113,6 +113,8 @@ func writeFile(t *testing.T, path string, data []byte) error {
 	require.NoError(t, err)
 	_, err = f.Write(data)
 	require.NoError(t, err)
+	// fsync waits for the queued writes and reports none failed.
+	require.NoError(t, f.Sync())
 	return f.Close()
 }
 

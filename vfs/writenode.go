@@ -112,9 +112,12 @@ func (h *writeHandle) Release(ctx context.Context) syscall.Errno {
 	return 0
 }
 
-// Fsync does nothing: nothing is durable, or visible, before the file is
-// closed, and close makes it durable.
-func (h *writeHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
+// Fsync reports a write that failed after it returned; it makes nothing
+// durable: nothing is durable, or visible, before the file is closed, and
+// close makes it durable.
+func (h *writeHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return toErrno(h.fsys.log, "fsync "+h.name(), h.h.Written())
+}
 
 func (h *writeHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
 	out.SetTimeout(volatileTimeout)

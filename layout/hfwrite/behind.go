@@ -14,9 +14,9 @@ import (
 // before it reads the next bytes of its source, and the spool's copy into
 // fresh page-cache pages is the costliest step of a write: done in the
 // handler, it ran serially with the writer's reads, and a third of the
-// two cores' time went idle during a cp. Errors of a write that already returned
-// fail the next write and the commit, as a write-back cache reports them
-// at fsync and close.
+// two cores' time went idle during a cp. The error of a write that
+// already returned fails the next write, fsync (Handle.Written) and the
+// commit, as a write-back cache reports it.
 //
 // A full disk is still reported by the write that does not fit: writes
 // are queued only while the spool's filesystem has room for every queued

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -97,7 +98,9 @@ func TestFileFailsWritesAndCommitAfterAQueuedWriteFailed(t *testing.T) {
 
 	_, err = h.WriteAt([]byte("queued"), 0)
 	require.NoError(t, err, "the failure comes after the write returned")
-	require.Error(t, f.behind.drain())
+	err = h.Written()
+	require.Error(t, err, "fsync's report")
+	assert.ErrorIs(t, err, syscall.EBADF, "the cause is kept for the errno")
 	_, err = h.WriteAt([]byte("more"), 6)
 	require.Error(t, err)
 	err = h.Flush()

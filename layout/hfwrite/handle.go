@@ -54,6 +54,11 @@ func (h *Handle) WriteAt(p []byte, off int64) (int, error) {
 // ReadAt reads the file back.
 func (h *Handle) ReadAt(p []byte, off int64) (int, error) { return h.f.ReadAt(p, off) }
 
+// Written waits until every write of the file is in its spool and
+// returns the error of a write that failed after it returned (fsync's
+// report; nothing is durable before the commit).
+func (h *Handle) Written() error { return h.f.behind.drain() }
+
 // Truncate changes the size of the file.
 func (h *Handle) Truncate(size int64) error { return h.f.Truncate(size) }
 
