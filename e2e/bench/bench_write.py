@@ -10,7 +10,9 @@ ratio_vs_cp_fsync compares with `cp` followed by fsync of every copied file,
 the durability ckptfs's close gives (the target); ratio compares with a bare
 `cp`, which leaves its data dirty in the page cache. Every timed copy starts
 cold (sync + drop_caches). sys_s_per_GB is the mount process's system CPU
-per GB written."""
+per GB written; disk_written_x is what the disk wrote during a timed copy
+(/proc/diskstats) over the bytes copied: a spool written back to disk shows
+there (files larger than the kernel's dirty threshold, --file-mib)."""
 
 import argparse
 import glob
@@ -28,15 +30,15 @@ from bench import Mount, drop_caches, log  # noqa: E402
 import numpy as np
 
 ROWS, COLS = 4096, 4096  # 64 MiB of float32, 32 MiB of bfloat16 per tensor
-FILE_BYTES = 512 << 20  # HF-style shards of about this size
 
 
-def gen(work, gib):
+def gen(work, gib, file_mib):
     """An HF model directory of about gib GiB: float32 and bfloat16 (as uint16
-    bits) tensors in ~512 MiB files, written with safetensors' numpy API."""
+    bits) tensors in files of about file_mib MiB, written with safetensors'
+    numpy API."""
     from safetensors.numpy import save_file
 
-    out = os.path.join(work, f"hf-write-{gib:g}")
+    out = os.path.join(work, f"hf-write-{gib:g}" + ("" if file_mib == 512 else f"-{file_mib}m"))
     stamp = os.path.join(out, "done")
     if os.path.exists(stamp):
         return sorted(glob.glob(os.path.join(out, "*.safetensors")))
@@ -55,7 +57,7 @@ def gen(work, gib):
         cur_bytes += t.nbytes
         written += t.nbytes
         i += 1
-        if cur_bytes >= FILE_BYTES or written >= total:
+        if cur_bytes >= file_mib << 20 or written >= total:
             nfile += 1
             save_file(cur, os.path.join(out, f"model-{nfile:05d}.safetensors"), metadata={"format": "pt"})
             cur, cur_bytes = {}, 0
@@ -70,9 +72,24 @@ def settle():
     time.sleep(2)
 
 
-def timed_cp(files, dst, fsync=False):
+def sectors_written(path):
+    """Sectors written so far by the block device holding path (/proc/diskstats)."""
+    dev = os.stat(path).st_dev
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if (int(fields[0]), int(fields[1])) == (os.major(dev), os.minor(dev)):
+                return int(fields[9])
+    raise RuntimeError(f"no /proc/diskstats line for the device of {path}")
+
+
+def timed_cp(files, dst, fsync=False, written=None, disk=None):
+    """Seconds to copy files into dst (and fsync them); the bytes written
+    meanwhile by the disk holding disk (default: dst) are appended to written."""
     settle()
     drop_caches()
+    disk = disk or dst
+    before = sectors_written(disk)
     t = time.perf_counter()
     subprocess.run(["cp", *files, dst], check=True)
     if fsync:
@@ -83,7 +100,10 @@ def timed_cp(files, dst, fsync=False):
         dfd = os.open(dst, os.O_RDONLY)
         os.fsync(dfd)
         os.close(dfd)
-    return time.perf_counter() - t
+    secs = time.perf_counter() - t
+    if written is not None:
+        written.append((sectors_written(disk) - before) * 512)
+    return secs
 
 
 def cpu_seconds(pid):
@@ -99,11 +119,12 @@ def bench_world(a, work, files, nbytes, world):
     src = os.path.join(work, "write-src")
     mnt = os.path.join(work, "write-mnt")
     cp_s, cp_sync_s, ck_s, rss, sys_s, commits = [], [], [], [], [], 0
+    cp_sync_disk, ck_disk = [], []
 
     def plain_cp(fsync):
         shutil.rmtree(plain, ignore_errors=True)
         os.makedirs(plain)
-        secs = timed_cp(files, plain, fsync)
+        secs = timed_cp(files, plain, fsync, cp_sync_disk if fsync else None)
         shutil.rmtree(plain)
         return secs
 
@@ -115,7 +136,7 @@ def bench_world(a, work, files, nbytes, world):
         try:
             os.mkdir(os.path.join(mnt, "model"))
             before = cpu_seconds(m.proc.pid)[1]
-            secs = timed_cp(files, os.path.join(mnt, "model"))
+            secs = timed_cp(files, os.path.join(mnt, "model"), written=ck_disk, disk=src)
             sys_s.append(cpu_seconds(m.proc.pid)[1] - before)
             rss.append(m.peak_rss_mib())
             st = m.stats()
@@ -146,6 +167,8 @@ def bench_world(a, work, files, nbytes, world):
         reshard_MBps=round(nbytes / ck / 1e6),
         ratio=round(cp / ck, 2), ratio_vs_cp_fsync=round(cp_sync / ck, 2), target="ratio_vs_cp_fsync >= 0.8",
         sys_s_per_GB=round(statistics.median(sys_s) / (nbytes / 1e9), 2),
+        disk_written_x=dict(cp_fsync=round(statistics.median(cp_sync_disk) / nbytes, 2),
+                            ckptfs=round(statistics.median(ck_disk) / nbytes, 2)),
         peak_rss_MiB=round(max(rss)), cache_MiB=a.cache_mib,
         runs_s=dict(cp=[round(x, 2) for x in cp_s], cp_fsync=[round(x, 2) for x in cp_sync_s],
                     ckptfs=[round(x, 2) for x in ck_s]),
@@ -160,10 +183,11 @@ def main():
     ap.add_argument("--world-sizes", default="1,4,8")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cache-mib", type=int, default=256)
+    ap.add_argument("--file-mib", type=int, default=512, help="size of each safetensors file copied")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
-    files = gen(work, a.gib)
+    files = gen(work, a.gib, a.file_mib)
     nbytes = sum(os.path.getsize(f) for f in files)
     worlds = [int(w) for w in a.world_sizes.split(",")]
     log(f"write bench: {len(files)} files, {nbytes / 1e9:.2f} GB, world sizes {worlds}")
