@@ -39,6 +39,10 @@ const behindQueued = 8
 // for every queued byte and a margin for the filesystem's own needs.
 const behindMinFree = behindQueued*behindBufSize + 64<<20
 
+// behindRecheck is how many bytes a file queues between two looks at the
+// free space: a statfs per 16 MiB rather than per write.
+const behindRecheck = 16 << 20
+
 var behindBuffers = make(chan []byte, behindQueued)
 
 func init() {
@@ -62,6 +66,7 @@ type writeBehind struct {
 	pending []pendingWrite // GUARDED_BY(mu)
 	running bool           // GUARDED_BY(mu): a goroutine is writing pending
 	err     error          // GUARDED_BY(mu): of the first write that failed
+	room    int64          // GUARDED_BY(mu): bytes that may be queued before the free space is looked at again
 }
 
 func newWriteBehind(fd *os.File, done func(off, n, written int64)) *writeBehind {
@@ -81,9 +86,7 @@ func (w *writeBehind) failed() error {
 // nothing, when p is larger than a buffer or the spool's filesystem is
 // nearly full.
 func (w *writeBehind) queue(p []byte, off int64) bool {
-	var st unix.Statfs_t
-	if len(p) > behindBufSize || unix.Fstatfs(int(w.fd.Fd()), &st) != nil ||
-		st.Bavail < uint64(behindMinFree/max(st.Bsize, 1)) {
+	if len(p) > behindBufSize || !w.reserve(int64(len(p))) {
 		return false
 	}
 	buf := <-behindBuffers
@@ -98,6 +101,27 @@ func (w *writeBehind) queue(p []byte, off int64) bool {
 		w.running = true
 		go w.run()
 	}
+	return true
+}
+
+// reserve takes n bytes of the room the spool's filesystem has above
+// behindMinFree, looking at its free space (fstatfs) again once the room
+// taken at the last look, at most behindRecheck, is used up.
+func (w *writeBehind) reserve(n int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.room < n {
+		var st unix.Statfs_t
+		if unix.Fstatfs(int(w.fd.Fd()), &st) != nil {
+			return false
+		}
+		w.room = min(int64(st.Bavail)*st.Bsize-behindMinFree, behindRecheck)
+		if w.room < n {
+			w.room = 0
+			return false
+		}
+	}
+	w.room -= n
 	return true
 }
 

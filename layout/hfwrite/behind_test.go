@@ -111,3 +111,17 @@ func TestFileFailsWritesAndCommitAfterAQueuedWriteFailed(t *testing.T) {
 	assert.Error(t, reps.list()[0].Err)
 	assert.Empty(t, listed(t, s, "").stored, "nothing was stored")
 }
+
+func TestWriteBehindLooksAtFreeSpacePer16MiB(t *testing.T) {
+	fd, err := os.Create(filepath.Join(t.TempDir(), "spool"))
+	require.NoError(t, err)
+	defer fd.Close()
+	w := newWriteBehind(fd, func(off, n, written int64) {})
+	// $TMPDIR has more than behindMinFree + behindRecheck free here.
+	require.True(t, w.reserve(1<<20))
+	assert.Equal(t, int64(behindRecheck-1<<20), w.room, "one look covers the next 16 MiB")
+	require.True(t, w.reserve(behindRecheck-1<<20))
+	assert.Zero(t, w.room)
+	require.True(t, w.reserve(1), "used up: it looks again")
+	assert.Equal(t, int64(behindRecheck-1), w.room)
+}
