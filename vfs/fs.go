@@ -42,6 +42,10 @@ type Options struct {
 	// Prefill streams view files into the kernel page cache once a loader
 	// starts reading their tensors (see prefill.go).
 	Prefill bool
+	// DirectReads serves the view files of a local source by reading their
+	// bytes straight into each reply instead of through Cache (see
+	// viewHandle.Read). A remote source is always read through Cache.
+	DirectReads bool
 	// ViewTimeout is how long the kernel may cache view entries and attrs
 	// (views are immutable). Other entries use a short timeout so new
 	// checkpoints show up promptly.
@@ -72,6 +76,7 @@ type FS struct {
 
 	nextID  atomic.Uint64
 	prefill *prefiller // nil unless Options.Prefill
+	direct  bool       // Options.DirectReads, over a local source
 
 	// Lock order: target.mu, then mu.
 	mu      sync.Mutex
@@ -135,7 +140,7 @@ func New(opts Options) (*FS, error) {
 
 func newState(opts Options, root string, tree source.Tree, local *source.Local) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: tree, local: local, views: map[string]*viewEntry{},
-		targets: map[string]*target{}, cleaned: map[string]bool{}}
+		targets: map[string]*target{}, cleaned: map[string]bool{}, direct: opts.DirectReads && local != nil}
 	if opts.Prefill {
 		f.prefill = newPrefiller(f)
 	}

@@ -32,7 +32,9 @@ func TestTreeMount(t *testing.T) {
 	tree, err := s3.Open(context.Background(), "s3://ckpts/run", s3.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { tree.Close() })
-	fsys := newFS(t, "", func(o *Options) { o.Tree = tree })
+	// DirectReads is for local sources: a remote one is read through the
+	// block cache all the same.
+	fsys := newFS(t, "", func(o *Options) { o.Tree = tree; o.DirectReads = true })
 	mnt := testMount(t, fsys)
 	require.Equal(t, append([]string{statsName}, cases...), listDir(t, mnt))
 	for _, name := range cases {
@@ -56,7 +58,7 @@ func TestTreeMount(t *testing.T) {
 	require.Positive(t, st.SourceIO.Requests)
 	require.Positive(t, st.SourceIO.BytesFetched)
 	require.Zero(t, st.SourceIO.Errors)
-
+	require.Positive(t, st.Cache.Fills)
 }
 
 // TestTreeObjectReplaced: an object replaced under a mount fails the reads

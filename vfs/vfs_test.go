@@ -60,6 +60,15 @@ func newFS(t *testing.T, src string, opts ...func(*Options)) *FS {
 	return fsys
 }
 
+// readModes are the two ways a view file of a local source is read.
+var readModes = []struct {
+	name   string
+	direct bool
+}{{"block cache", false}, {"direct", true}}
+
+// readMode sets DirectReads.
+func readMode(direct bool) func(*Options) { return func(o *Options) { o.DirectReads = direct } }
+
 // testMount mounts fsys in a temp dir, unmounted at cleanup. FUSE debug
 // output only under -v.
 func testMount(t *testing.T, fsys *FS) string {
@@ -126,46 +135,58 @@ func TestNodesWithoutMount(t *testing.T) {
 }
 
 func TestMountEqualsExport(t *testing.T) {
-	for _, name := range []string{"sample", "fsdp2_4ranks", "tp_shard1", "mesh2d", "dtypes", "nested_optim", "hf_sharded"} {
-		t.Run(name, func(t *testing.T) {
-			src := fixture(t, name)
-			ref := exported(t, filepath.Join(src, "ckpt"))
-			mnt := testMount(t, newFS(t, src))
-			view := filepath.Join(mnt, "ckpt")
-			require.Equal(t, listDir(t, ref), listDir(t, view))
-			rng := rand.New(rand.NewSource(1))
-			for _, f := range listDir(t, ref) {
-				want, err := os.ReadFile(filepath.Join(ref, f))
-				require.NoError(t, err)
-				// read(2) of the whole file
-				got, err := os.ReadFile(filepath.Join(view, f))
-				require.NoError(t, err)
-				require.True(t, bytes.Equal(want, got), f)
-				// pread at random offsets
-				fd, err := os.Open(filepath.Join(view, f))
-				require.NoError(t, err)
-				for i := 0; i < 50 && len(want) > 0; i++ {
-					off := rng.Intn(len(want))
-					n := 1 + rng.Intn(min(len(want)-off, 300_000))
-					buf := make([]byte, n)
-					_, err := fd.ReadAt(buf, int64(off))
-					require.NoError(t, err)
-					require.True(t, bytes.Equal(want[off:off+n], buf), "%s pread [%d,+%d)", f, off, n)
-				}
-				// mmap, the way safetensors reads
-				if len(want) > 0 {
-					m, err := syscall.Mmap(int(fd.Fd()), 0, len(want), syscall.PROT_READ, syscall.MAP_SHARED)
-					require.NoError(t, err)
-					require.True(t, bytes.Equal(want, m), "%s mmap", f)
-					require.NoError(t, syscall.Munmap(m))
-				}
-				fi, err := fd.Stat()
-				require.NoError(t, err)
-				require.Equal(t, int64(len(want)), fi.Size())
-				require.Equal(t, (int64(len(want))+511)/512, fi.Sys().(*syscall.Stat_t).Blocks)
-				require.NoError(t, fd.Close())
-			}
-		})
+	for _, mode := range readModes {
+		for _, name := range []string{"sample", "fsdp2_4ranks", "tp_shard1", "mesh2d", "dtypes", "nested_optim", "hf_sharded"} {
+			t.Run(mode.name+"/"+name, func(t *testing.T) { testMountEqualsExport(t, name, mode.direct) })
+		}
+	}
+}
+
+func testMountEqualsExport(t *testing.T, name string, direct bool) {
+	src := fixture(t, name)
+	ref := exported(t, filepath.Join(src, "ckpt"))
+	fsys := newFS(t, src, readMode(direct))
+	mnt := testMount(t, fsys)
+	view := filepath.Join(mnt, "ckpt")
+	require.Equal(t, listDir(t, ref), listDir(t, view))
+	rng := rand.New(rand.NewSource(1))
+	for _, f := range listDir(t, ref) {
+		want, err := os.ReadFile(filepath.Join(ref, f))
+		require.NoError(t, err)
+		// read(2) of the whole file
+		got, err := os.ReadFile(filepath.Join(view, f))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(want, got), f)
+		// pread at random offsets
+		fd, err := os.Open(filepath.Join(view, f))
+		require.NoError(t, err)
+		for i := 0; i < 50 && len(want) > 0; i++ {
+			off := rng.Intn(len(want))
+			n := 1 + rng.Intn(min(len(want)-off, 300_000))
+			buf := make([]byte, n)
+			_, err := fd.ReadAt(buf, int64(off))
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want[off:off+n], buf), "%s pread [%d,+%d)", f, off, n)
+		}
+		// mmap, the way safetensors reads
+		if len(want) > 0 {
+			m, err := syscall.Mmap(int(fd.Fd()), 0, len(want), syscall.PROT_READ, syscall.MAP_SHARED)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want, m), "%s mmap", f)
+			require.NoError(t, syscall.Munmap(m))
+		}
+		fi, err := fd.Stat()
+		require.NoError(t, err)
+		require.Equal(t, int64(len(want)), fi.Size())
+		require.Equal(t, (int64(len(want))+511)/512, fi.Sys().(*syscall.Stat_t).Blocks)
+		require.NoError(t, fd.Close())
+	}
+	// Direct reads leave the block cache alone.
+	if st := fsys.Stats(); direct {
+		require.Zero(t, st.Cache.Fills)
+		require.Zero(t, st.Cache.Misses)
+	} else {
+		require.Positive(t, st.Cache.Fills)
 	}
 }
 
@@ -193,6 +214,7 @@ func TestConcurrentRandomReaders(t *testing.T) {
 	}{
 		{"default", nil, 0},
 		{"churning cache, O_DIRECT", []func(*Options){tiny}, syscall.O_DIRECT},
+		{"direct reads, O_DIRECT", []func(*Options){readMode(true)}, syscall.O_DIRECT},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fsys := newFS(t, src, tc.opts...)
@@ -231,8 +253,9 @@ func TestConcurrentRandomReaders(t *testing.T) {
 			for err := range errs {
 				require.NoError(t, err)
 			}
-			if tc.flags != 0 {
-				st := fsys.Stats().Cache
+			if st := fsys.Stats().Cache; fsys.direct {
+				assert.Zero(t, st.Fills)
+			} else if tc.flags != 0 {
 				assert.Positive(t, st.BuffersReused, "blocks churned: %+v", st)
 			}
 		})
@@ -275,14 +298,24 @@ func TestSourceReplacedGivesEIO(t *testing.T) {
 // not served to a new open, and an uncached read through an open handle
 // fails, never mixing old and new bytes.
 func TestInPlaceRewriteGivesEIO(t *testing.T) {
+	for _, mode := range readModes {
+		t.Run(mode.name, func(t *testing.T) { testInPlaceRewriteGivesEIO(t, mode.direct) })
+	}
+}
+
+func testInPlaceRewriteGivesEIO(t *testing.T, direct bool) {
 	src := copyTree(t, fixture(t, "fsdp2_4ranks"))
-	mnt := testMount(t, newFS(t, src))
+	mnt := testMount(t, newFS(t, src, readMode(direct)))
 	path := filepath.Join(mnt, "ckpt", "model.safetensors")
 	before, err := os.ReadFile(path) // fills the block cache
 	require.NoError(t, err)
 	held, err := os.Open(path)
 	require.NoError(t, err)
 	defer held.Close()
+	// Every read of an O_DIRECT open reaches ckptfs.
+	uncached, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECT, 0)
+	require.NoError(t, err)
+	defer uncached.Close()
 
 	shards, err := filepath.Glob(filepath.Join(src, "ckpt", "*.distcp"))
 	require.NoError(t, err)
@@ -306,6 +339,10 @@ func TestInPlaceRewriteGivesEIO(t *testing.T) {
 	if _, err := held.ReadAt(got, 0); err == nil {
 		require.Equal(t, before, got)
 	} else {
+		require.ErrorIs(t, err, syscall.EIO)
+	}
+	if direct { // no block holds the old bytes
+		_, err = uncached.ReadAt(make([]byte, 1<<20), 0)
 		require.ErrorIs(t, err, syscall.EIO)
 	}
 	// A fresh mount is a snapshot of the new content.

@@ -157,7 +157,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	done := make(chan int, 1)
 	var stderr logBuffer
 	go func() {
-		done <- run([]string{"mount", "--metrics-addr", addr, "--block-size", "64KiB", "--prefetch", "0", sample, mnt}, io.Discard, &stderr)
+		done <- run([]string{"mount", "--metrics-addr", addr, "--block-size", "64KiB", "--prefetch", "0", "--direct-reads=false", sample, mnt}, io.Discard, &stderr)
 	}()
 	t.Cleanup(func() { lazyUnmount(mnt) })
 	view := filepath.Join(mnt, "ckpt", "model.safetensors")
@@ -174,6 +174,36 @@ func TestMetricsEndpoint(t *testing.T) {
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_bytes_served_total %d\n", len(data)))
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fills_total %d\n", blocks))
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fill_duration_seconds_count %d\n", blocks))
+
+	code, _, errs := runCLI("umount", mnt)
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, 0, <-done, stderr.String())
+}
+
+// TestMountReadsLocalSourcesDirectly: by default the view files of a local
+// source are read straight from the shards, past the block cache.
+func TestMountReadsLocalSourcesDirectly(t *testing.T) {
+	mnt := t.TempDir()
+	done := make(chan int, 1)
+	var stderr logBuffer
+	go func() { done <- run([]string{"mount", sample, mnt}, io.Discard, &stderr) }()
+	t.Cleanup(func() { lazyUnmount(mnt) })
+	view := filepath.Join(mnt, "ckpt", "model.safetensors")
+	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, stderr.String())
+
+	data, err := os.ReadFile(view)
+	require.NoError(t, err)
+	raw, err := os.ReadFile(filepath.Join(mnt, ".ckptfs"))
+	require.NoError(t, err)
+	var st struct {
+		BytesServed int64 `json:"bytes_served"`
+		Cache       struct {
+			Fills int64 `json:"fills"`
+		} `json:"cache"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &st))
+	require.Equal(t, int64(len(data)), st.BytesServed)
+	require.Zero(t, st.Cache.Fills)
 
 	code, _, errs := runCLI("umount", mnt)
 	require.Equal(t, 0, code, errs)
