@@ -205,11 +205,11 @@ def cold_cat(paths):
     return read_all(paths)
 
 
-def cold_cat_view(binary, ckpt, mnt):
+def cold_cat_view(binary, ckpt, mnt, *flags):
     """Seconds to read the view files of ckpt through a fresh mount of its
-    parent, after dropping the page cache."""
+    parent (with mount flags), after dropping the page cache."""
     drop_caches()
-    m = Mount(binary, os.path.dirname(ckpt), mnt)
+    m = Mount(binary, os.path.dirname(ckpt), mnt, *flags)
     try:
         return read_all(files(os.path.join(mnt, os.path.basename(ckpt)), "*.safetensors"))
     finally:
@@ -232,7 +232,7 @@ def bench_load(binary, work, repeat):
         subprocess.run([binary, "export", "--quiet", dcp_src, copy], check=True)
     mnt = os.path.join(work, "mnt")
     scratch = os.path.join(work, "scratch")
-    extra = {"mount_rss_MiB": [], "cached_growth": [], "copy_cached_growth": [], "hf_mount_rss_MiB": [],
+    extra = {"mount_rss_MiB": [], "block_cache_mount_rss_MiB": [], "cached_growth": [], "copy_cached_growth": [], "hf_mount_rss_MiB": [],
              "plain_mount_rss_MiB": []}
 
     cat_shards = functools.partial(cold_cat, files(dcp_src, "*.distcp"))
@@ -249,12 +249,12 @@ def bench_load(binary, work, repeat):
         extra["copy_cached_growth"].append((meminfo("Cached") - before) / model_bytes)
         return secs
 
-    def load_mount(src, rss, cached=None):
-        """A cold load through a fresh mount of src's parent."""
+    def load_mount(src, rss, cached=None, *flags):
+        """A cold load through a fresh mount of src's parent (with mount flags)."""
         def go():
             drop_caches()
             before = meminfo("Cached")
-            m = Mount(binary, os.path.dirname(src), mnt)
+            m = Mount(binary, os.path.dirname(src), mnt, *flags)
             try:
                 secs = python_seconds(LOAD, os.path.join(mnt, os.path.basename(src)))
                 if cached is not None:
@@ -280,6 +280,8 @@ def bench_load(binary, work, repeat):
                               "cat_fuse_plain": cat_fuse_plain, "load_copy": load_copy,
                               "load_mount": load_mount(dcp_src, extra["mount_rss_MiB"], extra["cached_growth"]),
                               "load_mount_hf": load_mount(hf_src, extra["hf_mount_rss_MiB"]),
+                              "load_mount_block_cache": load_mount(dcp_src, extra["block_cache_mount_rss_MiB"], None,
+                                                                   "--direct-reads=false"),
                               "load_fuse_plain": load_mount(copy, extra["plain_mount_rss_MiB"]),
                               "consolidate_and_load": convert_and_load(CONSOLIDATE, hf_src),
                               "dcp_convert_and_load": convert_and_load(DCP_CONVERT, dcp_src)}, repeat)
@@ -309,6 +311,8 @@ def bench_load(binary, work, repeat):
         ("from_pretrained + touch, physical copy, cold", cold["load_copy"], None, None),
         ("the same through the mount (DCP), cold", cold["load_mount"], cold["load_mount"] / cold["load_copy"], "<= 1.1 x copy"),
         ("the same through the mount (HF-sharded), cold", cold["load_mount_hf"], cold["load_mount_hf"] / cold["load_copy"], "<= 1.1 x copy"),
+        ("the same through the mount (DCP), --direct-reads=false, cold", cold["load_mount_block_cache"],
+         cold["load_mount_block_cache"] / cold["load_copy"], "the block cache instead of direct reads"),
         ("the copy itself through the mount (FUSE floor), cold", cold["load_fuse_plain"],
          cold["load_fuse_plain"] / cold["load_copy"], "the floor for any FUSE-served load"),
         ("the same through the mount, warm", warm["load_mount_warm"], warm["load_mount_warm"] / warm["load_copy_warm"], "<= 1.05 x copy warm"),
@@ -319,7 +323,8 @@ def bench_load(binary, work, repeat):
     ]
     return {"model_GB": round(gb, 2), "rows": [dict(what=w, seconds=round(s, 2), ratio=None if r is None else round(r, 2),
                                                        target=t) for w, s, r, t in rows],
-            "mount_peak_rss_MiB": round(max(extra["mount_rss_MiB"])), "hf_mount_peak_rss_MiB": round(max(extra["hf_mount_rss_MiB"])), "plain_mount_peak_rss_MiB": round(max(extra["plain_mount_rss_MiB"])),
+            "mount_peak_rss_MiB": round(max(extra["mount_rss_MiB"])),
+            "block_cache_mount_peak_rss_MiB": round(max(extra["block_cache_mount_rss_MiB"])), "hf_mount_peak_rss_MiB": round(max(extra["hf_mount_rss_MiB"])), "plain_mount_peak_rss_MiB": round(max(extra["plain_mount_rss_MiB"])),
             "cache_MiB": 512, "page_cache_growth_x_model": round(statistics.median(extra["cached_growth"]), 2),
             "copy_page_cache_growth_x_model": round(statistics.median(extra["copy_cached_growth"]), 2),
             "runs": {**runs, **warm_runs}}
@@ -336,9 +341,13 @@ def bench_seq(binary, work, repeat, gib):
         mnt = os.path.join(work, "mnt")
 
         med, _ = interleaved({"raw": functools.partial(cold_cat, shards),
-                              "view": functools.partial(cold_cat_view, binary, src, mnt)}, repeat)
+                              "view": functools.partial(cold_cat_view, binary, src, mnt),
+                              "view_block_cache": functools.partial(cold_cat_view, binary, src, mnt,
+                                                                    "--direct-reads=false")}, repeat)
         out[name] = dict(shards_s=round(med["raw"], 2), view_s=round(med["view"], 2),
-                         ratio=round(med["raw"] / med["view"], 2), target=">= 0.9")
+                         ratio=round(med["raw"] / med["view"], 2), target=">= 0.9",
+                         view_block_cache_s=round(med["view_block_cache"], 2),
+                         ratio_block_cache=round(med["raw"] / med["view_block_cache"], 2))
     return out
 
 
@@ -391,7 +400,8 @@ def print_table(results):
         for row in r["rows"]:
             ratio = "" if row["ratio"] is None else f"{row['ratio']:>6.2f}  ({row['target']})"
             print(f"  {row['what']:<55} {row['seconds']:>7.2f} s  {ratio}")
-        print(f"  mount peak RSS {r['mount_peak_rss_MiB']} MiB (cache {r['cache_MiB']} MiB + 64 target); "
+        print(f"  mount peak RSS {r['mount_peak_rss_MiB']} MiB, {r['block_cache_mount_peak_rss_MiB']} MiB with "
+              f"--direct-reads=false (cache {r['cache_MiB']} MiB + 64 target); "
               f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1; "
               f"a load of the physical copy grows it {r['copy_page_cache_growth_x_model']} x)")
     for k in ("seq", "chunks", "verify", "write", "rss"):
