@@ -48,13 +48,6 @@ def drop_caches():
         f.write("3")
 
 
-def meminfo(key):
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-
-
 def run(cmd, **kw):
     """Run cmd; return (seconds, peak RSS MiB, system CPU seconds) of that process."""
     t = time.perf_counter()
@@ -144,13 +137,22 @@ def gen(work, name, script, *args):
 # from_pretrained may leave weights mapped and unread until first use, so
 # the timed step also touches every page of every parameter (one element
 # per 4 KiB), as the first forward pass would. Imports are not timed.
+# It also prints how much the page cache grew over the timed step: measured
+# from outside, the growth would include the pages of torch's and
+# transformers' own libraries, 0.55x the model here.
 LOAD = """
 import sys, time, torch
 from transformers import AutoModelForCausalLM
+def cached():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("Cached:")) * 1024
+before = cached()
 t = time.perf_counter()
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1])
 torch.cat([p.detach().reshape(-1)[::1024].float() for p in m.parameters()]).sum()
-print(time.perf_counter() - t)
+secs = time.perf_counter() - t
+print("cached_growth", cached() - before)
+print(secs)
 """
 
 # What users run today on HF-sharded output (NeMo, torchtitan, torch's HF
@@ -217,8 +219,19 @@ def cold_cat_view(binary, ckpt, mnt, *flags):
 
 
 def python_seconds(script, *args):
+    return float(python_lines(script, *args)[-1])
+
+
+def python_lines(script, *args):
     r = subprocess.run([PY, "-c", script, *map(str, args)], check=True, capture_output=True, text=True)
-    return float(r.stdout.strip().splitlines()[-1])
+    return r.stdout.strip().splitlines()
+
+
+def timed_load(model):
+    """Seconds of a LOAD of model, and the bytes the page cache grew by meanwhile."""
+    lines = python_lines(LOAD, model)
+    growth = next(int(l.split()[1]) for l in lines if l.startswith("cached_growth "))
+    return float(lines[-1]), growth
 
 
 def bench_load(binary, work, repeat):
@@ -244,21 +257,19 @@ def bench_load(binary, work, repeat):
 
     def load_copy():
         drop_caches()
-        before = meminfo("Cached")
-        secs = python_seconds(LOAD, copy)
-        extra["copy_cached_growth"].append((meminfo("Cached") - before) / model_bytes)
+        secs, growth = timed_load(copy)
+        extra["copy_cached_growth"].append(growth / model_bytes)
         return secs
 
     def load_mount(src, rss, cached=None, *flags):
         """A cold load through a fresh mount of src's parent (with mount flags)."""
         def go():
             drop_caches()
-            before = meminfo("Cached")
             m = Mount(binary, os.path.dirname(src), mnt, *flags)
             try:
-                secs = python_seconds(LOAD, os.path.join(mnt, os.path.basename(src)))
+                secs, growth = timed_load(os.path.join(mnt, os.path.basename(src)))
                 if cached is not None:
-                    cached.append((meminfo("Cached") - before) / model_bytes)
+                    cached.append(growth / model_bytes)
                 rss.append(m.peak_rss_mib())
                 return secs
             finally:
