@@ -82,12 +82,15 @@ def files(d, pattern):
 
 
 def interleaved(cases, repeat):
-    """Run each case once per round, in order, for repeat rounds; return
-    name -> median seconds (and name -> all runs)."""
+    """Run each case once per round for repeat rounds, each round starting one
+    case later (on this VM the run after a heavy one, or after a pause, pays
+    for faulting fresh memory in; a fixed order charges it to the same case
+    every round); return name -> median seconds (and name -> all runs)."""
     runs = {name: [] for name in cases}
+    names = list(cases)
     for r in range(repeat):
-        for name, fn in cases.items():
-            runs[name].append(fn())
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name].append(cases[name]())
             log(f"  round {r + 1}/{repeat} {name}: {runs[name][-1]:.2f} s")
     return {n: statistics.median(v) for n, v in runs.items()}, runs
 
