@@ -10,6 +10,7 @@ CKPT (the DCP checkpoint, with config.json beside it)."""
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 
 import torch
@@ -32,6 +33,18 @@ def spawn(fn, world, *args):
 
 def join(rank, world, init_method):
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+
+
+def leave():
+    """End a rank that did its work: destroy its process groups, then exit
+    without the interpreter's finalization. A rank that finalized after gloo
+    ran was killed by SIGABRT once on CI ("terminate called without an
+    active exception", after its files were written), a race in torch's
+    teardown; everything a rank writes is closed before this."""
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def tiny_config(dtype):
@@ -96,7 +109,7 @@ def worker(rank, world, init_method, ckpt, ref, mode, dtype, nested):
     dist.barrier()
     if rank == 0:
         shutil.copy(os.path.join(ref, "config.json"), os.path.join(ckpt, "config.json"))
-    dist.destroy_process_group()
+    leave()
 
 
 def save(ckpt, ref, mode="fsdp2", world=3, dtype="float32", nested=False):
@@ -162,7 +175,7 @@ def load_worker(rank, world, init_method, cases, ref, dtype, configs):
                 model = _sharded(mode, group, n, dtype)
                 _load_and_compare(model, ckpt, prefix, want, group, f"{mode} on {n} ranks")
         dist.barrier()
-    dist.destroy_process_group()
+    leave()
 
 
 def check_load(cases, ref, dtype="float32", world=4, configs=(("fsdp2", 2), ("fsdp2", 3), ("fsdp2", 4), ("tp_fsdp", 4))):

@@ -176,7 +176,7 @@ def _save_worker(rank, world, init_method, url, ref):
 
         with open(os.path.join(ref, "config.json"), "rb") as src, fsspec.open(url + "/config.json", "wb") as dst:
             dst.write(src.read())
-    dist.destroy_process_group()
+    models.leave()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def worker(rank, world, init_method, out, dim, count):
         state[f"layers.{i}.weight"] = DTensor.from_local(local, mesh, [Shard(dim)], run_check=False)
     dcp.save(state, checkpoint_id=out)
     dist.barrier()
-    dist.destroy_process_group()
+    models.leave()
 
 
 def main():

@@ -56,7 +56,7 @@ def worker(rank, world, init_method, out, layers, fmt):
     dist.barrier()
     if rank == 0:
         config(layers).save_pretrained(out)
-    dist.destroy_process_group()
+    models.leave()
 
 
 def main():

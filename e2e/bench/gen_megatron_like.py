@@ -69,7 +69,7 @@ def worker(rank, world, init_method, out, layers):
         torch.save({"args": args, "iteration": 1, "checkpoint_version": 3.0}, os.path.join(out, "common.pt"))
         with open(os.path.join(out, "metadata.json"), "w") as f:
             json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1}, f)
-    dist.destroy_process_group()
+    models.leave()
 
 
 def main():
