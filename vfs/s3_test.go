@@ -38,16 +38,7 @@ func TestTreeMount(t *testing.T) {
 	mnt := testMount(t, fsys)
 	require.Equal(t, append([]string{statsName}, cases...), listDir(t, mnt))
 	for _, name := range cases {
-		ref := exported(t, filepath.Join(fixture(t, name), "ckpt"))
-		view := filepath.Join(mnt, name)
-		require.Equal(t, listDir(t, ref), listDir(t, view), name)
-		for _, f := range listDir(t, ref) {
-			want, err := os.ReadFile(filepath.Join(ref, f))
-			require.NoError(t, err)
-			got, err := os.ReadFile(filepath.Join(view, f))
-			require.NoError(t, err)
-			require.True(t, bytes.Equal(want, got), "%s/%s", name, f)
-		}
+		requireSameFiles(t, exported(t, filepath.Join(fixture(t, name), "ckpt")), filepath.Join(mnt, name))
 	}
 	b, err := os.ReadFile(filepath.Join(mnt, statsName))
 	require.NoError(t, err)

@@ -84,15 +84,7 @@ func TestWriteRoundTrip(t *testing.T) {
 			}
 
 			// A later mount (read-only) shows the same bytes.
-			view2 := filepath.Join(testMount(t, newFS(t, src)), "imported")
-			require.Equal(t, listDir(t, dir), listDir(t, view2))
-			for _, n := range listDir(t, dir) {
-				a, err := os.ReadFile(filepath.Join(dir, n))
-				require.NoError(t, err)
-				b, err := os.ReadFile(filepath.Join(view2, n))
-				require.NoError(t, err)
-				require.True(t, bytes.Equal(a, b), n)
-			}
+			requireSameFiles(t, dir, filepath.Join(testMount(t, newFS(t, src)), "imported"))
 		})
 	}
 }

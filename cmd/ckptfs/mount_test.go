@@ -153,17 +153,8 @@ func TestMetricsEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	ln.Close()
-	mnt := t.TempDir()
-	done := make(chan int, 1)
-	var stderr logBuffer
-	go func() {
-		done <- run([]string{"mount", "--metrics-addr", addr, "--block-size", "64KiB", "--prefetch", "0", "--direct-reads=false", sample, mnt}, io.Discard, &stderr)
-	}()
-	t.Cleanup(func() { lazyUnmount(mnt) })
-	view := filepath.Join(mnt, "ckpt", "model.safetensors")
-	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, stderr.String())
-
-	data, err := os.ReadFile(view)
+	mnt, unmount := mountSample(t, "--metrics-addr", addr, "--block-size", "64KiB", "--prefetch", "0", "--direct-reads=false")
+	data, err := os.ReadFile(filepath.Join(mnt, "ckpt", "model.safetensors"))
 	require.NoError(t, err)
 	resp, err := http.Get("http://" + addr + "/metrics")
 	require.NoError(t, err)
@@ -174,24 +165,14 @@ func TestMetricsEndpoint(t *testing.T) {
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_bytes_served_total %d\n", len(data)))
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fills_total %d\n", blocks))
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fill_duration_seconds_count %d\n", blocks))
-
-	code, _, errs := runCLI("umount", mnt)
-	require.Equal(t, 0, code, errs)
-	require.Equal(t, 0, <-done, stderr.String())
+	unmount()
 }
 
 // TestMountReadsLocalSourcesDirectly: by default the view files of a local
 // source are read straight from the shards, past the block cache.
 func TestMountReadsLocalSourcesDirectly(t *testing.T) {
-	mnt := t.TempDir()
-	done := make(chan int, 1)
-	var stderr logBuffer
-	go func() { done <- run([]string{"mount", sample, mnt}, io.Discard, &stderr) }()
-	t.Cleanup(func() { lazyUnmount(mnt) })
-	view := filepath.Join(mnt, "ckpt", "model.safetensors")
-	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, stderr.String())
-
-	data, err := os.ReadFile(view)
+	mnt, unmount := mountSample(t)
+	data, err := os.ReadFile(filepath.Join(mnt, "ckpt", "model.safetensors"))
 	require.NoError(t, err)
 	raw, err := os.ReadFile(filepath.Join(mnt, ".ckptfs"))
 	require.NoError(t, err)
@@ -204,8 +185,26 @@ func TestMountReadsLocalSourcesDirectly(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &st))
 	require.Equal(t, int64(len(data)), st.BytesServed)
 	require.Zero(t, st.Cache.Fills)
+	unmount()
+}
 
-	code, _, errs := runCLI("umount", mnt)
-	require.Equal(t, 0, code, errs)
-	require.Equal(t, 0, <-done, stderr.String())
+// mountSample runs ckptfs mount FLAGS on the sample checkpoint in the
+// background until its view answers; unmount runs ckptfs umount and checks
+// that the mount then exits 0.
+func mountSample(t *testing.T, flags ...string) (mnt string, unmount func()) {
+	t.Helper()
+	mnt = t.TempDir()
+	done := make(chan int, 1)
+	stderr := &logBuffer{}
+	args := append(append([]string{"mount"}, flags...), sample, mnt)
+	go func() { done <- run(args, io.Discard, stderr) }()
+	t.Cleanup(func() { lazyUnmount(mnt) })
+	view := filepath.Join(mnt, "ckpt", "model.safetensors")
+	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, stderr.String())
+	return mnt, func() {
+		t.Helper()
+		code, _, errs := runCLI("umount", mnt)
+		require.Equal(t, 0, code, errs)
+		require.Equal(t, 0, <-done, stderr.String())
+	}
 }
