@@ -55,6 +55,14 @@ const (
 	DefaultWorkers   = 2
 )
 
+// Limits of Options beyond which New refuses, rather than sizing itself for
+// memory it cannot have: ristretto's counters grow with Size/BlockSize, the
+// read-ahead queue with ReadAhead.
+const (
+	MaxBlocks    = 1 << 22 // Size / BlockSize: 10 counters each, ~200 MiB of them at most
+	MaxReadAhead = 256
+)
+
 // ErrClosed is returned by reads on a closed Handle or a closed Cache.
 var ErrClosed = errors.New("cache: closed")
 
@@ -108,6 +116,9 @@ func (o Options) withDefaults() (Options, error) {
 		o.QueueSize < 0 || o.BusyFills < 0 || o.Staging < 0 || o.MaxFills < 0 {
 		return o, fmt.Errorf("cache: negative option in %+v", o)
 	}
+	if o.ReadAhead > MaxReadAhead {
+		return o, fmt.Errorf("cache: read-ahead of %d blocks is over %d", o.ReadAhead, MaxReadAhead)
+	}
 	if o.Size == 0 {
 		o.Size = DefaultSize
 	}
@@ -122,6 +133,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.BusyFills == 0 {
 		o.BusyFills = 2 * o.Workers
+	}
+	if n := o.Size / o.BlockSize; n > MaxBlocks {
+		return o, fmt.Errorf("cache: %d blocks (size %d, block size %d) is over %d", n, o.Size, o.BlockSize, MaxBlocks)
 	}
 	quarter := int(min(o.Size/o.BlockSize/4, 1<<20))
 	if o.Staging == 0 {
