@@ -259,6 +259,9 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	if name == hfwrite.SpoolDir {
 		return nil, syscall.EPERM
 	}
+	if err := hfwrite.CheckName(name); err != nil {
+		return nil, toErrno(d.fsys.log, "mkdir "+filepath.Join(d.real, name), err)
+	}
 	real, rel := filepath.Join(d.real, name), path.Join(d.rel, name)
 	if err := os.Mkdir(real, 0o755); err != nil {
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)

@@ -56,10 +56,11 @@ func (n *writeNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetA
 	return n.Getattr(ctx, fh, out)
 }
 
-// Open is another open of the file being written; once it was committed,
-// ESTALE makes the kernel look the name up again.
+// Open is another open of the file being written: EBUSY for a second
+// writer (hfwrite.File.Open); once it was committed, ESTALE makes the
+// kernel look the name up again.
 func (n *writeNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	h, err := n.f.Open(isTrunc(flags))
+	h, err := n.f.Open(isWrite(flags), isTrunc(flags))
 	if err != nil {
 		return nil, 0, toErrno(n.fsys.log, "open "+n.f.Name(), err)
 	}

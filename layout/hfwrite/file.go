@@ -33,22 +33,24 @@ type File struct {
 	behind  *writeBehind // writes on their way to the spool; its own lock, never held while taking another
 
 	// Lock order: commitMu (serializes Commit and Abort of this file), then
-	// Session.commitMu, then mu. mu is never held during I/O on the whole
-	// file, nor while taking Session.mu, so Size and writes do not wait for
-	// a commit.
+	// Session.commitMu, then mu, then a Handle's mu. mu is never held during
+	// I/O on the whole file, nor while taking Session.mu, so Size and writes
+	// do not wait for a commit.
 	commitMu  sync.Mutex
 	mu        sync.Mutex
-	name      string    // GUARDED_BY(mu)
-	kind      Kind      // GUARDED_BY(mu)
-	f         *os.File  // GUARDED_BY(mu); nil once done
-	handles   int       // GUARDED_BY(mu): open handles
-	changed   bool      // GUARDED_BY(mu): created, written or truncated
-	sealed    bool      // GUARDED_BY(mu): a commit started; writes fail
-	size      int64     // GUARDED_BY(mu): size when done
-	done      bool      // GUARDED_BY(mu)
-	err       error     // GUARDED_BY(mu): the result of Commit
-	eager     *eagerRun // GUARDED_BY(mu): the eager reshard, nil if none was started
-	usedEager bool      // GUARDED_BY(mu): the commit used the eager reshard
+	name      string        // GUARDED_BY(mu)
+	kind      Kind          // GUARDED_BY(mu)
+	f         *os.File      // GUARDED_BY(mu); nil once done
+	handles   int           // GUARDED_BY(mu): open handles
+	writer    *Handle       // GUARDED_BY(mu): the handle open for writing, nil if none
+	released  chan struct{} // GUARDED_BY(mu): closed by letGo; nil if no open waits
+	changed   bool          // GUARDED_BY(mu): created, written or truncated
+	sealed    bool          // GUARDED_BY(mu): a commit started; writes fail
+	size      int64         // GUARDED_BY(mu): size when done
+	done      bool          // GUARDED_BY(mu)
+	err       error         // GUARDED_BY(mu): the result of Commit
+	eager     *eagerRun     // GUARDED_BY(mu): the eager reshard, nil if none was started
+	usedEager bool          // GUARDED_BY(mu): the commit used the eager reshard
 }
 
 // Seq numbers the file among those the session started (from 1).
@@ -314,6 +316,7 @@ func (f *File) finish(err error) {
 	f.f = nil
 	os.Remove(f.spool) // gone already when a sidecar was renamed into place
 	f.done, f.err = true, err
+	f.letGo()
 	name := f.name
 	f.mu.Unlock()
 	f.s.forget(f, name)

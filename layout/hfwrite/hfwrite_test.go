@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -70,6 +72,12 @@ func TestKindOf(t *testing.T) {
 		_, err := KindOf(bad)
 		require.Error(t, err, bad)
 	}
+	// NAME_MAX: refused where the name is created, not at the commit.
+	_, err := KindOf(strings.Repeat("a", 250) + ".json")
+	require.NoError(t, err)
+	_, err = KindOf(strings.Repeat("a", 245) + ".safetensors")
+	require.ErrorIs(t, err, syscall.ENAMETOOLONG)
+	require.ErrorIs(t, CheckName(strings.Repeat("d", 256)), syscall.ENAMETOOLONG)
 }
 
 func TestSessionCommits(t *testing.T) {

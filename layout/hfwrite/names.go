@@ -3,6 +3,7 @@ package hfwrite
 import (
 	"fmt"
 	"strings"
+	"syscall"
 
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
@@ -20,11 +21,31 @@ const (
 	IndexFile
 )
 
-// KindOf returns how a file of the given name is committed, or ErrReserved.
-func KindOf(name string) (Kind, error) {
+// nameMax is NAME_MAX, the longest name in bytes that a directory entry
+// takes: a longer name has to fail where it is created, not when a commit
+// renames the file into place at close.
+const nameMax = 255
+
+// CheckName returns an error for a name that cannot be an entry of a
+// directory: empty, "." or "..", with a slash or NUL, or longer than
+// NAME_MAX (wrapping syscall.ENAMETOOLONG). It is the one check of names
+// created in a write target (files by KindOf, directories by the mount).
+func CheckName(name string) error {
 	switch {
 	case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00"):
-		return 0, fmt.Errorf("hfwrite: invalid file name %q", name)
+		return fmt.Errorf("hfwrite: invalid file name %q", name)
+	case len(name) > nameMax:
+		return fmt.Errorf("hfwrite: %.32q... (%d bytes): %w", name, len(name), syscall.ENAMETOOLONG)
+	}
+	return nil
+}
+
+// KindOf returns how a file of the given name is committed, or ErrReserved.
+func KindOf(name string) (Kind, error) {
+	if err := CheckName(name); err != nil {
+		return 0, err
+	}
+	switch {
 	case name == SpoolDir || torchdcp.IsInternal(name) || torchdcp.IsRankLocalMetadata(name):
 		return 0, fmt.Errorf("%w: %q", ErrReserved, name)
 	case strings.HasSuffix(name, ".safetensors.index.json"):

@@ -194,29 +194,23 @@ func (s *Session) Tensors() int {
 // Create starts writing a new file name (a single path component), shown
 // under its name until it is committed, and returns its first handle.
 // Nothing of it is in the directory until its commit.
-func (s *Session) Create(name string) (*Handle, error) {
-	f, err := s.start(name, true)
-	if err != nil {
-		return nil, err
-	}
-	return f.open(false)
-}
+func (s *Session) Create(name string) (*Handle, error) { return s.start(name, true) }
 
 // Open starts rewriting the existing file name: a stored file's spool
 // starts as a copy of it unless trunc, a tensor file's starts empty. The
 // name goes on showing what it shows until the file is committed.
 func (s *Session) Open(name string, trunc bool) (*Handle, error) {
-	f, err := s.start(name, false)
+	h, err := s.start(name, false)
 	if err != nil {
 		return nil, err
 	}
-	if !trunc && f.Kind() == SidecarFile {
+	if f := h.File(); !trunc && f.Kind() == SidecarFile {
 		if err := copyStored(f, filepath.Join(s.path, name)); err != nil {
 			f.Abort()
 			return nil, fmt.Errorf("hfwrite: %s: %w", name, err)
 		}
 	}
-	return f.open(trunc)
+	return h.opened(trunc)
 }
 
 func copyStored(dst *File, src string) error {
@@ -232,8 +226,10 @@ func copyStored(dst *File, src string) error {
 	return err
 }
 
-// start registers a new file being written under name.
-func (s *Session) start(name string, created bool) (*File, error) {
+// start registers a new file being written under name, and returns its
+// first handle, its writer: counted before the file shows, so that no other
+// open can become its writer first.
+func (s *Session) start(name string, created bool) (*Handle, error) {
 	kind, err := KindOf(name)
 	if err != nil {
 		return nil, err
@@ -269,7 +265,9 @@ func (s *Session) start(name string, created bool) (*File, error) {
 		return nil, fmt.Errorf("hfwrite: spooling %s: %w", name, err)
 	}
 	f := &File{s: s, seq: s.seq, spool: sp, started: time.Now(), listed: created,
-		name: name, kind: kind, f: fd, changed: created, prog: newProgress()}
+		name: name, kind: kind, f: fd, changed: created, prog: newProgress(), handles: 1}
+	h := &Handle{f: f, write: true}
+	f.writer = h
 	f.behind = newWriteBehind(fd, f.prog.end)
 	if kind != IndexFile {
 		// Also under another name: safetensors' save_file writes a temp
@@ -278,7 +276,7 @@ func (s *Session) start(name string, created bool) (*File, error) {
 		f.startEager()
 	}
 	s.writing[name] = f
-	return f, nil
+	return h, nil
 }
 
 // forget removes f from the files being written once it is done; its name

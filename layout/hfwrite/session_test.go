@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -92,19 +94,19 @@ func TestSessionCloseCommits(t *testing.T) {
 	_, err = s.Open("a.safetensors", true)
 	assert.ErrorIs(t, err, ErrBusy)
 
-	// A flush before any write does not commit (a shell's `>` dups and
-	// closes before the command writes); the flush of the handle that
-	// wrote does, and returns the result.
-	dup, err := h.File().Open(false)
+	// A flush of a handle that did not write does not commit (a shell's
+	// `>` dups and closes before the command writes); the flush of the
+	// handle that wrote does, and returns the result.
+	reader, err := h.File().Open(false, false)
 	require.NoError(t, err)
-	require.NoError(t, dup.Flush())
-	dup.Release()
+	require.NoError(t, reader.Flush())
+	reader.Release()
 	assert.Equal(t, 0, s.Tensors())
 	require.NoError(t, h.Flush())
 	h.Release()
 	assert.Equal(t, 1, s.Tensors())
 	assert.Equal(t, names{view: []string{"model.safetensors", layout.IndexName}, dirs: []string{"sub"}}, listed(t, s, ""))
-	_, err = h.File().Open(false)
+	_, err = h.File().Open(true, false)
 	assert.ErrorIs(t, err, ErrStale, "committed: look the name up again")
 	rep := reps.list()
 	require.Len(t, rep, 1)
@@ -146,6 +148,76 @@ func TestSessionEmptyTensorFile(t *testing.T) {
 	require.NoError(t, err)
 	h.Release()
 	assert.Equal(t, names{stored: []string{"empty.txt"}}, listed(t, s, ""))
+}
+
+// TestSessionOneWriter: a file has one handle open for writing at a time
+// (issue 22: two writers' data were committed as one file at the first
+// close). Readers are not writers.
+func TestSessionOneWriter(t *testing.T) {
+	s, reps := newSession(t)
+	h := write(t, s, "a.safetensors", []byte("x"))
+	f := h.File()
+	_, err := f.Open(true, false)
+	assert.ErrorIs(t, err, ErrBusy)
+	_, err = f.Open(true, true)
+	assert.ErrorIs(t, err, ErrBusy)
+	size, err := f.Size()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), size, "a refused O_TRUNC truncates nothing")
+	r, err := f.Open(false, false)
+	require.NoError(t, err)
+	_, err = r.WriteAt([]byte("y"), 0)
+	assert.ErrorIs(t, err, syscall.EBADF)
+	assert.ErrorIs(t, r.Truncate(0), syscall.EBADF)
+	r.Release()
+	h.Release()
+
+	// A writer closed without writing (touch) whose release is on its way:
+	// the next writer waits for it. A reader keeps the file open past it.
+	c, err := s.Create("b.json")
+	require.NoError(t, err)
+	f = c.File()
+	r, err = f.Open(false, false)
+	require.NoError(t, err)
+	require.NoError(t, c.Flush())
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		c.Release()
+	}()
+	w, err := f.Open(true, false)
+	require.NoError(t, err)
+	_, err = w.WriteAt([]byte("{}"), 0)
+	require.NoError(t, err)
+
+	// A writer that wrote is busy at once; one closed without writing and
+	// never released, once the wait is over.
+	start := time.Now()
+	_, err = f.Open(true, false)
+	assert.ErrorIs(t, err, ErrBusy)
+	assert.Less(t, time.Since(start), releaseWait)
+	require.NoError(t, w.Flush())
+	w.Release()
+	r.Release()
+	got, err := os.ReadFile(filepath.Join(s.Path(), "b.json"))
+	require.NoError(t, err)
+	assert.Equal(t, "{}", string(got))
+	d, err := s.Create("d.json")
+	require.NoError(t, err)
+	require.NoError(t, d.Flush())
+	_, err = d.File().Open(true, false)
+	assert.ErrorIs(t, err, ErrBusy)
+	assert.GreaterOrEqual(t, time.Since(start), releaseWait)
+
+	// The last release commits: an open waiting for it finds the file done.
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		d.Release()
+	}()
+	_, err = d.File().Open(true, false)
+	assert.ErrorIs(t, err, ErrStale)
+	_, err = os.Stat(filepath.Join(s.Path(), "d.json"))
+	require.NoError(t, err)
+	assert.Len(t, reps.list(), 3, "a.safetensors (not safetensors), b.json, d.json")
 }
 
 func TestSessionRewriteStored(t *testing.T) {
