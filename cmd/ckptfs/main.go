@@ -72,8 +72,16 @@ it served in the background (unless -o foreground).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetVersionTemplate("ckptfs {{.Version}}\n")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if r := overflowError(err); r != nil {
+			return r
+		}
+		return &usageError{err}
+	})
 	root.AddCommand(newMountCmd(helper), newUmountCmd(), newInspectCmd(), newExportCmd(), newVersionCmd())
+	for _, c := range root.Commands() {
+		documentLimits(c.Flags())
+	}
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	return root, helper

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -66,11 +67,11 @@ func TestByteSizeFlag(t *testing.T) {
 	require.Equal(t, "512 MiB", formatByteSize(512<<20))
 	require.Equal(t, "5.0 GB", formatByteSize(5_000_000_000))
 
-	cacheSize := newByteSize(1, false)
-	require.ErrorContains(t, cacheSize.Set("0"), "must be more than 0")
 	readAhead := newByteSize(1, true)
-	require.NoError(t, readAhead.Set("0"))
+	require.NoError(t, readAhead.Set("0")) // whether 0 is allowed is the flag's range (limits)
 	require.Zero(t, readAhead.Int64())
+	require.ErrorIs(t, readAhead.Set("20EB"), strconv.ErrRange)
+	require.ErrorIs(t, readAhead.Set("-1MiB"), strconv.ErrRange)
 }
 
 func runCLI(args ...string) (int, string, string) {

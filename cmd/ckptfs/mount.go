@@ -105,6 +105,9 @@ checkpoints stay read-only.`,
 			if err != nil {
 				return &usageError{err}
 			}
+			if err := checkLimits(cmd.Flags()); err != nil {
+				return err
+			}
 			if *helper != nil && !opts.foreground && !isDaemonChild() {
 				return daemonize(*helper)
 			}

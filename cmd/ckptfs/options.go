@@ -93,6 +93,9 @@ func setFlagOption(flags *pflag.FlagSet, name, val string, hasVal bool) error {
 		val = "true"
 	}
 	if err := flags.Set(flagName, val); err != nil {
+		if r := overflowError(err); r != nil {
+			return r
+		}
 		return fmt.Errorf("mount option %q: %w", name+"="+val, unwrapFlagErr(err))
 	}
 	return nil

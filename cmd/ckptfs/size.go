@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -11,19 +12,16 @@ import (
 
 // byteSize is a flag value like "5GB" (5e9), "512MiB" (512<<20) or
 // "1048576", parsed by go-humanize. A bare K, M, G, T suffix is binary
-// ("4M" = 4 MiB), as ckptfs has always read it and as dd does.
-type byteSize struct {
-	n      int64
-	zeroOK bool // 0 is a meaningful value of this flag (e.g. "leave the kernel default")
-}
+// ("4M" = 4 MiB), as ckptfs has always read it and as dd does. Its range,
+// 0 included or not, is in limits (checkLimits).
+type byteSize struct{ n int64 }
 
-func newByteSize(n int64, zeroOK bool) *byteSize { return &byteSize{n: n, zeroOK: zeroOK} }
+// newByteSize returns a size flag of default n. zeroOK is no longer read:
+// the flag's range in limits says whether 0 is allowed.
+func newByteSize(n int64, zeroOK bool) *byteSize { return &byteSize{n: n} }
 
 func (b *byteSize) Set(s string) error {
 	n, err := parseByteSize(s)
-	if err == nil && n == 0 && !b.zeroOK {
-		err = fmt.Errorf("invalid size %q: must be more than 0", s)
-	}
 	if err != nil {
 		return err
 	}
@@ -43,8 +41,17 @@ func parseByteSize(s string) (int64, error) {
 	if i := strings.LastIndexAny(t, "0123456789. "); i >= 0 && len(t)-i == 2 && strings.ContainsAny(t[i+1:], "kKmMgGtTpPeE") {
 		t += "i"
 	}
+	if rest, neg := strings.CutPrefix(t, "-"); neg {
+		if _, err := humanize.ParseBytes(rest); err == nil {
+			return 0, fmt.Errorf("invalid size %q: negative: %w", s, strconv.ErrRange)
+		}
+	}
 	n, err := humanize.ParseBytes(t)
-	if err != nil || n > math.MaxInt64 {
+	if err == nil && n > math.MaxInt64 || err != nil && (errors.Is(err, strconv.ErrRange) || strings.HasPrefix(err.Error(), "too large")) {
+		// Wraps ErrRange: the flag's out-of-range error (overflowError).
+		return 0, fmt.Errorf("invalid size %q: %w", s, strconv.ErrRange)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("invalid size %q (want e.g. 5GB, 512MiB, 1048576)", s)
 	}
 	return int64(n), nil

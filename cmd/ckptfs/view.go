@@ -53,13 +53,11 @@ func (f *mapFlag) Set(s string) error {
 	case mapping.ByName(s) != nil:
 		f.spec = mapping.ByName(s)
 	default:
-		b, err := os.ReadFile(s)
+		spec, err := mapping.ReadFile(s)
 		if err != nil {
 			return err
 		}
-		if f.spec, err = mapping.Parse(b); err != nil {
-			return fmt.Errorf("%s: %w", s, err)
-		}
+		f.spec = spec
 	}
 	return nil
 }
@@ -170,6 +168,9 @@ func newInspectCmd() *cobra.Command {
 			"and every tensor the view leaves out, with the reason.",
 		Args: positional("SRC"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkLimits(cmd.Flags()); err != nil {
+				return err
+			}
 			return runInspect(cmd.OutOrStdout(), args[0], root, vf, &sf, asJSON)
 		},
 	}
@@ -299,6 +300,9 @@ func newExportCmd() *cobra.Command {
 OUT appears only when complete (written to a temporary directory, then renamed).`,
 		Args: positional("SRC", "OUT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkLimits(cmd.Flags()); err != nil {
+				return err
+			}
 			if s3.IsURL(args[0]) && !cmd.Flags().Changed("workers") {
 				workers = s3Workers
 			}
