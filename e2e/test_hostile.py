@@ -111,8 +111,49 @@ def memo_bomb(root, secret):
     return ck, ".metadata", "pickle"
 
 
+def zero_size_stacked(root, secret):
+    """384 bytes whose names match the built-in megatron-gpt mapping, each
+    stacked tensor 2^40 empty layers: once a fatal out-of-memory of the
+    whole mount. Not an error: no mapping fits, the names show as saved."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    ck = root / "ck"
+    ck.mkdir()
+    empty = np.zeros((2**40, 0), dtype=np.float32)
+    names = ["decoder.layers.self_attention.linear_qkv.weight", "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
+             "decoder.layers.self_attention.linear_proj.weight", "decoder.layers.mlp.linear_fc1.layer_norm_weight",
+             "decoder.layers.mlp.linear_fc1.weight", "decoder.layers.mlp.linear_fc2.weight"]
+    tensors = {n: empty for n in names}
+    tensors["embedding.word_embeddings.weight"] = np.zeros((4, 2), dtype=np.float32)
+    tensors["decoder.final_layernorm.weight"] = np.zeros((2,), dtype=np.float32)
+    save_file(tensors, str(ck / "model.safetensors"))
+    return ck, None, None
+
+
+def stage_link_out(root, secret):
+    """A pipeline stage that is a link out of the source: an error naming
+    it, never a model of the other stages."""
+    step = root / "step_3"
+    copy_case("fsdp2_4ranks", step / "pp0")
+    outside = root.parent / "elsewhere"
+    copy_case("tp_shard1", outside)
+    os.symlink(outside, step / "pp1")
+    return step, "pp1", "leads out of the source"
+
+
+def unknown_dtype(root, secret):
+    """Every dtype a name torch does not have: rejected, naming the tensors,
+    not shown as a checkpoint with no weights."""
+    ck = copy_case("fsdp2_4ranks", root / "ck")
+    md = (ck / ".metadata").read_bytes()
+    assert md.count(b"float32") == 1
+    (ck / ".metadata").write_bytes(md.replace(b"float32", b"float99"))
+    return ck, ".metadata", "torch.float99"
+
+
 CASES = [symlinked_sidecar, symlinked_shard, fifo_file_index, fifo_megatron_config, fifo_metadata,
-         corrupt_first_shard, directory_as_shard, truncated_shard, memo_bomb]
+         corrupt_first_shard, directory_as_shard, truncated_shard, memo_bomb, zero_size_stacked,
+         stage_link_out, unknown_dtype]
 
 
 @pytest.mark.parametrize("make", CASES, ids=[c.__name__ for c in CASES])
@@ -144,6 +185,9 @@ def test_hostile(make, tmp_path, mount):
             if f != str(secret) and os.path.isfile(f) and not os.path.islink(f):
                 assert SECRET not in open(f, "rb").read(), f
 
+    # One bad checkpoint never takes down the others: a good one beside it
+    # serves its bytes after the bad one was listed and read.
+    good = copy_case("sample", src / "good")
     m = mount(src)
     view = m.mnt / os.path.relpath(ck, src)
     start = time.monotonic()
@@ -160,6 +204,9 @@ def test_hostile(make, tmp_path, mount):
         assert "CKPTFS_ERROR.txt" in names
         text = (view / "CKPTFS_ERROR.txt").read_text()
         assert file in text and cause in text, text
+    served = (m.mnt / "good" / "model.safetensors").read_bytes()
+    assert len(served) == os.path.getsize(m.mnt / "good" / "model.safetensors") > 0
+    assert good.is_dir()
 
 
 def test_verify_catches_a_flipped_byte(tmp_path, mount):

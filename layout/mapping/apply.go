@@ -8,7 +8,17 @@ import (
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/checked"
 )
+
+// MaxLayers bounds the layers of a stacked source: each is a view tensor,
+// and the count comes from the checkpoint. Real models have a few hundred.
+const MaxLayers = 1 << 14
+
+// MaxTensors bounds the tensors one mapping makes (DeepSeek-V3, 256 experts
+// over 61 layers, makes about 48k), so that many rules over many layers
+// cannot make a view too large to hold.
+const MaxTensors = 1 << 18
 
 // Source is a checkpoint tensor under the name the mapping sees it by (its
 // name in the selected subtree).
@@ -50,6 +60,9 @@ func Apply(spec *Spec, sources []Source, params map[string]int64, tied bool) (*R
 				continue
 			}
 			return nil, fmt.Errorf("mapping %s: %s needs %s, which the checkpoint does not have", spec.Name, r.To, strings.Join(r.From, " or "))
+		}
+		if len(res.Tensors)+len(insts) > MaxTensors {
+			return nil, fmt.Errorf("mapping %s: makes more than %d tensors", spec.Name, MaxTensors)
 		}
 		if r.UnlessTied && tied {
 			for _, in := range insts {
@@ -147,8 +160,8 @@ func (r *Rule) instances(byName map[string]*ckpt.Tensor) ([]instance, string, er
 			if !r.Stacked {
 				return []instance{{from, t, -1}}, from, nil
 			}
-			if len(t.Shape) == 0 {
-				return nil, from, fmt.Errorf("%s is stacked by layer but has no dimensions", from)
+			if err := stackable(from, t); err != nil {
+				return nil, from, err
 			}
 			out := make([]instance, t.Shape[0])
 			for l := range out {
@@ -170,6 +183,22 @@ func (r *Rule) instances(byName map[string]*ckpt.Tensor) ([]instance, string, er
 		}
 	}
 	return nil, "", nil
+}
+
+// stackable checks the leading axis of a source stacked by layer before it
+// sizes anything: a layer count from the checkpoint, bounded, over layers
+// that hold bytes (a [2^40, 0] tensor is 2^40 empty layers in no bytes).
+func stackable(name string, t *ckpt.Tensor) error {
+	if len(t.Shape) == 0 {
+		return fmt.Errorf("%s is stacked by layer but has no dimensions", name)
+	}
+	if n, err := ckpt.NumElements(t.Shape[1:]); err != nil || n == 0 {
+		return fmt.Errorf("%s is stacked by layer but its layers hold no elements (shape %v)", name, t.Shape)
+	}
+	if layers := t.Shape[0]; layers < 0 || layers > MaxLayers {
+		return fmt.Errorf("%s is stacked over %d layers (at most %d)", name, layers, MaxLayers)
+	}
+	return nil
 }
 
 // tensor builds the view tensor of one instance.
@@ -196,6 +225,13 @@ func (r *Rule) tensor(in instance, params map[string]int64) (Tensor, error) {
 	}
 	axis := len(src.Shape) - len(shape) // dimension 0 of the slice, in the source
 	rows := shape[0]
+	// Rows, splits and permutations are sized by rows: an empty slice
+	// bounds nothing (a [2^40, 0] tensor), so it may not have them.
+	if n, err := ckpt.NumElements(shape); err != nil || n == 0 {
+		if r.Rows != "" || r.Split != nil || r.Permute != nil {
+			return Tensor{}, fmt.Errorf("rows, split or permute of an empty tensor (shape %v)", shape)
+		}
+	}
 	env := withRows(params, rows)
 	var transform []string
 	if r.Rows != "" {
@@ -287,13 +323,17 @@ func (s *Split) apply(p Piece, axis int, rows int64, env map[string]int64) ([]Pi
 		if v < 0 {
 			return nil, 0, fmt.Errorf("split size %s is %d", e, v)
 		}
-		if i < s.Take {
-			at += v
+		if i == s.Take {
+			at = group
 		}
 		sizes[i] = v
-		group += v
+		var ok bool
+		if group, ok = checked.Add(group, v); !ok {
+			return nil, 0, fmt.Errorf("split sizes %v overflow", s.Sizes[:i+1])
+		}
 	}
-	if group*groups != rows {
+	// Checked: a product that wraps could match rows and pass.
+	if total, ok := checked.Mul(group, groups); !ok || total != rows {
 		return nil, 0, fmt.Errorf("split into %d groups of %v rows does not cover %d rows", groups, sizes, rows)
 	}
 	out := make([]Piece, groups)

@@ -5,7 +5,12 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/ckptfs/ckptfs/layout/internal/checked"
 )
+
+// maxExprDepth bounds nested parentheses: the parser recurses once per level.
+const maxExprDepth = 64
 
 // eval computes an integer expression over named parameters: integers,
 // names, + - * / (integer division, exact: a remainder is an error) and
@@ -25,6 +30,7 @@ func eval(expr string, params map[string]int64) (int64, error) {
 type exprParser struct {
 	src    string
 	pos    int
+	depth  int // open parentheses
 	params map[string]int64
 }
 
@@ -47,13 +53,17 @@ func (p *exprParser) sum() (int64, error) {
 		}
 		p.pos++
 		var w int64
-		if w, err = p.product(); err == nil {
-			if op == '+' {
-				v += w
-			} else {
-				v -= w
-			}
+		if w, err = p.product(); err != nil {
+			break
 		}
+		r, ok := checked.Add(v, w)
+		if op == '-' {
+			r, ok = checked.Sub(v, w)
+		}
+		if !ok {
+			return 0, fmt.Errorf("%d%c%d overflows", v, op, w)
+		}
+		v = r
 	}
 	return 0, err
 }
@@ -72,12 +82,19 @@ func (p *exprParser) product() (int64, error) {
 		}
 		switch {
 		case op == '*':
-			if v != 0 && (v*w)/v != w {
+			r, ok := checked.Mul(v, w)
+			if !ok {
 				return 0, fmt.Errorf("%d*%d overflows", v, w)
 			}
-			v *= w
+			v = r
 		case w == 0:
 			return 0, fmt.Errorf("division by zero")
+		case w == -1:
+			r, ok := checked.Mul(v, -1)
+			if !ok {
+				return 0, fmt.Errorf("%d/%d overflows", v, w)
+			}
+			v = r
 		case v%w != 0:
 			return 0, fmt.Errorf("%d is not a multiple of %d", v, w)
 		default:
@@ -91,8 +108,12 @@ func (p *exprParser) atom() (int64, error) {
 	c := p.peek()
 	switch {
 	case c == '(':
+		if p.depth++; p.depth > maxExprDepth {
+			return 0, fmt.Errorf("more than %d nested parentheses", maxExprDepth)
+		}
 		p.pos++
 		v, err := p.sum()
+		p.depth--
 		if err == nil && p.peek() != ')' {
 			err = fmt.Errorf("missing )")
 		}

@@ -1,6 +1,9 @@
 package mapping
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -22,6 +25,8 @@ func TestEval(t *testing.T) {
 	for expr, msg := range map[string]string{
 		"heads/3": "not a multiple", "vocab": "vocab is not known", "heads*": "unexpected", "(heads": "missing )",
 		"heads/0": "division by zero", "4611686018427387904*4": "overflows", "heads heads": "unexpected",
+		"9223372036854775807+1": "overflows", "0-9223372036854775807-2": "overflows", "99999999999999999999": "out of range",
+		strings.Repeat("(", 100) + "1" + strings.Repeat(")", 100): "nested parentheses",
 	} {
 		_, err := eval(expr, p)
 		assert.ErrorContains(t, err, msg, expr)
@@ -119,6 +124,14 @@ func TestApplyErrors(t *testing.T) {
 		{Rule{To: "a", From: Names{"b"}, Rows: "0:vocab"}, []Source{tensor("b", 7, 2)}, "vocab is not known"},
 		{Rule{To: "a", From: Names{"b"}, Rows: "0:9"}, []Source{tensor("b", 7, 2)}, "rows 0:9 outside 7"},
 		{Rule{To: "a", From: Names{"b"}, Permute: &Permute{Rope: "heads"}}, []Source{tensor("b", 6, 2)}, "6 rows are not 4 heads"},
+		// Hostile sizes: each sized an allocation or wrapped past a check.
+		{Rule{To: "l.{l}.a", From: Names{"b"}, Stacked: true}, []Source{tensor("b", 1<<40, 0)}, "its layers hold no elements"},
+		{Rule{To: "l.{l}.a", From: Names{"b"}, Stacked: true}, []Source{tensor("b", 1<<20, 1)}, "stacked over 1048576 layers"},
+		{Rule{To: "a", From: Names{"b"}, Permute: &Permute{Rope: "heads"}}, []Source{tensor("b", 1<<40, 0)}, "permute of an empty tensor"},
+		{Rule{To: "a", From: Names{"b"}, Split: &Split{Sizes: []string{"4611686018427387904", "4611686018427387904",
+			"4611686018427387904", "4611686018427387904", "512"}, Take: 4}}, []Source{tensor("b", 512, 2)}, "overflow"},
+		{Rule{To: "a", From: Names{"b"}, Split: &Split{Groups: "4611686018427387904", Sizes: []string{"2", "2"}, Take: 0}},
+			[]Source{tensor("b", 0x10, 2)}, "does not cover 16 rows"},
 	} {
 		_, err := Apply(&Spec{Name: "t", Rules: []Rule{tc.rule}}, tc.srcs, params, false)
 		assert.ErrorContains(t, err, tc.msg)
@@ -137,4 +150,63 @@ func TestDetect(t *testing.T) {
 	assert.Equal(t, "megatron-gpt", Detect(megatron).Name)
 	assert.Nil(t, Detect(megatron[1:]), "a required source is missing: no mapping, names as saved")
 	assert.Nil(t, Detect([]Source{tensor("model.embed_tokens.weight", 8, 4)}))
+}
+
+// FuzzApply parses a mapping and applies it to a checkpoint whose shapes
+// come from the input: no panic, no allocation past the bounds, and every
+// tensor made is inside its source.
+func FuzzApply(f *testing.F) {
+	f.Add(`{"name": "x", "tensors": [{"to": "l.{l}.a", "from": "b", "stacked": true, "split": {"sizes": ["rows/2", "rows/2"], "take": 1}}]}`, int64(4), int64(8), int64(2))
+	f.Add(`{"name": "x", "tensors": [{"to": "a", "from": "b", "permute": {"rope": "heads"}, "rows": "0:heads*2"}]}`, int64(8), int64(4), int64(0))
+	f.Add(`{"name": "x", "tensors": [{"to": "a", "from": "b", "split": {"groups": "heads", "sizes": ["(rows-1)/heads+1"], "take": 0}}]}`, int64(1)<<40, int64(0), int64(3))
+	f.Fuzz(func(t *testing.T, doc string, d0, d1, d2 int64) {
+		spec, err := Parse([]byte(doc))
+		if err != nil {
+			return
+		}
+		shape := []int64{d0, d1, d2}
+		if n, err := ckpt.NumElements(shape); err != nil || n > 1<<24 {
+			return // Validate rejects such tensors before any mapping sees them
+		}
+		src := tensor("b", shape...)
+		res, err := Apply(spec, []Source{src}, map[string]int64{"heads": 4, "kv_heads": 2}, false)
+		if err != nil {
+			return
+		}
+		for _, m := range res.Tensors {
+			require.NoError(t, m.Check(), m.Name)
+		}
+	})
+}
+
+// FuzzEval: any expression over the parameters evaluates or fails; never
+// panics or recurses without bound.
+func FuzzEval(f *testing.F) {
+	for _, e := range []string{"heads/kv_heads*head_dim", "(heads+kv_heads)*2", "9223372036854775807+1", "((((1))))", "rows/2-1"} {
+		f.Add(e)
+	}
+	f.Fuzz(func(t *testing.T, expr string) {
+		_, _ = eval(expr, map[string]int64{"heads": 8, "kv_heads": 2, "head_dim": 16, "rows": 1 << 62})
+	})
+}
+
+func TestReadFile(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.json")
+	require.NoError(t, os.WriteFile(big, make([]byte, maxSpecBytes+1), 0o644))
+	for path, msg := range map[string]string{
+		big:                            "larger than 1048576 bytes",
+		"/dev/zero":                    "not a regular file",
+		dir:                            "not a regular file",
+		filepath.Join(dir, "missing"): "no such file",
+	} {
+		_, err := ReadFile(path)
+		assert.ErrorContains(t, err, msg, path)
+		assert.ErrorContains(t, err, path)
+	}
+	ok := filepath.Join(dir, "ok.json")
+	require.NoError(t, os.WriteFile(ok, []byte(`{"name": "x", "tensors": [{"to": "a", "from": "b"}]}`), 0o644))
+	s, err := ReadFile(ok)
+	require.NoError(t, err)
+	assert.Equal(t, "x", s.Name)
 }

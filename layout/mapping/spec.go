@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"strings"
+	"syscall"
 )
 
 // Spec is a mapping as data: the built-in ones (one table per model family)
@@ -87,6 +90,29 @@ func (n *Names) UnmarshalJSON(b []byte) error {
 
 // maxSpecBytes bounds a --map file.
 const maxSpecBytes = 1 << 20
+
+// ReadFile reads and parses the --map file at path. It reads at most
+// maxSpecBytes+1 bytes of a regular file, so that a huge file, /dev/zero
+// or a FIFO fails at once instead of filling memory or never ending.
+func ReadFile(path string) (*Spec, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("mapping: %w", err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("mapping: %s: not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("mapping: %w", err)
+	}
+	s, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return s, nil
+}
 
 // Parse reads a --map file. Unknown fields are errors, so a typo is not a
 // silently ignored rule.

@@ -19,7 +19,8 @@ import (
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
-var stageName = regexp.MustCompile(`^pp(\d{1,6})$`)
+// stageName has no leading zeros, so that one stage has one name.
+var stageName = regexp.MustCompile(`^pp(0|[1-9]\d{0,5})$`)
 
 // Reader is the pipeline-stages layout.
 var Reader ckpt.Reader = reader{}
@@ -90,10 +91,18 @@ func stageDirs(dir source.Tree) ([]string, error) {
 	}
 	var idx []int
 	for _, e := range ents {
-		if m := stageName.FindStringSubmatch(e.Name); m != nil && e.IsDir() {
-			n, _ := strconv.Atoi(m[1])
-			idx = append(idx, n)
+		m := stageName.FindStringSubmatch(e.Name)
+		if m == nil {
+			continue
 		}
+		// A stage name that is not a directory is a stage that cannot be
+		// read: serving the others would be a shorter model.
+		if !e.IsDir() {
+			return nil, fmt.Errorf("stages: %s: pipeline stage %s is %s, not a directory",
+				dir.Path("."), e.Name, kind(e))
+		}
+		n, _ := strconv.Atoi(m[1])
+		idx = append(idx, n)
 	}
 	sort.Ints(idx)
 	names := make([]string, len(idx))
@@ -108,6 +117,17 @@ func stageDirs(dir source.Tree) ([]string, error) {
 		return nil, fmt.Errorf("stages: %s: no pp0/ stage directory", dir.Path("."))
 	}
 	return names, nil
+}
+
+// kind names what a directory entry is, for messages.
+func kind(e source.Info) string {
+	switch {
+	case e.IsBrokenLink():
+		return "a link that dangles or leads out of the source"
+	case e.IsRegular():
+		return "a regular file"
+	}
+	return "a " + e.Mode.Type().String() + " entry"
 }
 
 func stageList(idx []int) []string {

@@ -70,6 +70,25 @@ func TestStagesErrors(t *testing.T) {
 			assert.ErrorContains(t, err, tc.err)
 		})
 	}
+	// A stage that cannot be read is an error naming it, never a model of
+	// the other stages.
+	outside := stepDir(t, map[string]string{"pp0": "tp_shard1"})
+	for _, tc := range []struct {
+		name string
+		make func(path string) error
+		err  string
+	}{
+		{"a regular file", func(p string) error { return os.WriteFile(p, []byte("x"), 0o644) }, "pp1 is a regular file"},
+		{"a link out of the source", func(p string) error { return os.Symlink(outside, p) }, "pp1 is a link that dangles or leads out"},
+		{"a dangling link", func(p string) error { return os.Symlink("nowhere", p) }, "pp1 is a link that dangles or leads out"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := stepDir(t, map[string]string{"pp0": "fsdp2_4ranks"})
+			require.NoError(t, tc.make(filepath.Join(dir, "pp1")))
+			_, err := Open(dir)
+			assert.ErrorContains(t, err, tc.err)
+		})
+	}
 	// No pp0: still this format, and Open says what is missing.
 	dir := stepDir(t, map[string]string{"pp1": "fsdp2_4ranks"})
 	assert.True(t, treetest.Detect(t, Reader, dir))

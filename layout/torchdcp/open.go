@@ -95,7 +95,12 @@ func build(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error)
 	where := dir.Path(MetadataFile)
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: opts.Format, Files: ckpt.NewFileSet(dir)}
 	b := builder{m: m, c: c, opts: opts}
+	var unknown []string // "name (torch.X)" of tensors whose dtype torch does not have
 	for _, it := range m.Items {
+		if it.Tensor != nil && !knownDType(it.Tensor.Properties.DType) {
+			unknown = append(unknown, fmt.Sprintf("%q (torch.%s)", it.FQN, it.Tensor.Properties.DType))
+			continue
+		}
 		var err error
 		if it.Tensor == nil {
 			err = b.object(it.FQN)
@@ -107,7 +112,27 @@ func build(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error)
 			return nil, fmt.Errorf("torchdcp: %s: %w", where, err)
 		}
 	}
+	if len(unknown) > 0 {
+		c.Close()
+		return nil, fmt.Errorf("torchdcp: %s: %w", where, invalidf("%d tensors have a dtype torch does not have: %s",
+			len(unknown), strings.Join(firstFew(unknown, 8), ", ")))
+	}
 	return c, nil
+}
+
+// knownDType reports whether name is a torch dtype: one safetensors has, or
+// one left out of views with a reason.
+func knownDType(name string) bool {
+	_, _, ok := dtypeOf(name)
+	return ok || torchOnlyDTypes[name]
+}
+
+// firstFew is the first n of names, then how many more there are.
+func firstFew(names []string, n int) []string {
+	if len(names) <= n {
+		return names
+	}
+	return append(names[:n:n], fmt.Sprintf("and %d more", len(names)-n))
 }
 
 type builder struct {

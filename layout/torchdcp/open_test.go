@@ -375,6 +375,17 @@ func TestOpenBad(t *testing.T) {
 			readFQN: "f32", readErr: "record holds dtype float32, metadata says int32",
 		},
 		{
+			name: "a dtype torch does not have", fixture: "sharded",
+			md: func(t *testing.T, m *Metadata) {
+				for _, it := range m.Items {
+					if it.Tensor != nil {
+						it.Tensor.Properties.DType = "bfloat99"
+					}
+				}
+			},
+			openErr: `tensors have a dtype torch does not have: "rows" (torch.bfloat99), "cols" (torch.bfloat99)`,
+		},
+		{
 			name: "shape mismatch", fixture: "plain",
 			md: func(t *testing.T, m *Metadata) {
 				tm := findItem(t, m, "i64")
