@@ -195,9 +195,9 @@ func TestReadFile(t *testing.T) {
 	big := filepath.Join(dir, "big.json")
 	require.NoError(t, os.WriteFile(big, make([]byte, maxSpecBytes+1), 0o644))
 	for path, msg := range map[string]string{
-		big:                            "larger than 1048576 bytes",
-		"/dev/zero":                    "not a regular file",
-		dir:                            "not a regular file",
+		big:                           "larger than 1048576 bytes",
+		"/dev/zero":                   "not a regular file",
+		dir:                           "not a regular file",
 		filepath.Join(dir, "missing"): "no such file",
 	} {
 		_, err := ReadFile(path)
