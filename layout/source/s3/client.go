@@ -24,6 +24,7 @@ import (
 const (
 	DefaultMaxAttempts = 5
 	DefaultReadTimeout = 30 * time.Second
+	DefaultMinRate     = 256 << 10 // bytes per second
 	DefaultListTTL     = time.Second
 	// defaultRegion signs requests when no region is configured: S3-compatible
 	// stores accept any, and AWS redirects a wrong one with an error naming
@@ -49,6 +50,14 @@ type Options struct {
 	// ReadTimeout fails an attempt whose connection delivers nothing for this
 	// long (default 30 s); the attempt is then retried.
 	ReadTimeout time.Duration
+	// MinRate is the slowest an attempt may transfer, in bytes per second
+	// (default 256 KiB/s). Each attempt has a total deadline of ReadTimeout
+	// plus its bytes at MinRate (a 16 MiB ranged GET: ReadTimeout + 64 s; a
+	// HEAD or LIST: ReadTimeout + 4 s), after which it fails and is retried,
+	// so a store that trickles bytes fails a read after about MaxAttempts
+	// such deadlines instead of holding it forever. The default leaves room
+	// for 8 GETs in flight on a 16 Mbit/s link.
+	MinRate int64
 	// ListTTL is how long a directory listing answers Stat and Open of the
 	// names in it before it is listed again (default 1 s, the entry timeout
 	// of a mount's directories). A change within it is still caught by the
@@ -62,6 +71,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ReadTimeout <= 0 {
 		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.MinRate <= 0 {
+		o.MinRate = DefaultMinRate
 	}
 	if o.ListTTL <= 0 {
 		o.ListTTL = DefaultListTTL
@@ -129,7 +141,10 @@ func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, erro
 		// would log that for every block.
 		so.DisableLogOutputChecksumValidationSkipped = true
 		so.APIOptions = append(so.APIOptions, func(st *middleware.Stack) error {
-			// After the retry middleware: runs once per attempt.
+			// After the retry middleware: these run once per attempt.
+			if err := st.Finalize.Insert(attemptDeadline(o), "Retry", middleware.After); err != nil {
+				return err
+			}
 			return st.Finalize.Insert(middleware.FinalizeMiddlewareFunc("ckptfsCountRequests",
 				func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
 					c.requests.Add(1)
@@ -137,6 +152,61 @@ func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, erro
 				}), "Retry", middleware.After)
 		})
 	}), nil
+}
+
+// attemptBytesKey carries the length of a ranged GET to its attempts'
+// deadline.
+type attemptBytesKey struct{}
+
+func withAttemptBytes(ctx context.Context, n int64) context.Context {
+	return context.WithValue(ctx, attemptBytesKey{}, n)
+}
+
+// otherBytes is what the deadline of a request other than a ranged GET
+// allows for: a listing page of 1000 keys is well under it.
+const otherBytes = 1 << 20
+
+// attemptTimeout is the total time one attempt of a request for n bytes
+// may take (see Options.MinRate).
+func (o Options) attemptTimeout(n int64) time.Duration {
+	secs := min(float64(n)/float64(o.MinRate), 1e6) // no Duration overflow at any rate
+	return (o.ReadTimeout + time.Duration(secs*float64(time.Second))).Round(time.Millisecond)
+}
+
+// attemptDeadline bounds each attempt from sending the request to the last
+// byte of its body: the transport's ReadTimeout is idle-only, and a store
+// that sends a byte a second would hold a read forever. A GET's body is
+// read after the call returns, so its deadline is released when the body is
+// closed.
+func attemptDeadline(o Options) middleware.FinalizeMiddleware {
+	return middleware.FinalizeMiddlewareFunc("ckptfsAttemptDeadline",
+		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+			n, ok := ctx.Value(attemptBytesKey{}).(int64)
+			if !ok {
+				n = otherBytes
+			}
+			ctx, cancel := context.WithTimeout(ctx, o.attemptTimeout(n))
+			out, md, err := next.HandleFinalize(ctx, in)
+			if get, ok := out.Result.(*awss3.GetObjectOutput); ok && err == nil {
+				get.Body = cancelOnClose{get.Body, cancel}
+			} else {
+				cancel()
+			}
+			return out, md, err
+		})
+}
+
+// cancelOnClose is a response body that ends its attempt's context when
+// closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // countingRetryer counts the retries the SDK makes: it asks for a delay
