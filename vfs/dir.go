@@ -29,6 +29,7 @@ type Dir struct {
 
 	mu      sync.Mutex
 	format  ckpt.Reader // GUARDED_BY(mu); set once the directory is seen to be a checkpoint
+	broken  error       // GUARDED_BY(mu); set when detecting its format failed (a panic)
 	checked time.Time   // GUARDED_BY(mu); when it was last seen not to be one
 }
 
@@ -43,23 +44,34 @@ func (d *Dir) name() string {
 // detect reports whether d is a checkpoint, and of which format. Once it
 // is, it stays one; a negative answer is trusted for a second (the entry
 // timeout), so the lookups of one `ls -l` do not each re-examine the
-// directory.
+// directory. A directory whose format could not be told (a Detect that
+// panicked) is a checkpoint with no format: see brokenErr.
 func (d *Dir) detect() (ckpt.Reader, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.format != nil {
+	if d.format != nil || d.broken != nil {
 		return d.format, true
 	}
 	if time.Since(d.checked) < time.Second {
 		return nil, false
 	}
-	f, ok := d.fsys.detect(d.name())
-	if ok {
-		d.format = f
-	} else {
+	format, ok, err := d.fsys.detect(d.name())
+	switch {
+	case err != nil:
+		d.broken = err
+	case ok:
+		d.format = format
+	default:
 		d.checked = time.Now()
 	}
-	return f, ok
+	return format, ok
+}
+
+// brokenErr is why d's format could not be told, or nil.
+func (d *Dir) brokenErr() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.broken
 }
 
 var (
@@ -103,21 +115,25 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	var format ckpt.Reader // hides its internals
 	if f, ok := d.detect(); ok {
 		format = f
-		e := d.fsys.view(d.name())
+		var e *viewEntry
+		err := d.brokenErr()
+		if err == nil {
+			e = d.fsys.view(d.name())
+			err = d.fsys.viewErr(e)
+		}
 		switch {
-		case e.err != nil:
-			msg := []byte("ckptfs could not show this checkpoint:\n" + e.err.Error() + "\n")
+		case err != nil:
+			msg := []byte("ckptfs could not show this checkpoint:\n" + err.Error() + "\n")
 			add(entry{name: errorName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
-		case e.view.Note != "":
+		case e.note != "":
 			// Nothing to show as a model: the files are shown as they are.
 			format = nil
-			msg := []byte(e.view.Note + "\n")
+			msg := []byte(e.note + "\n")
 			add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
 		default:
-			for _, vf := range e.view.Files {
-				vf, id := vf, e.ids[vf.Name]
-				add(entry{name: vf.Name, mode: syscall.S_IFREG, view: true, make: func() fs.InodeEmbedder {
-					return &ViewFile{fsys: d.fsys, file: vf, id: id}
+			for _, info := range e.files {
+				add(entry{name: info.name, mode: syscall.S_IFREG, view: true, make: func() fs.InodeEmbedder {
+					return &ViewFile{fsys: d.fsys, e: e, info: info}
 				}})
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"syscall"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
 
@@ -27,12 +29,19 @@ const (
 	infoName = "CKPTFS_INFO.txt"
 )
 
-// ViewFile is a file of an HF view, served through the block cache.
+// ViewFile is a file of an HF view, served through the block cache. A
+// checkpoint's view file (e set) names its file in the entry: the view may
+// be evicted while the kernel holds the node, so each open takes the view
+// from the entry, opening it again if need be. A write target's view file
+// (e nil, writenode.go) holds its file, which the target keeps open.
 type ViewFile struct {
 	fs.Inode
 	fsys *FS
-	file *layout.File
-	id   uint64 // cache id
+	file *layout.File // a write target's
+	id   uint64       // cache id
+
+	e    *viewEntry
+	info viewFileInfo // e's file
 }
 
 var (
@@ -41,32 +50,100 @@ var (
 	_ = (fs.NodeLseeker)((*ViewFile)(nil))
 )
 
+// size and modTime are the file's, as listed.
+func (f *ViewFile) size() int64 {
+	if f.e != nil {
+		return f.info.size
+	}
+	return f.file.Size
+}
+
+func (f *ViewFile) name() string {
+	if f.e != nil {
+		return f.info.name
+	}
+	return f.file.Name
+}
+
 func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, f.file.ModTime, f.file.Size, syscall.S_IFREG|0o444)
+	mtime := f.info.modTime
+	if f.e == nil {
+		mtime = f.file.ModTime
+	}
+	setAttr(&out.Attr, mtime, f.size(), syscall.S_IFREG|0o444)
 	out.SetTimeout(f.fsys.opts.ViewTimeout)
 	return 0
 }
 
 // Open checks that the files the view's bytes come from are still those
 // the view was built from (a stat each): after a source changed, opens fail
-// with EIO instead of serving blocks cached from the old content.
+// with EIO instead of serving blocks cached from the old content. An open
+// of a checkpoint's view file holds a reference to its view until Release.
 func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	if err := f.file.CheckFresh(); err != nil {
-		f.fsys.readErrors.Add(1)
-		return nil, 0, toErrno(f.fsys.log, "open "+f.file.Name, err)
+	file, id := f.file, f.id
+	var inst *viewInst
+	if f.e != nil {
+		var err error
+		if inst, err = f.fsys.acquire(f.e); err != nil {
+			f.fsys.readErrors.Add(1)
+			return nil, 0, toErrno(f.fsys.log, "open "+f.info.name, err)
+		}
+		file, id = inst.files[f.info.name], f.info.id
+		if file == nil || file.Size != f.info.size { // reopened rules this out
+			f.fsys.unref(inst)
+			f.fsys.readErrors.Add(1)
+			return nil, 0, toErrno(f.fsys.log, "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
+		}
 	}
-	h := &viewHandle{fsys: f.fsys, file: f.file, h: f.fsys.opts.Cache.Open(f.id, f.file, f.file.Size), node: f}
+	if err := file.CheckFresh(); err != nil {
+		if inst != nil {
+			f.fsys.unref(inst)
+		}
+		f.fsys.readErrors.Add(1)
+		return nil, 0, toErrno(f.fsys.log, "open "+file.Name, err)
+	}
+	src := &viewReader{fsys: f.fsys, file: file, inst: inst}
+	h := &viewHandle{fsys: f.fsys, file: file, src: src, h: f.fsys.opts.Cache.Open(id, src, file.Size), node: f, id: id, inst: inst}
 	// The bytes never change for the life of the mount: let the kernel keep
 	// its page cache across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
 }
 
+// viewReader reads a view file for the block cache (whose read-ahead may
+// still fill a block after the handle that asked for it is released), for
+// direct reads and for prefill. Each read holds a reference to the view,
+// so its files are not closed under it, and fails once the view is closed
+// rather than opening them again. A panic in a read is that read's error.
+type viewReader struct {
+	fsys *FS
+	file *layout.File
+	inst *viewInst // nil for a write target's view
+}
+
+func (r *viewReader) ReadAt(p []byte, off int64) (n int, err error) {
+	if i := r.inst; i != nil {
+		if !i.ref() {
+			return 0, errClosed
+		}
+		defer r.fsys.unref(i)
+		if i.dead.Load() {
+			return 0, errClosed
+		}
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			n, err = 0, r.fsys.internalError("read "+r.file.Name, v)
+		}
+	}()
+	return r.file.ReadAt(p, off)
+}
+
 // Lseek: view files have no holes.
 func (f *ViewFile) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
-	return seekNoHoles(off, whence, f.file.Size)
+	return seekNoHoles(off, whence, f.size())
 }
 
 func seekNoHoles(off uint64, whence uint32, size int64) (uint64, syscall.Errno) {
@@ -86,8 +163,11 @@ func seekNoHoles(off uint64, whence uint32, size int64) (uint64, syscall.Errno) 
 type viewHandle struct {
 	fsys *FS
 	file *layout.File
+	src  *viewReader
 	h    *cache.Handle
 	node *ViewFile
+	id   uint64    // cache id
+	inst *viewInst // the view it holds a reference to; nil for a write target's
 }
 
 var (
@@ -98,7 +178,7 @@ var (
 func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	// A read past the header is a loader at the tensors: stream the rest.
 	if p := h.fsys.prefill; p != nil && off+int64(len(dest)) > max(h.file.DataOffset(), prefillPiece) {
-		p.offer(h.node.EmbeddedInode(), h.file, h.node.id)
+		p.offer(h.node.EmbeddedInode(), h.src, h.file.Size, h.id)
 	}
 	if h.fsys.direct {
 		// Straight from the shards into dest: the kernel keeps what it is
@@ -106,7 +186,7 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		// adds its own memory, fresh for every new mount (a cold load
 		// through a fresh mount: 4.54 → 3.90 s, mount RSS 480 → 62 MiB,
 		// BENCHMARKS.md).
-		n, err := h.file.ReadAt(dest, off)
+		n, err := h.src.ReadAt(dest, off)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, h.failed(err)
 		}
@@ -152,6 +232,9 @@ func (r pinnedReply) Bytes(buf []byte) ([]byte, fuse.Status) {
 
 func (h *viewHandle) Release(ctx context.Context) syscall.Errno {
 	h.h.Close()
+	if h.inst != nil {
+		h.fsys.unref(h.inst)
+	}
 	return 0
 }
 
@@ -373,9 +456,8 @@ func (f *FS) Stats() Stats {
 		switch {
 		case e.err != nil:
 			vs.Error = e.err.Error()
-		case e.view != nil:
-			vs.Format = string(e.view.Checkpoint.Format)
-			vs.Files, vs.Tensors, vs.Bytes = len(e.view.Files), len(e.view.Tensors), e.view.TotalSize()
+		case e.shown:
+			vs.Format, vs.Files, vs.Tensors, vs.Bytes = e.format, len(e.files), e.tensors, e.bytes
 		default:
 			continue // being opened
 		}

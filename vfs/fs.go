@@ -7,17 +7,23 @@
 package vfs
 
 import (
+	"container/list"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"hash/maphash"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
@@ -77,10 +83,21 @@ type FS struct {
 	nextID  atomic.Uint64
 	prefill *prefiller // nil unless Options.Prefill
 	direct  bool       // Options.DirectReads, over a local source
+	seed    maphash.Seed
 
-	// Lock order: target.mu, then mu.
+	// Bounds on the open views (see fdBudget): the shard descriptors they may
+	// hold, from RLIMIT_NOFILE at mount time, and how many stay open.
+	// Set before serving starts (tests lower them).
+	fdBudget int
+	maxViews int
+	// openHook, for tests, is called before a checkpoint is opened.
+	openHook func(dir string)
+
+	// Lock order: target.mu, then mu; viewEntry.build, then mu.
 	mu      sync.Mutex
 	views   map[string]*viewEntry // GUARDED_BY(mu); by source.Info.ID of the directory
+	lru     list.List             // GUARDED_BY(mu); of *viewInst: the resident views, most recently used first
+	openFDs int                   // GUARDED_BY(mu); descriptors the views not yet closed may hold
 	targets map[string]*target    // GUARDED_BY(mu); write targets, by real path
 	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
 	closed  bool                  // GUARDED_BY(mu)
@@ -90,16 +107,6 @@ type FS struct {
 	readErrors   atomic.Int64
 	commits      atomic.Int64
 	commitErrors atomic.Int64
-}
-
-// viewEntry is the view of one checkpoint directory, built once on first use.
-type viewEntry struct {
-	once  sync.Once
-	dir   string // the directory's name in the source, for stats and logs
-	view  *layout.View
-	ids   map[string]uint64 // view file name → cache id
-	err   error
-	built time.Time
 }
 
 // New returns the shared state of a mount of opts.Source.
@@ -140,7 +147,8 @@ func New(opts Options) (*FS, error) {
 
 func newState(opts Options, root string, tree source.Tree, local *source.Local) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: tree, local: local, views: map[string]*viewEntry{},
-		targets: map[string]*target{}, cleaned: map[string]bool{}, direct: opts.DirectReads && local != nil}
+		targets: map[string]*target{}, cleaned: map[string]bool{}, direct: opts.DirectReads && local != nil,
+		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews}
 	if opts.Prefill {
 		f.prefill = newPrefiller(f)
 	}
@@ -156,17 +164,138 @@ func (f *FS) Root() *Dir {
 }
 
 // detect returns the format of the checkpoint in the source directory dir.
-func (f *FS) detect(dir string) (ckpt.Reader, bool) {
+// A format's Detect that panics makes dir a checkpoint that cannot be shown
+// (err), not a crash of the mount.
+func (f *FS) detect(dir string) (format ckpt.Reader, ok bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			format, ok, err = nil, true, f.internalError("detect "+f.tree.Path(dir), r)
+			f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+		}
+	}()
 	sub, err := source.Sub(f.tree, dir)
 	if err != nil {
-		return nil, false
+		return nil, false, nil
 	}
-	return layout.Detect(sub)
+	format, ok = layout.Detect(sub)
+	return format, ok, nil
 }
 
-// view returns the view of the checkpoint in the source directory dir,
-// opening it on first use. Paths to one directory (a `latest` symlink and
-// the step it names) share one view, and so one set of cached blocks.
+// internalError turns a recovered panic into the error of the one thing
+// that failed (a view, a read); the rest of the mount goes on. The stack
+// goes to the debug log; the caller logs the one error line.
+func (f *FS) internalError(what string, r any) error {
+	err := fmt.Errorf("internal error: %v", r)
+	f.log.Debug(what, "err", err, "stack", string(debug.Stack()))
+	return err
+}
+
+// Open views are bounded. A checkpoint's view (viewInst: its parsed
+// metadata, and the shard files it opens on first read) is opened on first
+// use and closed again, least recently used first, when the open views may
+// hold more descriptors than fdBudget or number more than maxViews. What
+// stays for the life of the mount is the checkpoint's viewEntry: a line
+// per view file (listings and the kernel's nodes need no open view) and
+// what a re-open is checked against.
+//
+// Whole views are evicted rather than descriptors alone (opening shard
+// files per read, or an LRU of descriptors below the view): that would
+// bound descriptors but not the metadata, which can be large; evicting
+// views bounds both with one mechanism, and reads keep their open files.
+// A view in use is never closed under its user: every handle, read and
+// prefill holds a reference (viewInst.refs), residence in the LRU one more,
+// and the view closes when the last one goes.
+
+// defaultMaxViews is how many views stay open at most.
+const defaultMaxViews = 64
+
+// fdBudget is the share of RLIMIT_NOFILE that open views may hold in shard
+// files: half, less a reserve. The rest is for /dev/fuse, the files shown
+// as they are (each open holds one), write targets and the cache's disk
+// tier. Go raises the soft limit to the hard one at start, so under
+// systemd's LimitNOFILE=256 this is 96.
+func fdBudget() int {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 64
+	}
+	n := int64(min(rl.Cur, 1<<20))
+	return int(max(16, (n-64)/2))
+}
+
+// errClosed is a view used after the mount was closed.
+var errClosed = errors.New("vfs: view closed")
+
+// viewEntry is one checkpoint directory of the source, for the life of the
+// mount.
+type viewEntry struct {
+	dir string // the directory's name in the source, for stats and logs
+
+	// build is held while the view is opened, so that one caller opens it
+	// and the others wait for that view. Lock order: build, then FS.mu.
+	build sync.Mutex
+
+	// Set by the first open that succeeds, under build and FS.mu, and
+	// never changed after: read under either, or after FS.view returned.
+	shown   bool
+	files   []viewFileInfo
+	note    string // View.Note
+	format  string
+	tensors int
+	bytes   int64
+	digest  uint64       // viewDigest of that view
+	sources []*ckpt.File // the files its bytes come from, as then
+
+	err  error     // GUARDED_BY(FS.mu); the view cannot be shown, for good
+	inst *viewInst // GUARDED_BY(FS.mu); the open view; nil when there is none
+}
+
+// viewFileInfo is a file of a view as listed.
+type viewFileInfo struct {
+	name    string
+	size    int64
+	modTime time.Time
+	id      uint64 // cache id, the same in every re-open (see reopened)
+}
+
+// viewInst is one opening of a checkpoint's view.
+type viewInst struct {
+	e     *viewEntry
+	view  *layout.View
+	files map[string]*layout.File
+	fds   int // shard files it may hold open
+
+	// refs counts the users (handles, reads, prefill jobs) plus one while
+	// the view is in FS.lru. At 0 the view is closed, and a reference is
+	// never taken again (ref).
+	refs atomic.Int64
+	dead atomic.Bool   // its files are closed (by unref, or FS.Close while in use)
+	elem *list.Element // GUARDED_BY(FS.mu); its place in FS.lru, nil when evicted
+}
+
+// ref takes a reference unless the view is closed or closing.
+func (i *viewInst) ref() bool {
+	for {
+		n := i.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if i.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// close closes the view's files, once.
+func (i *viewInst) close() {
+	if i.dead.CompareAndSwap(false, true) {
+		i.view.Close()
+	}
+}
+
+// view returns the entry of the checkpoint in the source directory dir,
+// after opening its view once. Paths to one directory (a `latest` symlink
+// and the step it names) share one entry, and so one set of cached blocks.
 func (f *FS) view(dir string) *viewEntry {
 	key := dir
 	if info, err := f.tree.Stat(dir); err == nil && info.ID != "" {
@@ -179,36 +308,280 @@ func (f *FS) view(dir string) *viewEntry {
 		f.views[key] = e
 	}
 	f.mu.Unlock()
-	e.once.Do(func() { f.build(e, dir) })
+	e.build.Lock()
+	defer e.build.Unlock()
+	if !e.shown && f.viewErr(e) == nil {
+		if i, err := f.open(e); err == nil {
+			f.unref(i) // it stays in the LRU: its files are about to be read
+		}
+	}
 	return e
 }
 
-// build opens the checkpoint in the source directory dir and plans its
-// view into e.
-func (f *FS) build(e *viewEntry, dir string) {
-	e.dir = dir
-	e.view, e.err = f.openView(dir)
+// viewErr is why e's view cannot be shown, or nil.
+func (f *FS) viewErr(e *viewEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return e.err
+}
+
+// acquire returns e's open view with a reference for the caller, opening
+// it again if it was evicted. e was shown (FS.view).
+func (f *FS) acquire(e *viewEntry) (*viewInst, error) {
+	if i, err := f.resident(e); i != nil || err != nil {
+		return i, err
+	}
+	e.build.Lock()
+	defer e.build.Unlock()
+	if i, err := f.resident(e); i != nil || err != nil {
+		return i, err
+	}
+	return f.open(e)
+}
+
+// resident returns e's open view with a reference, or e's error, or
+// neither when there is no open view.
+func (f *FS) resident(e *viewEntry) (*viewInst, error) {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil, errClosed
+	}
 	if e.err != nil {
+		f.mu.Unlock()
+		return nil, e.err
+	}
+	i := e.inst
+	if i == nil || !i.ref() {
+		f.mu.Unlock()
+		return nil, nil
+	}
+	var evicted []*viewInst
+	if i.elem == nil {
+		// Evicted while in use, and used again: back into the LRU.
+		i.refs.Add(1)
+		i.elem = f.lru.PushFront(i)
+		evicted = f.evictLocked(i)
+	} else {
+		f.lru.MoveToFront(i.elem)
+	}
+	f.mu.Unlock()
+	f.unrefAll(evicted)
+	return i, nil
+}
+
+// open opens e's view, with a reference for the caller, and puts it in the
+// LRU. The first open that succeeds fills e's listing; a later one must
+// give the same view (reopened). Called with e.build held.
+func (f *FS) open(e *viewEntry) (*viewInst, error) {
+	view, err := f.openView(e.dir)
+	if err != nil {
+		if !e.shown {
+			f.mu.Lock()
+			e.err = err // as before eviction existed: a view that failed stays failed
+			f.mu.Unlock()
+		}
+		return nil, err
+	}
+	digest := viewDigest(f.seed, view)
+	if e.shown {
+		if err := f.reopened(e, view, digest); err != nil {
+			view.Close()
+			if errors.Is(err, ckpt.ErrSourceChanged) {
+				f.log.Error("checkpoint changed since it was shown", "dir", f.tree.Path(e.dir), "err", err)
+				f.mu.Lock()
+				e.err = err
+				f.mu.Unlock()
+			}
+			return nil, err
+		}
+	}
+	i := &viewInst{e: e, view: view, files: map[string]*layout.File{}}
+	sources := map[*ckpt.File]bool{}
+	for _, vf := range view.Files {
+		i.files[vf.Name] = vf
+		for _, s := range vf.Sources() {
+			sources[s] = true
+		}
+	}
+	i.fds = len(sources)
+	i.refs.Store(2) // the LRU's and the caller's
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		view.Close()
+		return nil, errClosed
+	}
+	if !e.shown {
+		e.shown, e.digest, e.note = true, digest, view.Note
+		e.format, e.tensors, e.bytes = string(view.Checkpoint.Format), len(view.Tensors), view.TotalSize()
+		for _, vf := range view.Files {
+			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1)})
+		}
+		for s := range sources {
+			e.sources = append(e.sources, s)
+		}
+	}
+	e.inst = i
+	f.openFDs += i.fds
+	i.elem = f.lru.PushFront(i)
+	evicted := f.evictLocked(i)
+	f.mu.Unlock()
+	f.unrefAll(evicted)
+	return i, nil
+}
+
+// reopened checks that a view opened again after eviction is the one first
+// shown: the kernel may hold the first one's sizes and pages, and the block
+// cache its blocks under the same ids. It is when what its bytes are made
+// of (viewDigest) is the same and none of the files they come from has
+// changed since the first open (size, mtime, ctime; an object's ETag): then
+// every byte is the same. Anything else is ckpt.ErrSourceChanged, as a
+// changed source is for a view that stayed open.
+func (f *FS) reopened(e *viewEntry, v *layout.View, digest uint64) error {
+	if digest != e.digest {
+		return fmt.Errorf("%w: %s: the checkpoint was rewritten", ckpt.ErrSourceChanged, f.tree.Path(e.dir))
+	}
+	for _, s := range e.sources {
+		if err := s.CheckFresh(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evictLocked takes the least recently used views but keep out of the LRU
+// while the open views may hold more descriptors than the budget, or are
+// more than maxViews, and returns them for unrefAll, which closes those
+// not in use. A view in use closes when its last user is done; until then
+// its descriptors still count, and so make room elsewhere.
+func (f *FS) evictLocked(keep *viewInst) []*viewInst {
+	var out []*viewInst
+	fds, n := f.openFDs, f.lru.Len()
+	for el := f.lru.Back(); el != nil && (fds > f.fdBudget || n > f.maxViews); {
+		prev := el.Prev()
+		if i := el.Value.(*viewInst); i != keep {
+			f.lru.Remove(el)
+			i.elem = nil
+			out = append(out, i)
+			fds, n = fds-i.fds, n-1
+		}
+		el = prev
+	}
+	return out
+}
+
+func (f *FS) unrefAll(is []*viewInst) {
+	for _, i := range is {
+		f.unref(i)
+	}
+}
+
+// unref drops a reference to i, closing its view with the last one.
+func (f *FS) unref(i *viewInst) {
+	if i.refs.Add(-1) != 0 {
 		return
 	}
-	e.ids = map[string]uint64{}
-	for _, vf := range e.view.Files {
-		e.ids[vf.Name] = f.nextID.Add(1)
+	f.mu.Lock()
+	if i.e.inst == i {
+		i.e.inst = nil
 	}
-	e.built = time.Now()
+	f.openFDs -= i.fds
+	f.mu.Unlock()
+	i.close()
+}
+
+// viewDigest sums what a view's bytes are made of besides the bytes of its
+// source files: its files' names, sizes and generated bytes (safetensors
+// headers, the index), where every chunk lies in the source files, and the
+// training arguments a mapping may read. A checkpoint whose metadata was
+// rewritten gives another sum, even with its shard files untouched.
+func viewDigest(seed maphash.Seed, v *layout.View) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	var b [8]byte
+	num := func(n int64) {
+		binary.LittleEndian.PutUint64(b[:], uint64(n))
+		h.Write(b[:])
+	}
+	str := func(s string) {
+		num(int64(len(s)))
+		h.WriteString(s)
+	}
+	for _, vf := range v.Files {
+		str(vf.Name)
+		num(int64(vf.Kind))
+		num(vf.Size)
+		str(vf.Path)
+		n := vf.DataOffset()
+		if vf.Kind == layout.KindGenerated {
+			n = vf.Size
+		}
+		if n > 0 {
+			buf := make([]byte, n)
+			vf.ReadAt(buf, 0) // in memory: header or generated bytes
+			h.Write(buf)
+		}
+	}
+	c := v.Checkpoint
+	if c == nil {
+		return h.Sum64()
+	}
+	for _, t := range c.Tensors {
+		str(t.Name)
+		str(string(t.DType))
+		num(int64(len(t.Shape)))
+		for _, d := range t.Shape {
+			num(d)
+		}
+		num(int64(len(t.Chunks)))
+		for _, ch := range t.Chunks {
+			for _, d := range ch.Offsets {
+				num(d)
+			}
+			for _, d := range ch.Sizes {
+				num(d)
+			}
+			switch s := ch.Source.(type) {
+			case *ckpt.Section:
+				str(s.File.Rel)
+				num(s.Offset)
+				num(s.Length)
+			case nil:
+			default:
+				str(s.String())
+			}
+		}
+	}
+	str(fmt.Sprint(c.Args)) // maps print sorted
+	return h.Sum64()
 }
 
 // openView opens the checkpoint in the source directory dir and plans its
 // view: for a checkpoint of the source, and for a write target after each
 // change. A view that leaves out tensors which are not optimizer state gets
 // one log line: a loader would get them freshly initialised.
-func (f *FS) openView(dir string) (*layout.View, error) {
-	sub, err := source.Sub(f.tree, dir)
+//
+// A panic while opening (a format reader meeting input it did not expect)
+// is this view's error, "internal error: ...", not the end of the mount.
+func (f *FS) openView(dir string) (view *layout.View, err error) {
 	var c *layout.Checkpoint
+	defer func() {
+		if r := recover(); r != nil {
+			view, err = nil, f.internalError("open "+f.tree.Path(dir), r)
+			f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	if f.openHook != nil {
+		f.openHook(dir)
+	}
+	sub, err := source.Sub(f.tree, dir)
 	if err == nil {
 		c, err = layout.OpenTree(sub)
 	}
-	var view *layout.View
 	if err == nil {
 		view, err = layout.Plan(c, f.opts.Plan)
 		if err != nil {
@@ -241,9 +614,9 @@ func inode(rel string) uint64 {
 	return ino
 }
 
-// Close releases the shard files of every opened checkpoint and ends the
-// write targets' sessions: files still being written are dropped, spools
-// removed.
+// Close releases the shard files of every opened checkpoint, in use or
+// not, and ends the write targets' sessions: files still being written are
+// dropped, spools removed.
 func (f *FS) Close() {
 	if f.prefill != nil {
 		f.prefill.stop()
@@ -259,11 +632,15 @@ func (f *FS) Close() {
 		}
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	var open []*viewInst
 	for _, e := range f.views {
-		if e.view != nil {
-			e.view.Close()
+		if e.inst != nil {
+			open = append(open, e.inst)
 		}
+	}
+	f.mu.Unlock()
+	for _, i := range open {
+		i.close()
 	}
 	if f.local != nil {
 		f.local.Close()

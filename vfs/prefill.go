@@ -12,8 +12,6 @@ import (
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
-
-	"github.com/ckptfs/ckptfs/layout"
 )
 
 // A loader (safetensors, transformers) maps a view file and faults its pages
@@ -46,10 +44,20 @@ type prefiller struct {
 	stored atomic.Int64
 }
 
+// prefillJob is a view file to fill. It holds a reference to a
+// checkpoint's view until filled or dropped, so its files stay open.
 type prefillJob struct {
 	node *fs.Inode
-	file *layout.File
+	src  *viewReader
+	size int64
 	id   uint64
+}
+
+// done drops the job's reference.
+func (j prefillJob) done(fsys *FS) {
+	if j.src.inst != nil {
+		fsys.unref(j.src.inst)
+	}
 }
 
 func newPrefiller(fsys *FS) *prefiller {
@@ -58,17 +66,23 @@ func newPrefiller(fsys *FS) *prefiller {
 	return p
 }
 
-// offer queues a view file, once per mount.
-func (p *prefiller) offer(node *fs.Inode, file *layout.File, id uint64) {
+// offer queues a view file, once per mount (its cache id is the same
+// across re-opens of its view).
+func (p *prefiller) offer(node *fs.Inode, src *viewReader, size int64, id uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.offered[id] {
 		return
 	}
+	if src.inst != nil && !src.inst.ref() {
+		return // the caller's handle holds one: not reached
+	}
 	p.offered[id] = true
+	job := prefillJob{node, src, size, id}
 	select {
-	case p.queue <- prefillJob{node, file, id}:
+	case p.queue <- job:
 	default: // a long queue: loaders are ahead of the disk anyway
+		job.done(p.fsys)
 	}
 }
 
@@ -77,21 +91,22 @@ func (p *prefiller) stop() { close(p.queue) }
 func (p *prefiller) run() {
 	for job := range p.queue {
 		p.fill(job)
+		job.done(p.fsys)
 	}
 }
 
 // fill streams one file into the page cache, straight from the cache's
 // blocks.
 func (p *prefiller) fill(job prefillJob) {
-	log := p.fsys.log.With("file", job.file.Name)
-	if avail, ok := memAvailable(); !ok || avail < minAvailable+2*job.file.Size {
-		log.Debug("not prefilling: not enough memory available", "size", job.file.Size, "available", avail)
+	log := p.fsys.log.With("file", job.src.file.Name)
+	if avail, ok := memAvailable(); !ok || avail < minAvailable+2*job.size {
+		log.Debug("not prefilling: not enough memory available", "size", job.size, "available", avail)
 		return
 	}
-	h := p.fsys.opts.Cache.Open(job.id, job.file, job.file.Size)
+	h := p.fsys.opts.Cache.Open(job.id, job.src, job.size)
 	defer h.Close()
 	nextCheck := int64(64 << 20) // memory is checked again every 64 MiB
-	for off := int64(0); off < job.file.Size; {
+	for off := int64(0); off < job.size; {
 		pinned, err := h.Slices(off, prefillPiece)
 		if err != nil && !errors.Is(err, io.EOF) {
 			log.Debug("prefill stopped", "err", err)
