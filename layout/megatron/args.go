@@ -4,17 +4,27 @@ import (
 	"archive/zip"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
 
-// Bounds on common.pt, which holds the trainer's arguments and small
-// state (a few KB in practice).
+// CommonStateKey is the DCP key of the common state megatron-core 0.17 and
+// later save inside the checkpoint instead of common.pt: the ShardedObject
+// "common_state" of global shape (1,) at offset (0,) (serialization.py
+// save), a BYTE_IO item holding torch.save([common]).
+const CommonStateKey = "common_state/shard_0_1"
+
+// Bounds on the common state (common.pt or common_state), which holds the
+// trainer's arguments and small state (a few KB in practice). MaxItems
+// bounds the decoder's work as the .metadata decoder's is bounded.
 const (
 	maxCommonBytes  = 64 << 20
 	maxDataPklBytes = 16 << 20
+	maxCommonItems  = 1 << 22
 )
 
 // ReadArgs returns the training arguments a Megatron-LM checkpoint stores
@@ -31,13 +41,79 @@ func ReadArgs(dir source.Tree) (map[string]any, error) {
 		return nil, fmt.Errorf("megatron: %w", err)
 	}
 	defer f.Close()
-	where := dir.Path(CommonFile)
-	if f.Info().Size > maxCommonBytes {
-		return nil, fmt.Errorf("megatron: %s is larger than %d bytes", where, maxCommonBytes)
-	}
-	zr, err := zip.NewReader(f, f.Info().Size)
+	args, err := commonArgs(f, f.Info().Size, false)
 	if err != nil {
-		return nil, fmt.Errorf("megatron: %s: %w", where, err)
+		return nil, fmt.Errorf("megatron: %s: %w", dir.Path(CommonFile), err)
+	}
+	return args, nil
+}
+
+// readArgs returns the arguments of an opened checkpoint: from common.pt
+// when there is one (megatron-core ≤ 0.16; it is what mcore itself loads
+// first), else from the common_state object.
+func readArgs(dir source.Tree, c *ckpt.Checkpoint) (map[string]any, error) {
+	if source.Exists(dir, CommonFile) {
+		return ReadArgs(dir)
+	}
+	return CommonStateArgs(c)
+}
+
+// CommonStateArgs returns the arguments stored in c's common_state object,
+// as ReadArgs does for common.pt; none (nil, nil) without that object.
+func CommonStateArgs(c *ckpt.Checkpoint) (map[string]any, error) {
+	for _, o := range c.Objects {
+		if o.Name != CommonStateKey {
+			continue
+		}
+		where := fmt.Sprintf("%s: %s (%s)", c.Dir, o.Name, o.Source)
+		rel, off, n, err := objectPlace(o.Source)
+		if err != nil {
+			return nil, fmt.Errorf("megatron: %s: %w", where, err)
+		}
+		// torchdcp has bounds-checked the item against the file.
+		f, err := c.Files.Get(rel)
+		if err != nil {
+			return nil, fmt.Errorf("megatron: %s: %w", where, err)
+		}
+		args, err := commonArgs(io.NewSectionReader(f, off, n), n, true)
+		if err != nil {
+			return nil, fmt.Errorf("megatron: %s: %w", where, err)
+		}
+		return args, nil
+	}
+	return nil, nil
+}
+
+// objectPlace parses where torchdcp says a BYTE_IO item is stored:
+// "<file>@<offset>+<length>". A compressed item is not supported (Megatron
+// writes none).
+// TODO: read file/offset/length from fields of ckpt.Object once it has
+// them, instead of this string.
+func objectPlace(src string) (rel string, off, n int64, err error) {
+	at := strings.LastIndexByte(src, '@')
+	offs, lens, ok := strings.Cut(src[at+1:], "+")
+	if at < 0 || !ok {
+		return "", 0, 0, fmt.Errorf("stored as %q, not a plain item", src)
+	}
+	if off, err = strconv.ParseInt(offs, 10, 64); err == nil {
+		n, err = strconv.ParseInt(lens, 10, 64)
+	}
+	if err != nil {
+		return "", 0, 0, fmt.Errorf("stored as %q, not a plain item", src)
+	}
+	return src[:at], off, n, nil
+}
+
+// commonArgs decodes a torch.save archive of the common state: the dict
+// itself (common.pt), or, inList, a list of exactly that dict
+// (common_state), and returns its args.
+func commonArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, error) {
+	if size > maxCommonBytes {
+		return nil, fmt.Errorf("larger than %d bytes", maxCommonBytes)
+	}
+	zr, err := zip.NewReader(r, size)
+	if err != nil {
+		return nil, err
 	}
 	var pkl *zip.File
 	for _, e := range zr.File {
@@ -47,23 +123,30 @@ func ReadArgs(dir source.Tree) (map[string]any, error) {
 		}
 	}
 	if pkl == nil {
-		return nil, fmt.Errorf("megatron: %s: no data.pkl (not a torch.save archive)", where)
+		return nil, fmt.Errorf("no data.pkl (not a torch.save archive)")
 	}
 	rc, err := pkl.Open()
 	if err != nil {
-		return nil, fmt.Errorf("megatron: %s: %w", where, err)
+		return nil, err
 	}
 	defer rc.Close()
 	v, err := pickle.Decode(io.LimitReader(rc, maxDataPklBytes+1), pickle.Options{
-		MaxInputBytes: maxDataPklBytes, MaxDepth: 64,
+		MaxInputBytes: maxDataPklBytes, MaxDepth: 64, MaxItems: maxCommonItems,
 		PersistentLoad: func(any) (any, error) { return nil, nil }, // tensors: not needed
 	})
 	if err != nil {
-		return nil, fmt.Errorf("megatron: %s: %w", where, err)
+		return nil, err
+	}
+	if inList {
+		l, ok := v.(*pickle.List)
+		if !ok || len(l.Items) != 1 {
+			return nil, fmt.Errorf("holds a %s, not a list of one common state", describe(v))
+		}
+		v = l.Items[0]
 	}
 	root, ok := v.(*pickle.Dict)
 	if !ok {
-		return nil, fmt.Errorf("megatron: %s holds a %s, not a dict", where, pickle.TypeName(v))
+		return nil, fmt.Errorf("holds a %s, not a dict", pickle.TypeName(v))
 	}
 	a, ok := root.Get("args")
 	if !ok {
@@ -71,7 +154,7 @@ func ReadArgs(dir source.Tree) (map[string]any, error) {
 	}
 	ns, ok := a.(*pickle.Object)
 	if !ok || !ns.Is("argparse", "Namespace") || ns.StateDict() == nil {
-		return nil, fmt.Errorf("megatron: %s: args is a %s, not an argparse.Namespace", where, pickle.TypeName(a))
+		return nil, fmt.Errorf("args is a %s, not an argparse.Namespace", pickle.TypeName(a))
 	}
 	args := map[string]any{}
 	for _, it := range ns.StateDict().Items() {
@@ -85,4 +168,12 @@ func ReadArgs(dir source.Tree) (map[string]any, error) {
 		}
 	}
 	return args, nil
+}
+
+// describe names a decoded value's type, with a list's length.
+func describe(v any) string {
+	if l, ok := v.(*pickle.List); ok {
+		return fmt.Sprintf("list of %d", len(l.Items))
+	}
+	return pickle.TypeName(v)
 }

@@ -1,6 +1,7 @@
 package megatron
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -32,5 +33,17 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil || back != c {
 			t.Fatalf("%+v reads back as %+v, %v", c, back, err)
 		}
+	})
+}
+
+// FuzzCommonArgs: the common state (common.pt, common_state) is a pickle
+// anyone may have written. Decoding it never panics.
+func FuzzCommonArgs(f *testing.F) {
+	real, err := os.ReadFile(filepath.Join("..", "..", "testdata", "megatron_gpt_llama_tp2", "ckpt", "iter_0000010", CommonFile))
+	require.NoError(f, err)
+	f.Add(real, false)
+	f.Add(real, true)
+	f.Fuzz(func(t *testing.T, data []byte, inList bool) {
+		_, _ = commonArgs(bytes.NewReader(data), int64(len(data)), inList)
 	})
 }

@@ -2,7 +2,8 @@
 // with the torch_dist backend: a DCP checkpoint (.metadata + *.distcp, keys
 // are the ShardedTensor keys as stored) plus a metadata.json naming the
 // backend. The .metadata root may be Megatron's MCoreMetadata; torchdcp
-// decodes it as Metadata.
+// decodes it as Metadata. The trainer's args come from common.pt (mcore ≤
+// 0.16) or from the common_state object inside the DCP files (0.17+).
 package megatron
 
 import (
@@ -17,7 +18,8 @@ import (
 // ConfigFile is Megatron's checkpoint config (CheckpointingConfig as JSON).
 const ConfigFile = "metadata.json"
 
-// CommonFile is the non-sharded state of older Megatron-Core versions.
+// CommonFile is the non-sharded state of Megatron-Core up to 0.16 (later
+// versions save it as the object CommonStateKey).
 const CommonFile = "common.pt"
 
 // maxConfigBytes bounds metadata.json; the real one is ~150 bytes.
@@ -62,8 +64,11 @@ func (reader) Detect(dir source.Tree) bool {
 
 func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir) }
 
-// Internal: the DCP files and the pickled common state.
-func (reader) Internal(name string) bool { return torchdcp.IsInternal(name) || name == CommonFile }
+// Internal: the DCP files, the pickled common state, and Megatron's own
+// metadata.json (not an HF file: a view shows only HF files).
+func (reader) Internal(name string) bool {
+	return torchdcp.IsInternal(name) || name == CommonFile || name == ConfigFile
+}
 
 // Open opens the checkpoint in the local directory dir.
 func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
@@ -90,7 +95,7 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 			t.Path = []string{"optimizer", rest}
 		}
 	}
-	if ck.Args, err = ReadArgs(dir); err != nil {
+	if ck.Args, err = readArgs(dir, ck); err != nil {
 		ck.Warnings = append(ck.Warnings, err.Error())
 	}
 	return ck, nil

@@ -1,6 +1,7 @@
 package megatron
 
 import (
+	"bytes"
 	"io"
 	"os"
 	"path/filepath"
@@ -139,4 +140,60 @@ func TestReadArgs(t *testing.T) {
 	args, err = ReadArgs(empty)
 	require.NoError(t, err)
 	assert.Nil(t, args)
+}
+
+// megatron-core 0.17+ keeps the common state in the DCP files
+// (common_state/shard_0_1 = torch.save([common])), not in common.pt: the
+// same model saved by 0.19.2 records the same args as by 0.16.1.
+func TestCommonStateArgs(t *testing.T) {
+	old, err := Open(filepath.Join("..", "..", "testdata", "megatron_gpt_llama_tp2", "ckpt", "iter_0000010"))
+	require.NoError(t, err)
+	defer old.Close()
+	cur, err := Open(filepath.Join("..", "..", "testdata", "megatron_gpt_llama_tp2_mcore019", "ckpt", "iter_0000010"))
+	require.NoError(t, err)
+	defer cur.Close()
+	assert.Empty(t, cur.Warnings)
+	require.NotEmpty(t, old.Args)
+	assert.Equal(t, old.Args, cur.Args)
+	assert.Equal(t, int64(4), cur.Args["num_attention_heads"])
+
+	args, err := CommonStateArgs(old)
+	require.NoError(t, err)
+	assert.Nil(t, args, "no common_state object: no args, no error")
+}
+
+func TestObjectPlace(t *testing.T) {
+	rel, off, n, err := objectPlace("sub/__0_0.distcp@120+3000")
+	require.NoError(t, err)
+	assert.Equal(t, "sub/__0_0.distcp", rel)
+	assert.Equal(t, int64(120), off)
+	assert.Equal(t, int64(3000), n)
+	for _, bad := range []string{"__0_0.distcp@1+2 (zstd)", "__0_0.distcp", "x@1", "x@a+2", "x@1+b", ""} {
+		_, _, _, err := objectPlace(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+// Megatron's own metadata.json is not an HF file: views do not show it.
+func TestInternal(t *testing.T) {
+	for name, want := range map[string]bool{
+		ConfigFile: true, CommonFile: true, ".metadata": true, "__0_0.distcp": true,
+		"config.json": false, "tokenizer.json": false,
+	} {
+		assert.Equal(t, want, Reader.Internal(name), name)
+	}
+}
+
+// common_state must be a list of exactly the common dict; common.pt is the
+// dict itself.
+func TestCommonArgsShape(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "megatron_gpt_llama_tp2", "ckpt", "iter_0000010", CommonFile))
+	require.NoError(t, err)
+	_, err = commonArgs(bytes.NewReader(b), int64(len(b)), true)
+	assert.ErrorContains(t, err, "not a list of one common state")
+	args, err := commonArgs(bytes.NewReader(b), int64(len(b)), false)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), args["num_query_groups"])
+	_, err = commonArgs(bytes.NewReader(b), maxCommonBytes+1, false)
+	assert.ErrorContains(t, err, "larger than")
 }
