@@ -9,8 +9,17 @@
 // When a key is both an object and a prefix of others, the object wins.
 //
 // A file is a snapshot of its object's ETag at open (source.Info.Version):
-// every read is a ranged GET with If-Match on it, so a replaced object
-// fails with source.ErrChanged instead of mixing old and new bytes.
+// every read is a ranged GET with If-Match on it, and every response is
+// checked against that ETag, the range asked for and the size opened (a
+// store may ignore If-Match or Range), so a replaced object fails with
+// source.ErrChanged instead of mixing old and new bytes.
+//
+// Every attempt of a request has a total deadline, not only the idle
+// Options.ReadTimeout: ReadTimeout plus its bytes at Options.MinRate
+// (defaults: 30 s + 64 s for a 16 MiB ranged GET). An attempt past it is
+// retried like a cut connection, so a store that trickles bytes fails a
+// read (ErrRequest) after about MaxAttempts deadlines plus the backoff
+// between them.
 package s3
 
 import (
