@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -469,4 +470,108 @@ func TestWriteConcurrentFiles(t *testing.T) {
 		}
 	}
 	require.Equal(t, 8*3, n)
+}
+
+// TestWriteOneWriter: while a file is open for writing, another open of it
+// for writing is EBUSY, and the first writer's close commits exactly its
+// own bytes (issue 22: two writers' tensors were committed as one file and
+// the first close returned 0). An open for writing right after a close
+// still works, whatever the kernel's release of the closed file is doing.
+func TestWriteOneWriter(t *testing.T) {
+	src := t.TempDir()
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 2})))
+	dir, back := filepath.Join(mnt, "new"), filepath.Join(src, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	in := t.TempDir()
+	wantA := writeST(t, filepath.Join(in, "a.safetensors"), 21, llamaA...)
+	writeST(t, filepath.Join(in, "b.safetensors"), 22, llamaA...) // the same tensors, other bytes
+	a, err := os.ReadFile(filepath.Join(in, "a.safetensors"))
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(in, "b.safetensors"))
+	require.NoError(t, err)
+	name := filepath.Join(dir, "model.safetensors")
+
+	fa, err := os.Create(name)
+	require.NoError(t, err)
+	defer fa.Close()
+	half := len(a) / 2
+	_, err = fa.Write(a[:half])
+	require.NoError(t, err)
+	for _, flag := range []int{os.O_WRONLY | os.O_CREATE | os.O_TRUNC, os.O_RDWR} {
+		fb, err := os.OpenFile(name, flag, 0o644)
+		if err == nil {
+			fb.WriteAt(b, 0)
+			fb.Close()
+		}
+		require.ErrorIs(t, err, syscall.EBUSY, "flags %#o", flag)
+	}
+	r, err := os.Open(name)
+	require.NoError(t, err, "a reader is not a writer")
+	require.NoError(t, r.Close())
+	_, err = fa.Write(a[half:])
+	require.NoError(t, err)
+	require.NoError(t, fa.Close())
+	require.Equal(t, wantA, readTensors(t, dir))
+	require.Empty(t, spoolFiles(t, back))
+
+	// touch, then write: the second open finds the first one's file, or
+	// what its release made of it (an empty tensor file is dropped).
+	for i := range 10 {
+		for _, n := range []string{"notes" + strconv.Itoa(i) + ".txt", "t" + strconv.Itoa(i) + ".safetensors"} {
+			p := filepath.Join(dir, n)
+			f, err := os.Create(p)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+			data := []byte("notes")
+			if filepath.Ext(n) == ".safetensors" {
+				data = oneTensorFile(t, "t"+strconv.Itoa(i))
+			}
+			require.NoError(t, os.WriteFile(p, data, 0o644), n)
+		}
+		got, err := os.ReadFile(filepath.Join(dir, "notes"+strconv.Itoa(i)+".txt"))
+		require.NoError(t, err)
+		require.Equal(t, "notes", string(got))
+	}
+	require.Len(t, readTensors(t, dir), len(llamaA)+10)
+	require.Empty(t, spoolFiles(t, back))
+}
+
+// oneTensorFile returns a safetensors file of one tensor, name.
+func oneTensorFile(t *testing.T, name string) []byte {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "good.safetensors")
+	writeST(t, p, 9, tspec{name, safetensors.F32, []int64{3}})
+	data, err := os.ReadFile(p)
+	require.NoError(t, err)
+	return data
+}
+
+// TestWriteNameTooLong: a name over NAME_MAX fails where it is created,
+// with ENAMETOOLONG, not at close; nothing is left behind.
+func TestWriteNameTooLong(t *testing.T) {
+	src := t.TempDir()
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{WorldSize: 2})))
+	dir, back := filepath.Join(mnt, "new"), filepath.Join(src, "new")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	before := listDir(t, back)
+	for _, n := range []string{strings.Repeat("c", 251) + ".json", strings.Repeat("m", 244) + ".safetensors"} {
+		require.Len(t, n, 256)
+		f, err := os.Create(filepath.Join(dir, n))
+		if err == nil {
+			f.Close()
+		}
+		require.ErrorIs(t, err, syscall.ENAMETOOLONG, n)
+	}
+	require.ErrorIs(t, os.Mkdir(filepath.Join(dir, strings.Repeat("d", 256)), 0o755), syscall.ENAMETOOLONG)
+	require.Empty(t, listDir(t, dir))
+	require.Equal(t, before, listDir(t, back), "no spool, no debris")
+
+	// nor can a file being written be renamed to one
+	f, err := os.Create(filepath.Join(dir, "x.tmp"))
+	require.NoError(t, err)
+	require.ErrorIs(t, os.Rename(filepath.Join(dir, "x.tmp"), filepath.Join(dir, strings.Repeat("r", 256))), syscall.ENAMETOOLONG)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Remove(filepath.Join(dir, "x.tmp")))
+	require.Empty(t, listDir(t, dir))
+	require.Empty(t, spoolFiles(t, back))
 }

@@ -309,6 +309,18 @@ func (f *File) Abort() {
 func (f *File) finish(err error) {
 	_ = f.behind.drain() // nothing is written to the spool once it is closed
 	f.mu.Lock()
+	f.sealed = true // its name stays: no rename moves it in the session now
+	name := f.name
+	f.mu.Unlock()
+	// Out of the session, and its commit in the directory's content, before
+	// it is done: an open that finds it done (ErrStale) looks the name up
+	// again, and must find what replaced it.
+	f.s.forget(f, name)
+	if err == nil {
+		f.s.bump()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if fi, serr := f.f.Stat(); serr == nil {
 		f.size = fi.Size()
 	}
@@ -317,12 +329,6 @@ func (f *File) finish(err error) {
 	os.Remove(f.spool) // gone already when a sidecar was renamed into place
 	f.done, f.err = true, err
 	f.letGo()
-	name := f.name
-	f.mu.Unlock()
-	f.s.forget(f, name)
-	if err == nil {
-		f.s.bump()
-	}
 }
 
 // commit does the work of Commit, holding f.commitMu and the session's

@@ -24,7 +24,11 @@ func (s *Session) Remove(name string) error {
 	s.mu.Unlock()
 	if f != nil {
 		f.Abort()
-		return nil
+		if _, err := f.Done(); err != nil {
+			return nil // dropped
+		}
+		// Committed meanwhile (its last release raced the remove): remove
+		// what it stored.
 	}
 	if !s.isStored(name) {
 		return s.notStored(name)
