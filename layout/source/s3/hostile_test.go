@@ -200,9 +200,9 @@ func TestHostileStore(t *testing.T) {
 			panic(http.ErrAbortHandler)
 		}, want: s3.ErrRequest, cause: "response body cut", gets: 2, max: time.Second},
 		{name: "body trickles", serve: trickle(false), want: s3.ErrRequest, cause: "attempt deadline 1.125s passed",
-			gets: 2, min: 2 * 1125 * time.Millisecond, max: 2*1125*time.Millisecond + time.Second},
+			gets: 2, min: 2 * 1125 * time.Millisecond, max: 2*1125*time.Millisecond + 2*time.Second},
 		{name: "headers trickle", serve: trickle(true), want: s3.ErrRequest, cause: "no response within the attempt deadline 1.125s",
-			gets: 2, min: 2 * 1125 * time.Millisecond, max: 2*1125*time.Millisecond + time.Second},
+			gets: 2, min: 2 * 1125 * time.Millisecond, max: 2*1125*time.Millisecond + 2*time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := startFakeStore(t, size, tc.serve)
