@@ -90,8 +90,9 @@ type FS struct {
 	// Set before serving starts (tests lower them).
 	fdBudget int
 	maxViews int
-	// openHook, for tests, is called before a checkpoint is opened.
-	openHook func(dir string)
+	// openHook, for tests, is called before a directory is looked at
+	// ("detect") and before a checkpoint is opened ("open").
+	openHook func(stage, dir string)
 
 	// Lock order: target.mu, then mu; viewEntry.build, then mu.
 	mu      sync.Mutex
@@ -173,6 +174,9 @@ func (f *FS) detect(dir string) (format ckpt.Reader, ok bool, err error) {
 			f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 		}
 	}()
+	if f.openHook != nil {
+		f.openHook("detect", dir)
+	}
 	sub, err := source.Sub(f.tree, dir)
 	if err != nil {
 		return nil, false, nil
@@ -576,7 +580,7 @@ func (f *FS) openView(dir string) (view *layout.View, err error) {
 		}
 	}()
 	if f.openHook != nil {
-		f.openHook(dir)
+		f.openHook("open", dir)
 	}
 	sub, err := source.Sub(f.tree, dir)
 	if err == nil {
