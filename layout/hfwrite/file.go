@@ -45,7 +45,7 @@ type File struct {
 	writer    *Handle       // GUARDED_BY(mu): the handle open for writing, nil if none
 	released  chan struct{} // GUARDED_BY(mu): closed by letGo; nil if no open waits
 	changed   bool          // GUARDED_BY(mu): created, written or truncated
-	sealed    bool          // GUARDED_BY(mu): a commit started; writes fail
+	sealed    bool          // GUARDED_BY(mu): a commit or drop started; writes and renames fail
 	size      int64         // GUARDED_BY(mu): size when done
 	done      bool          // GUARDED_BY(mu)
 	err       error         // GUARDED_BY(mu): the result of Commit

@@ -29,7 +29,10 @@
 //
 //   - A name being written is busy (ErrBusy) for another writer, a rename
 //     onto it, and a rewrite; a new file shows under its name while it is
-//     written, shadowing anything else of that name.
+//     written, shadowing anything else of that name. A file has one handle
+//     open for writing at a time (File.Open); readers are not writers.
+//   - Names longer than NAME_MAX are refused where they are created
+//     (CheckName: ENAMETOOLONG), not when the commit needs them.
 //   - A file is committed at the first Flush of a handle that wrote to it
 //     (close(2), which returns the result), or, if no handle that wrote was
 //     flushed (a file only created or truncated), at the last Release; a
@@ -279,8 +282,8 @@ func (s *Session) start(name string, created bool) (*Handle, error) {
 	return h, nil
 }
 
-// forget removes f from the files being written once it is done; its name
-// no longer changes then.
+// forget removes f from the files being written as it is finished (its
+// name no longer changes then), before it is done.
 func (s *Session) forget(f *File, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
