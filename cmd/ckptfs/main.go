@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 
@@ -144,16 +145,28 @@ func newVersionCmd() *cobra.Command {
 	}
 }
 
+// versionString is what version and --version print: the version, the
+// commit it was built from (vcs.revision, "+dirty" for a modified tree),
+// the Go version and the platform.
 func versionString() string {
-	if version != "" {
-		return version
+	v, commit := version, "unknown"
+	if v == "" {
+		v = "devel"
 	}
 	if info, ok := debug.ReadBuildInfo(); ok {
+		if v == "devel" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+			v = info.Main.Version
+		}
+		dirty := ""
 		for _, s := range info.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				return "devel-" + s.Value[:12]
+			switch {
+			case s.Key == "vcs.revision":
+				commit = s.Value
+			case s.Key == "vcs.modified" && s.Value == "true":
+				dirty = "+dirty"
 			}
 		}
+		commit += dirty
 	}
-	return "devel"
+	return fmt.Sprintf("%s\ncommit %s\n%s %s/%s", v, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,7 +137,7 @@ func TestVersion(t *testing.T) {
 	for _, args := range [][]string{{"version"}, {"--version"}} {
 		code, out, _ := runCLI(args...)
 		require.Equal(t, 0, code)
-		require.Regexp(t, `^ckptfs devel(-[0-9a-f]{12})?\n$`, out)
+		require.Regexp(t, `^ckptfs \S+\ncommit ([0-9a-f]{40}(\+dirty)?|unknown)\ngo1\.\S+ `+runtime.GOOS+"/"+runtime.GOARCH+"\n$", out)
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -11,10 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
-	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -29,8 +27,6 @@ import (
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
 )
-
-const watchdogCmd = "__unmount-on-exit"
 
 // unmountGrace is how long an unmount waits for requests in flight before
 // the source's are ended (see unmountOnSignal).
@@ -52,6 +48,7 @@ type mountFlags struct {
 	prefill     bool
 	directReads bool
 	allowOther  bool
+	nonEmpty    bool
 	fuseDebug   bool
 	verbose     bool
 	metricsAddr string
@@ -73,6 +70,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as s3:// sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
+	fs.BoolVar(&f.nonEmpty, "allow-non-empty", false, "mount over a directory that has files, hiding them (-o nonempty too)")
 	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request")
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log debug messages too")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics (the counters of .ckptfs, fill and commit latencies)")
@@ -145,14 +143,22 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// a thread of it waits on its own mount (the readiness stat), a wait the
 	// kernel cannot end, leaving an unkillable zombie.
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	log, closeLog, err := newLogger(stderr, f.logFile, f.logFormat, f.verbose)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer func() { signal.Stop(hup); close(hup) }()
+	log, logFile, err := newLogger(stderr, f.logFile, f.logFormat, f.verbose)
 	if err != nil {
 		return err
 	}
-	defer closeLog()
+	defer logFile.Close()
+	go reopenOnHangup(hup, logFile, log)
 	ready.log = log
+	before, err := checkMountpoint(mnt, f.nonEmpty)
+	if err != nil {
+		return err
+	}
 
 	cancelRequests := func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
@@ -215,10 +221,6 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		}
 		defer stop()
 	}
-	before, err := os.Stat(mnt)
-	if err != nil {
-		return err
-	}
 	// Logged before the mount appears, so whoever waits for the mount sees it.
 	attrs := []any{"source", src, "mountpoint", mnt, "mode", f.write.describe(), "cache", human(f.cacheSize.Int64())}
 	if f.metricsAddr != "" {
@@ -230,16 +232,29 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if err != nil {
 		return err
 	}
-	stopWatchdog := startWatchdog(mnt, log)
-	defer stopWatchdog()
-	if err := waitAnswers(mnt, before); err != nil {
-		server.Unmount()
+	// Mounted: from here every way out ends the mount, and the watchdog
+	// ends it (this one only) if the process dies first.
+	own, err := findCkptfsMount(mnt)
+	wd := &watchdog{}
+	if err == nil {
+		wd = startWatchdog(mnt, own, log)
+	}
+	defer wd.close()
+	if err == nil {
+		err = waitAnswers(mnt, before)
+	}
+	if err != nil {
+		if server.Unmount() != nil {
+			syscall.Unmount(mnt, syscall.MNT_DETACH) // the mount just made, still on top
+		}
+		wd.disarm()
 		return err
 	}
 
 	defer unmountOnSignal(sigs, server, mnt, log, ready, cancelRequests)()
 	ready.ready()
 	server.Wait()
+	wd.disarm()
 	ready.stopping()
 	// Unmounted: nobody waits for what is still being fetched (read-ahead),
 	// and the cache's Close waits for its workers, so end their requests now
@@ -248,8 +263,8 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	return nil
 }
 
-// unmountOnSignal unmounts on the signals sigs receives (SIGINT, SIGTERM or
-// SIGHUP) until stop is called. A busy mount (files open or mapped) is
+// unmountOnSignal unmounts on the signals sigs receives (SIGINT, SIGTERM)
+// until stop is called. A busy mount (files open or mapped) is
 // detached and served until its files close, unless a second signal asks to
 // exit now. An unmount still waiting after unmountGrace for requests the
 // kernel sent (a read ahead stuck on a stalled object store) calls abort to
@@ -298,15 +313,17 @@ func waitAnswers(mnt string, before os.FileInfo) error {
 	}
 }
 
-// newLogger returns the mount's logger: text or JSON, to logFile if set.
-func newLogger(stderr io.Writer, logFile, format string, verbose bool) (*slog.Logger, func(), error) {
-	w, closeLog := stderr, func() {}
-	if logFile != "" {
-		f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-		if err != nil {
+// newLogger returns the mount's logger: text or JSON, to the file at path
+// if set (then returned, to reopen and close; a nil *logFile is stderr).
+func newLogger(stderr io.Writer, path, format string, verbose bool) (*slog.Logger, *logFile, error) {
+	w := stderr
+	var lf *logFile
+	if path != "" {
+		var err error
+		if lf, err = openLogFile(path); err != nil {
 			return nil, nil, fmt.Errorf("--log-file: %w", err)
 		}
-		w, closeLog = f, func() { f.Close() }
+		w = lf
 	}
 	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
 	if verbose {
@@ -314,12 +331,106 @@ func newLogger(stderr io.Writer, logFile, format string, verbose bool) (*slog.Lo
 	}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), closeLog, nil
+		return slog.New(slog.NewTextHandler(w, opts)), lf, nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), closeLog, nil
+		return slog.New(slog.NewJSONHandler(w, opts)), lf, nil
 	}
-	closeLog()
+	lf.Close()
 	return nil, nil, &usageError{fmt.Errorf("--log-format %q: want text or json", format)}
+}
+
+// logFile is --log-file, reopened on SIGHUP so that logrotate can move it
+// away and the mount goes on logging to a new file of that name.
+type logFile struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File // GUARDED_BY(mu); nil once closed
+}
+
+func openLogFile(path string) (*logFile, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &logFile{path: path, f: f}, nil
+}
+
+func (l *logFile) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return 0, os.ErrClosed
+	}
+	return l.f.Write(p)
+}
+
+// reopen opens the path again; on failure the old file stays in use.
+func (l *logFile) reopen() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return os.ErrClosed
+	}
+	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	l.f.Close()
+	l.f = f
+	return nil
+}
+
+func (l *logFile) Close() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f != nil {
+		l.f.Close()
+		l.f = nil
+	}
+}
+
+// reopenOnHangup reopens the log file on each SIGHUP until hup is closed
+// (a mount logging to stderr ignores SIGHUP: it no longer unmounts).
+func reopenOnHangup(hup <-chan os.Signal, lf *logFile, log *slog.Logger) {
+	for range hup {
+		if lf == nil {
+			continue
+		}
+		if err := lf.reopen(); err != nil {
+			log.Error("--log-file not reopened", "path", lf.path, "err", err)
+			continue
+		}
+		log.Info("log file reopened", "path", lf.path)
+	}
+}
+
+// checkMountpoint refuses a mount point that is no directory, or one with
+// files unless nonEmpty, before anything is mounted on it (a FUSE mount on a
+// regular file succeeds, and then nothing can use it). It returns what the
+// mount point is before the mount.
+func checkMountpoint(mnt string, nonEmpty bool) (os.FileInfo, error) {
+	fi, err := os.Stat(mnt)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("mount point %s is not a directory", mnt)
+	}
+	if !nonEmpty {
+		d, err := os.Open(mnt)
+		if err != nil {
+			return nil, err
+		}
+		names, _ := d.Readdirnames(1)
+		d.Close()
+		if len(names) > 0 {
+			return nil, fmt.Errorf("mount point %s is not empty (--allow-non-empty, -o nonempty, to mount over its files)", mnt)
+		}
+	}
+	return fi, nil
 }
 
 // serveMetrics serves m at addr until stop is called. The address is bound
@@ -407,130 +518,6 @@ func (w *writeFlags) describe() string {
 	return s
 }
 
-// startWatchdog starts a helper process that lazily unmounts mnt when this
-// process dies without unmounting (SIGKILL, OOM, crash), so the mount point
-// is never left wedged ("transport endpoint is not connected"). The helper
-// waits for EOF on a pipe that only this process holds open.
-func startWatchdog(mnt string, log *slog.Logger) func() {
-	exe, err := os.Executable()
-	if err != nil {
-		log.Warn("no unmount watchdog", "err", err)
-		return func() {}
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		log.Warn("no unmount watchdog", "err", err)
-		return func() {}
-	}
-	if abs, err := filepath.Abs(mnt); err == nil {
-		mnt = abs // as /proc/self/mountinfo names it
-	}
-	cmd := exec.Command(exe, watchdogCmd, mnt, strconv.Itoa(os.Getpid()))
-	cmd.ExtraFiles = []*os.File{r}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		log.Warn("no unmount watchdog", "err", err)
-		r.Close()
-		w.Close()
-		return func() {}
-	}
-	r.Close()
-	go cmd.Wait()
-	return func() { w.Close() }
-}
-
-// runWatchdog is the helper's side: block until the mounting process is gone
-// (its end of the pipe closes), or is a zombie whose last thread waits on its
-// own mount (it holds the pipe open and the kernel can never answer it);
-// then abort the mount's FUSE connection, which ends such waits, and detach
-// the mount if it is still there.
-func runWatchdog(args []string) error {
-	if len(args) != 2 {
-		return errors.New("usage: " + watchdogCmd + " MNT PID")
-	}
-	pid, err := strconv.Atoi(args[1])
-	if err != nil {
-		return err
-	}
-	gone := make(chan struct{})
-	go func() {
-		io.Copy(io.Discard, os.NewFile(3, "watchdog"))
-		close(gone)
-	}()
-	for tick := time.NewTicker(time.Second); ; {
-		select {
-		case <-gone:
-		case <-tick.C:
-			if !isZombie(pid) {
-				continue
-			}
-		}
-		break
-	}
-	abortConnection(args[0])
-	return lazyUnmount(args[0])
-}
-
-// isZombie reports whether process pid has exited but not been reaped.
-func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true // gone
-	}
-	// pid (comm) state ...: comm may hold spaces and parentheses.
-	rest := b[bytes.LastIndexByte(b, ')')+1:]
-	return len(rest) > 1 && rest[1] == 'Z'
-}
-
-// unescapeOctal undoes mountinfo's \ooo escapes (of spaces, tabs, ...).
-func unescapeOctal(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// abortConnection aborts the FUSE connection of the mount at mnt, found in
-// /proc/self/mountinfo (stat'ing a mount whose server is dead would hang).
-func abortConnection(mnt string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 || unescapeOctal(f[4]) != mnt {
-			continue
-		}
-		if _, minor, ok := strings.Cut(f[2], ":"); ok {
-			const ctl = "/sys/fs/fuse/connections"
-			if _, err := os.Stat(ctl + "/" + minor); err != nil {
-				_ = syscall.Mount("fusectl", ctl, "fusectl", 0, "") // root only; often not mounted
-			}
-			_ = os.WriteFile(ctl+"/"+minor+"/abort", []byte("1"), 0o200)
-		}
-	}
-}
-
-func lazyUnmount(mnt string) error {
-	err := syscall.Unmount(mnt, syscall.MNT_DETACH)
-	if err == nil || errors.Is(err, syscall.EINVAL) {
-		return nil // done, or not mounted any more
-	}
-	if out, ferr := exec.Command("fusermount3", "-u", "-z", mnt).CombinedOutput(); ferr != nil {
-		return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
-	}
-	return nil
-}
-
 func newUmountCmd() *cobra.Command {
 	var lazy bool
 	cmd := &cobra.Command{
@@ -539,6 +526,10 @@ func newUmountCmd() *cobra.Command {
 		Args:  positional("MNT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			mnt := args[0]
+			// As umount(8) -t fuse.ckptfs would: never another filesystem.
+			if _, err := findCkptfsMount(mnt); err != nil {
+				return err
+			}
 			if lazy {
 				return lazyUnmount(mnt)
 			}

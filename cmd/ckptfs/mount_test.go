@@ -193,7 +193,12 @@ func TestMountReadsLocalSourcesDirectly(t *testing.T) {
 // that the mount then exits 0.
 func mountSample(t *testing.T, flags ...string) (mnt string, unmount func()) {
 	t.Helper()
-	mnt = t.TempDir()
+	return mountSampleAt(t, t.TempDir(), flags...)
+}
+
+// mountSampleAt is mountSample at the given mount point.
+func mountSampleAt(t *testing.T, mnt string, flags ...string) (string, func()) {
+	t.Helper()
 	done := make(chan int, 1)
 	stderr := &logBuffer{}
 	args := append(append([]string{"mount"}, flags...), sample, mnt)

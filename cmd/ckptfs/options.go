@@ -60,11 +60,15 @@ func applyOptions(flags *pflag.FlagSet, values []string) (mountOptions, error) {
 				if err := flags.Set("rw", "true"); err != nil {
 					return o, err
 				}
+			case name == "nonempty" && !hasVal: // libfuse's name for it
+				if err := flags.Set("allow-non-empty", "true"); err != nil {
+					return o, err
+				}
 			case kernelOptions[name] && !hasVal:
 				o.kernel = append(o.kernel, name)
 				readOnly = readOnly || name == "ro"
 			case ignoredOptions[name] && !hasVal, hasAnyPrefix(opt, ignoredPrefixes):
-			case kernelOptions[name] || ignoredOptions[name] || name == "foreground" || name == "writable":
+			case kernelOptions[name] || ignoredOptions[name] || name == "foreground" || name == "writable" || name == "nonempty":
 				return o, fmt.Errorf("mount option %q takes no value", name)
 			default:
 				if err := setFlagOption(flags, name, val, hasVal); err != nil {

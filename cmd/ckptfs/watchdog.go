@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const watchdogCmd = "__unmount-on-exit"
+
+// disarmLine, written on the watchdog's pipe, says the mount was unmounted
+// by its own process: nothing is left to do.
+const disarmLine = "disarm"
+
+// watchdog is the mounting process's end of the unmount watchdog.
+type watchdog struct{ w *os.File }
+
+// startWatchdog starts a helper process that ends the mount m (at mnt) when
+// this process dies without unmounting it (SIGKILL, OOM, crash), so the
+// mount point is never left wedged ("transport endpoint is not connected").
+// The helper waits on a pipe that only this process holds open: disarm
+// before exiting after a clean unmount, close (or die) otherwise.
+func startWatchdog(mnt string, m mountEntry, log *slog.Logger) *watchdog {
+	exe, err := os.Executable()
+	if err != nil {
+		log.Warn("no unmount watchdog", "err", err)
+		return &watchdog{}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		log.Warn("no unmount watchdog", "err", err)
+		return &watchdog{}
+	}
+	cmd := exec.Command(exe, watchdogCmd, absMountpoint(mnt), strconv.Itoa(os.Getpid()), strconv.Itoa(m.id), m.dev)
+	cmd.ExtraFiles = []*os.File{r}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		log.Warn("no unmount watchdog", "err", err)
+		w.Close()
+		return &watchdog{}
+	}
+	go cmd.Wait()
+	return &watchdog{w: w}
+}
+
+// disarm tells the watchdog the mount is gone, unmounted by this process.
+func (d *watchdog) disarm() {
+	if d.w != nil {
+		fmt.Fprintln(d.w, disarmLine)
+	}
+}
+
+// close lets the watchdog act unless disarmed.
+func (d *watchdog) close() {
+	if d.w != nil {
+		d.w.Close()
+	}
+}
+
+// runWatchdog is the helper's side: block until the mounting process is
+// gone without disarming it (its end of the pipe closes), or is a zombie
+// whose last thread waits on its own mount (it holds the pipe open and the
+// kernel can never answer it); then end that mount and no other: abort its
+// FUSE connection, which ends such waits, and detach it if it is still
+// what the mount point shows.
+func runWatchdog(args []string) error {
+	if len(args) != 4 {
+		return errors.New("usage: " + watchdogCmd + " MNT PID MOUNT-ID MAJ:MIN")
+	}
+	mnt, dev := args[0], args[3]
+	pid, err := strconv.Atoi(args[1])
+	if err != nil {
+		return err
+	}
+	id, err := strconv.Atoi(args[2])
+	if err != nil {
+		return err
+	}
+	gone := make(chan bool, 1) // true: disarmed
+	go func() {
+		sc := bufio.NewScanner(os.NewFile(3, "watchdog"))
+		for sc.Scan() {
+			if sc.Text() == disarmLine {
+				gone <- true
+				return
+			}
+		}
+		gone <- false
+	}()
+	for tick := time.NewTicker(time.Second); ; {
+		select {
+		case disarmed := <-gone:
+			if disarmed {
+				return nil
+			}
+		case <-tick.C:
+			if !isZombie(pid) {
+				continue
+			}
+		}
+		break
+	}
+	return endMount(mnt, id, dev)
+}
+
+// endMount aborts and detaches the mount of the given ID and device, if it
+// is still mounted; a mount stacked on it since is left alone (its
+// connection is aborted, so it no longer wedges whoever reaches it).
+func endMount(mnt string, id int, dev string) error {
+	entries, err := readMountinfo()
+	if err != nil {
+		return err
+	}
+	var ours bool
+	for _, e := range entries {
+		ours = ours || e.id == id && e.dev == dev
+	}
+	if !ours {
+		return nil // unmounted already
+	}
+	abortConnection(dev)
+	if top, ok := topMount(entries, mnt); !ok || top.id != id {
+		return nil
+	}
+	return lazyUnmount(mnt)
+}
+
+// isZombie reports whether process pid has exited but not been reaped.
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // gone
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	rest := b[bytes.LastIndexByte(b, ')')+1:]
+	return len(rest) > 1 && rest[1] == 'Z'
+}
+
+// abortConnection aborts the FUSE connection of the mount of device dev
+// (MAJ:MIN; the minor names the connection). Stat'ing a mount whose server
+// is dead would hang, so nothing here touches the mount point.
+func abortConnection(dev string) {
+	_, minor, ok := strings.Cut(dev, ":")
+	if !ok {
+		return
+	}
+	const ctl = "/sys/fs/fuse/connections"
+	if _, err := os.Stat(ctl + "/" + minor); err != nil {
+		_ = syscall.Mount("fusectl", ctl, "fusectl", 0, "") // root only; often not mounted
+	}
+	_ = os.WriteFile(ctl+"/"+minor+"/abort", []byte("1"), 0o200)
+}
+
+// lazyUnmount detaches whatever is mounted at mnt: callers check first that
+// it is the mount they mean.
+func lazyUnmount(mnt string) error {
+	err := syscall.Unmount(mnt, syscall.MNT_DETACH)
+	if err == nil || errors.Is(err, syscall.EINVAL) {
+		return nil // done, or not mounted any more
+	}
+	if out, ferr := exec.Command("fusermount3", "-u", "-z", mnt).CombinedOutput(); ferr != nil {
+		return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
+	}
+	return nil
+}
