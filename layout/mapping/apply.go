@@ -51,7 +51,7 @@ func Apply(spec *Spec, sources []Source, params map[string]int64, tied bool) (*R
 	res := &Result{}
 	var order []position
 	for ri, r := range spec.Rules {
-		insts, name, err := r.instances(byName)
+		insts, name, err := r.instances(byName, MaxTensors-len(res.Tensors))
 		if err != nil {
 			return nil, fmt.Errorf("mapping %s: %w", spec.Name, err)
 		}
@@ -60,9 +60,6 @@ func Apply(spec *Spec, sources []Source, params map[string]int64, tied bool) (*R
 				continue
 			}
 			return nil, fmt.Errorf("mapping %s: %s needs %s, which the checkpoint does not have", spec.Name, r.To, strings.Join(r.From, " or "))
-		}
-		if len(res.Tensors)+len(insts) > MaxTensors {
-			return nil, fmt.Errorf("mapping %s: makes more than %d tensors", spec.Name, MaxTensors)
 		}
 		if r.UnlessTied && tied {
 			for _, in := range insts {
@@ -82,7 +79,7 @@ func Apply(spec *Spec, sources []Source, params map[string]int64, tied bool) (*R
 			made[t.Name] = true
 			used[in.source] = true
 			res.Tensors = append(res.Tensors, t)
-			order = append(order, position{ri, in.layer})
+			order = append(order, position{ri, in.at})
 		}
 	}
 	sortByLayer(res.Tensors, order)
@@ -94,45 +91,52 @@ func Apply(spec *Spec, sources []Source, params map[string]int64, tied bool) (*R
 	return res, nil
 }
 
-// position is where a view tensor comes from: its rule and layer.
+// position is where a view tensor comes from: its rule and indices.
 type position struct {
-	rule  int
-	layer int64 // -1: not per layer
+	rule int
+	at   indices
 }
 
 // sortByLayer orders the view tensors as a model's state dict is: tensors
 // of rules before the first per-layer rule, then each layer's tensors in
-// rule order, then the rest.
+// rule order, with a layer's experts together, each expert's tensors in
+// rule order (as an HF MoE block's ModuleList registers them), then the
+// rest.
 func sortByLayer(ts []Tensor, pos []position) {
-	first := -1
+	first, firstExpert := -1, -1
 	for _, p := range pos {
-		if p.layer >= 0 && (first < 0 || p.rule < first) {
+		if p.at[layerIndex] >= 0 && (first < 0 || p.rule < first) {
 			first = p.rule
 		}
-	}
-	key := func(p position) (int, int64, int) {
-		switch {
-		case p.layer >= 0:
-			return 1, p.layer, p.rule
-		case first >= 0 && p.rule > first:
-			return 2, 0, p.rule
+		if p.at[expertIndex] >= 0 && (firstExpert < 0 || p.rule < firstExpert) {
+			firstExpert = p.rule
 		}
-		return 0, 0, p.rule
+	}
+	key := func(p position) [5]int64 {
+		group := int64(p.rule)
+		if p.at[expertIndex] >= 0 {
+			group = int64(firstExpert)
+		}
+		switch {
+		case p.at[layerIndex] >= 0:
+			return [5]int64{1, p.at[layerIndex], group, p.at[expertIndex], int64(p.rule)}
+		case first >= 0 && p.rule > first:
+			return [5]int64{2, 0, group, p.at[expertIndex], int64(p.rule)}
+		}
+		return [5]int64{0, 0, group, p.at[expertIndex], int64(p.rule)}
 	}
 	idx := make([]int, len(ts))
 	for i := range idx {
 		idx[i] = i
 	}
 	sort.SliceStable(idx, func(a, b int) bool {
-		a0, a1, a2 := key(pos[idx[a]])
-		b0, b1, b2 := key(pos[idx[b]])
-		if a0 != b0 {
-			return a0 < b0
+		ka, kb := key(pos[idx[a]]), key(pos[idx[b]])
+		for i := range ka {
+			if ka[i] != kb[i] {
+				return ka[i] < kb[i]
+			}
 		}
-		if a1 != b1 {
-			return a1 < b1
-		}
-		return a2 < b2
+		return false
 	})
 	sorted := make([]Tensor, len(ts))
 	for i, j := range idx {
@@ -141,82 +145,212 @@ func sortByLayer(ts []Tensor, pos []position) {
 	copy(ts, sorted)
 }
 
-// instance is one application of a rule: a source, and the layer it makes.
+// indices are the layer and expert a view tensor is made for, -1 where the
+// rule has no such index.
+type indices [numIndices]int64
+
+const (
+	layerIndex = iota
+	expertIndex
+	numIndices
+)
+
+// indexNames are the placeholders of the indices in names: "{l}", "{e}".
+var indexNames = [numIndices]string{"l", "e"}
+
+// indexWords name the indices in inspect's transforms.
+var indexWords = [numIndices]string{"layer", "expert"}
+
+func placeholder(i int) string { return "{" + indexNames[i] + "}" }
+
+// noIndices is the position of a rule with neither index.
+var noIndices = indices{-1, -1}
+
+// instance is one application of a rule: a source, and the indices of the
+// tensor it makes.
 type instance struct {
 	source string
 	tensor *ckpt.Tensor
-	layer  int64 // -1 when the rule is not per layer
+	at     indices
+	axes   Axes // the stacked axes of the source: see Rule.axesOf
 }
 
-// instances finds the rule's source (the first alternative that exists) and
-// the layers it makes.
-func (r *Rule) instances(byName map[string]*ckpt.Tensor) ([]instance, string, error) {
+// instances finds the rule's source (the first alternative that exists)
+// and the layers and experts it makes: from indices matched in the
+// source's name, then from its stacked axes. At most limit instances are
+// made; more is an error, found before anything is allocated for them.
+func (r *Rule) instances(byName map[string]*ckpt.Tensor, limit int) ([]instance, string, error) {
 	for _, from := range r.From {
-		if !strings.Contains(from, "{l}") {
-			t := byName[from]
-			if t == nil {
-				continue
+		var named []instance
+		if re := nameTemplate(from); re != nil {
+			for name, t := range byName {
+				if at, ok := matchIndices(re, name); ok {
+					named = append(named, instance{source: name, tensor: t, at: at})
+				}
 			}
-			if !r.Stacked {
-				return []instance{{from, t, -1}}, from, nil
+			// Map order is random: the order of layers and experts is not.
+			sort.Slice(named, func(i, j int) bool {
+				a, b := named[i].at, named[j].at
+				if a[layerIndex] != b[layerIndex] {
+					return a[layerIndex] < b[layerIndex]
+				}
+				return a[expertIndex] < b[expertIndex]
+			})
+		} else if t := byName[from]; t != nil {
+			named = []instance{{source: from, tensor: t, at: noIndices}}
+		}
+		if len(named) == 0 {
+			continue
+		}
+		axes := r.axesOf(from)
+		for i := range named {
+			named[i].axes = axes
+		}
+		if len(axes) == 0 {
+			if len(named) > limit {
+				return nil, from, fmt.Errorf("%s makes more than %d tensors", from, limit)
 			}
-			if err := stackable(from, t); err != nil {
+			return named, from, nil
+		}
+		var out []instance
+		for _, in := range named {
+			counts, err := stackable(in.source, in.tensor, axes)
+			if err != nil {
 				return nil, from, err
 			}
-			out := make([]instance, t.Shape[0])
-			for l := range out {
-				out[l] = instance{from, t, int64(l)}
+			n := int64(1)
+			for _, c := range counts {
+				n *= c // each at most MaxLayers, and there are at most numIndices
 			}
-			return out, from, nil
-		}
-		re := regexp.MustCompile("^" + strings.ReplaceAll(regexp.QuoteMeta(from), `\{l\}`, `(0|[1-9][0-9]{0,5})`) + "$")
-		var out []instance
-		for name, t := range byName {
-			if m := re.FindStringSubmatch(name); m != nil {
-				l, _ := strconv.ParseInt(m[1], 10, 64)
-				out = append(out, instance{name, t, l})
+			if n > int64(limit-len(out)) {
+				return nil, from, fmt.Errorf("%s makes more than %d tensors", from, limit)
 			}
+			out = append(out, expand(in, axes, counts)...)
 		}
-		if len(out) > 0 {
-			sort.Slice(out, func(i, j int) bool { return out[i].layer < out[j].layer })
-			return out, from, nil
-		}
+		return out, from, nil
 	}
 	return nil, "", nil
 }
 
-// stackable checks the leading axis of a source stacked by layer before it
-// sizes anything: a layer count from the checkpoint, bounded, over layers
-// that hold bytes (a [2^40, 0] tensor is 2^40 empty layers in no bytes).
-func stackable(name string, t *ckpt.Tensor) error {
-	if len(t.Shape) == 0 {
-		return fmt.Errorf("%s is stacked by layer but has no dimensions", name)
+// axesOf is the stacked axes of the source name from: the rule's, less
+// the indices the name itself gives.
+func (r *Rule) axesOf(from string) Axes {
+	var axes Axes
+	for _, ax := range r.Stacked {
+		if !strings.Contains(from, placeholder(indexOf(ax))) {
+			axes = append(axes, ax)
+		}
 	}
-	if n, err := ckpt.NumElements(t.Shape[1:]); err != nil || n == 0 {
-		return fmt.Errorf("%s is stacked by layer but its layers hold no elements (shape %v)", name, t.Shape)
+	return axes
+}
+
+// stackable checks the leading axes of a source stacked by layer or expert
+// before they size anything: counts from the checkpoint, bounded, over
+// slices that hold elements (a [2^40, 0] tensor is 2^40 empty layers in no
+// bytes). It returns the count of each stacked axis.
+func stackable(name string, t *ckpt.Tensor, axes Axes) ([]int64, error) {
+	k := len(axes)
+	if len(t.Shape) < k {
+		return nil, fmt.Errorf("%s is stacked on %d axes but has %d dimensions", name, k, len(t.Shape))
 	}
-	if layers := t.Shape[0]; layers < 0 || layers > MaxLayers {
-		return fmt.Errorf("%s is stacked over %d layers (at most %d)", name, layers, MaxLayers)
+	if n, err := ckpt.NumElements(t.Shape[k:]); err != nil || n == 0 {
+		return nil, fmt.Errorf("%s is stacked by %s but its slices hold no elements (shape %v)", name, axes, t.Shape)
 	}
-	return nil
+	for i, c := range t.Shape[:k] {
+		if c < 0 || c > MaxLayers {
+			return nil, fmt.Errorf("%s is stacked over %d along axis %d (at most %d)", name, c, i, MaxLayers)
+		}
+	}
+	return t.Shape[:k], nil
+}
+
+// expand makes one instance per index tuple of the stacked axes.
+func expand(in instance, axes Axes, counts []int64) []instance {
+	out := []instance{in}
+	for k, ax := range axes {
+		next := make([]instance, 0, int64(len(out))*counts[k])
+		for _, o := range out {
+			for i := int64(0); i < counts[k]; i++ {
+				o.at[indexOf(ax)] = i
+				next = append(next, o)
+			}
+		}
+		out = next
+	}
+	return out
+}
+
+// indexOf is the position of an index name in indices; Spec.validate
+// rejects other names.
+func indexOf(name string) int {
+	for i, n := range indexNames {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// nameTemplate is the pattern of a source name with index placeholders,
+// or nil when it has none.
+func nameTemplate(from string) *regexp.Regexp {
+	q := regexp.QuoteMeta(from)
+	found := false
+	for i := range indexNames {
+		ph := regexp.QuoteMeta(placeholder(i))
+		if strings.Contains(q, ph) {
+			found = true
+			q = strings.ReplaceAll(q, ph, "(?P<"+indexNames[i]+">0|[1-9][0-9]{0,5})")
+		}
+	}
+	if !found {
+		return nil
+	}
+	return regexp.MustCompile("^" + q + "$")
+}
+
+// matchIndices matches name against a template: the indices it names, and
+// whether it matched (one index named twice must have one value).
+func matchIndices(re *regexp.Regexp, name string) (indices, bool) {
+	m := re.FindStringSubmatch(name)
+	if m == nil {
+		return indices{}, false
+	}
+	at := noIndices
+	for gi, g := range re.SubexpNames() {
+		i := indexOf(g)
+		if i < 0 {
+			continue
+		}
+		v, _ := strconv.ParseInt(m[gi], 10, 64)
+		if at[i] >= 0 && at[i] != v {
+			return indices{}, false
+		}
+		at[i] = v
+	}
+	return at, true
 }
 
 // tensor builds the view tensor of one instance.
 func (r *Rule) tensor(in instance, params map[string]int64) (Tensor, error) {
 	src := in.tensor
 	name := r.To
-	if in.layer >= 0 {
-		name = strings.ReplaceAll(name, "{l}", strconv.FormatInt(in.layer, 10))
+	for i, v := range in.at {
+		if v >= 0 {
+			name = strings.ReplaceAll(name, placeholder(i), strconv.FormatInt(v, 10))
+		}
 	}
-	// The slice of the source the rule works on: one layer of a stacked
-	// tensor, else all of it; shape is its shape without the layer axis.
+	// The slice of the source the rule works on: one layer (and expert) of
+	// a stacked tensor, else all of it; shape is its shape without the
+	// stacked axes.
 	off := make([]int64, len(src.Shape))
 	size := append([]int64(nil), src.Shape...)
-	shape := src.Shape
-	if r.Stacked {
-		off[0], size[0] = in.layer, 1
-		shape = src.Shape[1:]
+	var stacked []string // "layer 3", "expert 1", for inspect
+	for k, ax := range in.axes {
+		off[k], size[k] = in.at[indexOf(ax)], 1
+		stacked = append(stacked, fmt.Sprintf("%s %d", indexWords[indexOf(ax)], off[k]))
 	}
+	shape := src.Shape[len(in.axes):]
 	if len(shape) == 0 {
 		if r.Rows != "" || r.Split != nil || r.Permute != nil {
 			return Tensor{}, fmt.Errorf("rows, split or permute of a 0-dim tensor")
@@ -259,9 +393,7 @@ func (r *Rule) tensor(in instance, params map[string]int64) (Tensor, error) {
 		}
 		transform = append(transform, r.Split.describe())
 	}
-	if in.layer >= 0 && r.Stacked {
-		transform = append([]string{fmt.Sprintf("layer %d", in.layer)}, transform...)
-	}
+	transform = append(stacked, transform...)
 	if r.Permute != nil {
 		heads, err := eval(r.Permute.Rope, params)
 		if err != nil {

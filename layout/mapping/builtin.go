@@ -27,22 +27,22 @@ func gateUp(take int) *Split { return &Split{Sizes: []string{"rows/2", "rows/2"}
 // to the HF size; optimizer state (optimizer.*) is never a source here.
 var megatronGPT = &Spec{Name: "megatron-gpt", Rules: []Rule{
 	{To: "model.embed_tokens.weight", From: Names{"embedding.word_embeddings.weight"}, Rows: "0:vocab"},
-	{To: layer + "input_layernorm.weight", Stacked: true,
+	{To: layer + "input_layernorm.weight", Stacked: ByLayer,
 		From: Names{"decoder.layers.self_attention.linear_qkv.layer_norm_weight", "decoder.layers.input_layernorm.weight"}},
-	{To: layer + "self_attn.q_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: true, Split: qkv(0)},
-	{To: layer + "self_attn.k_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: true, Split: qkv(1)},
-	{To: layer + "self_attn.v_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: true, Split: qkv(2)},
-	{To: layer + "self_attn.q_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: true, Split: qkv(0), Optional: true},
-	{To: layer + "self_attn.k_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: true, Split: qkv(1), Optional: true},
-	{To: layer + "self_attn.v_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: true, Split: qkv(2), Optional: true},
-	{To: layer + "self_attn.q_norm.weight", From: Names{"decoder.layers.self_attention.q_layernorm.weight"}, Stacked: true, Optional: true},
-	{To: layer + "self_attn.k_norm.weight", From: Names{"decoder.layers.self_attention.k_layernorm.weight"}, Stacked: true, Optional: true},
-	{To: layer + "self_attn.o_proj.weight", From: Names{"decoder.layers.self_attention.linear_proj.weight"}, Stacked: true},
-	{To: layer + "post_attention_layernorm.weight", Stacked: true,
+	{To: layer + "self_attn.q_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: ByLayer, Split: qkv(0)},
+	{To: layer + "self_attn.k_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: ByLayer, Split: qkv(1)},
+	{To: layer + "self_attn.v_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: ByLayer, Split: qkv(2)},
+	{To: layer + "self_attn.q_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: ByLayer, Split: qkv(0), Optional: true},
+	{To: layer + "self_attn.k_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: ByLayer, Split: qkv(1), Optional: true},
+	{To: layer + "self_attn.v_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: ByLayer, Split: qkv(2), Optional: true},
+	{To: layer + "self_attn.q_norm.weight", From: Names{"decoder.layers.self_attention.q_layernorm.weight"}, Stacked: ByLayer, Optional: true},
+	{To: layer + "self_attn.k_norm.weight", From: Names{"decoder.layers.self_attention.k_layernorm.weight"}, Stacked: ByLayer, Optional: true},
+	{To: layer + "self_attn.o_proj.weight", From: Names{"decoder.layers.self_attention.linear_proj.weight"}, Stacked: ByLayer},
+	{To: layer + "post_attention_layernorm.weight", Stacked: ByLayer,
 		From: Names{"decoder.layers.mlp.linear_fc1.layer_norm_weight", "decoder.layers.pre_mlp_layernorm.weight"}},
-	{To: layer + "mlp.gate_proj.weight", From: Names{"decoder.layers.mlp.linear_fc1.weight"}, Stacked: true, Split: gateUp(0)},
-	{To: layer + "mlp.up_proj.weight", From: Names{"decoder.layers.mlp.linear_fc1.weight"}, Stacked: true, Split: gateUp(1)},
-	{To: layer + "mlp.down_proj.weight", From: Names{"decoder.layers.mlp.linear_fc2.weight"}, Stacked: true},
+	{To: layer + "mlp.gate_proj.weight", From: Names{"decoder.layers.mlp.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(0)},
+	{To: layer + "mlp.up_proj.weight", From: Names{"decoder.layers.mlp.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(1)},
+	{To: layer + "mlp.down_proj.weight", From: Names{"decoder.layers.mlp.linear_fc2.weight"}, Stacked: ByLayer},
 	{To: "model.norm.weight", From: Names{"decoder.final_layernorm.weight"}},
 	// Absent when the output layer shares the embeddings.
 	{To: "lm_head.weight", From: Names{"output_layer.weight"}, Rows: "0:vocab", Optional: true},
@@ -132,7 +132,7 @@ func (s *Spec) matches(byName map[string]*ckpt.Tensor) bool {
 		if r.Optional || r.UnlessTied {
 			continue
 		}
-		if insts, _, err := r.instances(byName); err != nil || len(insts) == 0 {
+		if insts, _, err := r.instances(byName, MaxTensors); err != nil || len(insts) == 0 {
 			return false
 		}
 	}

@@ -1,6 +1,7 @@
 package mapping
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -64,9 +65,9 @@ func tensor(name string, shape ...int64) Source {
 func TestApply(t *testing.T) {
 	spec := &Spec{Name: "t", Rules: []Rule{
 		{To: "embed", From: Names{"emb"}, Rows: "0:vocab"},
-		{To: "l.{l}.q", From: Names{"qkv"}, Stacked: true, Split: &Split{Groups: "kv_heads", Sizes: []string{"heads/kv_heads*head_dim", "head_dim", "head_dim"}, Take: 0}},
-		{To: "l.{l}.v", From: Names{"qkv"}, Stacked: true, Split: &Split{Groups: "kv_heads", Sizes: []string{"heads/kv_heads*head_dim", "head_dim", "head_dim"}, Take: 2}},
-		{To: "l.{l}.bias", From: Names{"bias"}, Stacked: true, Optional: true},
+		{To: "l.{l}.q", From: Names{"qkv"}, Stacked: ByLayer, Split: &Split{Groups: "kv_heads", Sizes: []string{"heads/kv_heads*head_dim", "head_dim", "head_dim"}, Take: 0}},
+		{To: "l.{l}.v", From: Names{"qkv"}, Stacked: ByLayer, Split: &Split{Groups: "kv_heads", Sizes: []string{"heads/kv_heads*head_dim", "head_dim", "head_dim"}, Take: 2}},
+		{To: "l.{l}.bias", From: Names{"bias"}, Stacked: ByLayer, Optional: true},
 		{To: "b.{l}.w", From: Names{"blocks.{l}.w"}, Permute: &Permute{Rope: "heads"}},
 		{To: "head", From: Names{"out"}, UnlessTied: true},
 	}}
@@ -125,8 +126,8 @@ func TestApplyErrors(t *testing.T) {
 		{Rule{To: "a", From: Names{"b"}, Rows: "0:9"}, []Source{tensor("b", 7, 2)}, "rows 0:9 outside 7"},
 		{Rule{To: "a", From: Names{"b"}, Permute: &Permute{Rope: "heads"}}, []Source{tensor("b", 6, 2)}, "6 rows are not 4 heads"},
 		// Hostile sizes: each sized an allocation or wrapped past a check.
-		{Rule{To: "l.{l}.a", From: Names{"b"}, Stacked: true}, []Source{tensor("b", 1<<40, 0)}, "its layers hold no elements"},
-		{Rule{To: "l.{l}.a", From: Names{"b"}, Stacked: true}, []Source{tensor("b", 1<<20, 1)}, "stacked over 1048576 layers"},
+		{Rule{To: "l.{l}.a", From: Names{"b"}, Stacked: ByLayer}, []Source{tensor("b", 1<<40, 0)}, "its slices hold no elements"},
+		{Rule{To: "l.{l}.a", From: Names{"b"}, Stacked: ByLayer}, []Source{tensor("b", 1<<20, 1)}, "stacked over 1048576 along axis 0"},
 		{Rule{To: "a", From: Names{"b"}, Permute: &Permute{Rope: "heads"}}, []Source{tensor("b", 1<<40, 0)}, "permute of an empty tensor"},
 		{Rule{To: "a", From: Names{"b"}, Split: &Split{Sizes: []string{"4611686018427387904", "4611686018427387904",
 			"4611686018427387904", "4611686018427387904", "512"}, Take: 4}}, []Source{tensor("b", 512, 2)}, "overflow"},
@@ -209,4 +210,91 @@ func TestReadFile(t *testing.T) {
 	s, err := ReadFile(ok)
 	require.NoError(t, err)
 	assert.Equal(t, "x", s.Name)
+}
+
+// Experts: a layer's experts stacked on dimension 0 (torchtitan), layers
+// and experts stacked on dimensions 0 and 1 (Megatron torch_dist), or the
+// expert in the name (Megatron's singleton local shards): every expert of
+// every layer is its own box, in state-dict order.
+func TestApplyExperts(t *testing.T) {
+	spec := &Spec{Name: "moe", Rules: []Rule{
+		{To: "l.{l}.gate", From: Names{"layers.{l}.router"}},
+		{To: "l.{l}.experts.{e}.w1", From: Names{"layers.{l}.w13"}, Stacked: Axes{"e"}, Split: &Split{Sizes: []string{"rows/2", "rows/2"}, Take: 0}},
+		{To: "l.{l}.experts.{e}.w3", From: Names{"layers.{l}.w13"}, Stacked: Axes{"e"}, Split: &Split{Sizes: []string{"rows/2", "rows/2"}, Take: 1}},
+		{To: "l.{l}.experts.{e}.w2", From: Names{"fc2"}, Stacked: Axes{"l", "e"}},
+		{To: "l.{l}.experts.{e}.b", From: Names{"bias.{e}"}, Stacked: ByLayer},
+		{To: "l.{l}.norm", From: Names{"layers.{l}.norm"}},
+	}}
+	srcs := []Source{tensor("layers.0.router", 3, 4), tensor("layers.1.router", 3, 4),
+		tensor("layers.0.w13", 3, 10, 4), tensor("layers.1.w13", 3, 10, 4), tensor("fc2", 2, 3, 4, 5),
+		tensor("bias.0", 2, 4), tensor("bias.1", 2, 4), tensor("bias.2", 2, 4),
+		tensor("layers.0.norm", 4), tensor("layers.1.norm", 4)}
+	res, err := Apply(spec, srcs, nil, false)
+	require.NoError(t, err)
+	var names []string
+	for _, m := range res.Tensors {
+		names = append(names, m.Name)
+		require.NoError(t, m.Check(), m.Name)
+	}
+	var want []string
+	for l := range 2 {
+		want = append(want, fmt.Sprintf("l.%d.gate", l))
+		for e := range 3 {
+			for _, w := range []string{"w1", "w3", "w2", "b"} {
+				want = append(want, fmt.Sprintf("l.%d.experts.%d.%s", l, e, w))
+			}
+		}
+		want = append(want, fmt.Sprintf("l.%d.norm", l))
+	}
+	assert.Equal(t, want, names)
+	assert.Empty(t, res.Unused)
+	byName := map[string]Tensor{}
+	for _, m := range res.Tensors {
+		byName[m.Name] = m
+	}
+	w3 := byName["l.1.experts.2.w3"]
+	assert.Equal(t, []int64{5, 4}, w3.Shape)
+	assert.Equal(t, "layers.1.w13", w3.Pieces[0].Source.Name)
+	assert.Equal(t, []int64{2, 5, 0}, w3.Pieces[0].Offsets)
+	assert.Equal(t, []int64{1, 5, 4}, w3.Pieces[0].Sizes)
+	assert.Equal(t, "expert 2, part 1 of [rows/2, rows/2]", w3.Transform)
+	w2 := byName["l.1.experts.0.w2"]
+	assert.Equal(t, []int64{4, 5}, w2.Shape)
+	assert.Equal(t, []int64{1, 0, 0, 0}, w2.Pieces[0].Offsets)
+	assert.Equal(t, []int64{1, 1, 4, 5}, w2.Pieces[0].Sizes)
+	assert.Equal(t, "layer 1, expert 0", w2.Transform)
+	b := byName["l.0.experts.2.b"]
+	assert.Equal(t, "bias.2", b.Pieces[0].Source.Name)
+	assert.Equal(t, []int64{0, 0}, b.Pieces[0].Offsets)
+
+	// Many experts over many layers are counted before they are made.
+	_, err = Apply(&Spec{Name: "big", Rules: []Rule{{To: "{l}.{e}", From: Names{"x"}, Stacked: Axes{"l", "e"}}}},
+		[]Source{tensor("x", 1<<12, 1<<12, 1)}, nil, false)
+	assert.ErrorContains(t, err, "makes more than 262144 tensors")
+}
+
+func TestParseIndices(t *testing.T) {
+	for doc, msg := range map[string]string{
+		`{"name": "x", "tensors": [{"to": "a.{e}", "from": "b", "stacked": true}]}`:           `stacked by "l" needs "{l}" in "to"`,
+		`{"name": "x", "tensors": [{"to": "a.{e}", "from": ["b.{e}", "c"]}]}`:                 `"{e}" in "to" needs a source stacked by "e" or "{e}" in "from" "c"`,
+		`{"name": "x", "tensors": [{"to": "a.{l}", "from": "b", "stacked": ["l", "l"]}]}`:     `each of "l" and "e" at most once`,
+		`{"name": "x", "tensors": [{"to": "a.{l}.{e}", "from": "b", "stacked": ["l", "x"]}]}`: `each of "l" and "e" at most once`,
+		`{"name": "x", "tensors": [{"to": "a", "from": "b", "stacked": "yes"}]}`:              `stacked: want true or a list`,
+	} {
+		_, err := Parse([]byte(doc))
+		assert.ErrorContains(t, err, msg, doc)
+	}
+	s, err := Parse([]byte(`{"name": "x", "tensors": [{"to": "a.{l}.{e}", "from": "b.{e}", "stacked": true}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, ByLayer, s.Rules[0].Stacked)
+	// Experts on an axis, or one per name: one rule covers both forms.
+	s, err = Parse([]byte(`{"name": "x", "tensors": [{"to": "a.{l}.{e}", "from": ["b", "c.{e}"], "stacked": ["l", "e"]}]}`))
+	require.NoError(t, err)
+	for _, srcs := range [][]Source{{tensor("b", 2, 3, 4)}, {tensor("c.0", 2, 4), tensor("c.1", 2, 4), tensor("c.2", 2, 4)}} {
+		res, err := Apply(s, srcs, nil, false)
+		require.NoError(t, err)
+		require.Len(t, res.Tensors, 6)
+		assert.Equal(t, "a.1.2", res.Tensors[5].Name)
+		assert.Equal(t, []int64{4}, res.Tensors[5].Shape)
+	}
 }

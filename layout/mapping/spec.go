@@ -35,9 +35,12 @@ type Rule struct {
 	// From are the source names to try, in order (a string or a list);
 	// "{l}" matches a layer index in the name.
 	From Names `json:"from"`
-	// Stacked says the source holds every layer on a leading axis, as
-	// Megatron saves them: layer l is index l of dimension 0.
-	Stacked bool `json:"stacked,omitempty"`
+	// Stacked says the source holds every layer (or expert) on leading
+	// axes, as Megatron saves them: ["l"] (or true) takes layer l from
+	// index l of dimension 0; ["l", "e"] layer l of dimension 0 and expert
+	// e of dimension 1; ["e"] expert e of dimension 0 (torchtitan's
+	// grouped experts of one layer).
+	Stacked Axes `json:"stacked,omitempty"`
 	// Rows keeps rows "start:end" of dimension 0 (after taking the layer):
 	// an unpadded vocabulary, say ("0:vocab").
 	Rows string `json:"rows,omitempty"`
@@ -68,6 +71,31 @@ type Split struct {
 // rotate-half order HF Llama uses (x0, x1, ..., y0, y1, ...).
 type Permute struct {
 	Rope string `json:"rope"`
+}
+
+// Axes names the index each leading axis of a stacked source holds.
+type Axes []string
+
+// ByLayer is a source stacked by layer on dimension 0.
+var ByLayer = Axes{"l"}
+
+// UnmarshalJSON accepts true (layers on dimension 0), false, or a list of
+// index names.
+func (a *Axes) UnmarshalJSON(b []byte) error {
+	var flag bool
+	if err := json.Unmarshal(b, &flag); err == nil {
+		*a = nil
+		if flag {
+			*a = ByLayer
+		}
+		return nil
+	}
+	var names []string
+	if err := json.Unmarshal(b, &names); err != nil {
+		return fmt.Errorf(`stacked: want true or a list of "l" and "e"`)
+	}
+	*a = names
+	return nil
 }
 
 // Names is one name or a list of alternatives.
@@ -147,14 +175,15 @@ func (s *Spec) validate() error {
 			return fmt.Errorf("%s: no \"to\"", where)
 		case len(r.From) == 0:
 			return fmt.Errorf("%s: no \"from\"", where)
-		case strings.Contains(r.To, "{l}") != (r.Stacked || templated(r.From)):
-			return fmt.Errorf("%s: \"{l}\" in \"to\" needs a stacked source or \"{l}\" in \"from\", and the other way round", where)
-		case r.Stacked && templated(r.From):
-			return fmt.Errorf("%s: a stacked source has no \"{l}\" in its name", where)
+		case len(r.Stacked) > numIndices:
+			return fmt.Errorf("%s: stacked on %d axes", where, len(r.Stacked))
 		case r.Split != nil && (len(r.Split.Sizes) == 0 || r.Split.Take < 0 || r.Split.Take >= len(r.Split.Sizes)):
 			return fmt.Errorf("%s: split takes part %d of %d", where, r.Split.Take, len(r.Split.Sizes))
 		case r.Permute != nil && r.Permute.Rope == "":
 			return fmt.Errorf("%s: permute needs \"rope\": the number of heads", where)
+		}
+		if err := r.validateIndices(); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 		if r.Rows != "" {
 			if _, _, ok := strings.Cut(r.Rows, ":"); !ok {
@@ -165,9 +194,38 @@ func (s *Spec) validate() error {
 	return nil
 }
 
-func templated(names Names) bool {
+// validateIndices checks that each index the view name uses comes, for
+// every source name, from a stacked axis or from the name itself (which
+// then wins: one rule covers Megatron's experts stacked on an axis and the
+// same experts saved one per name), and that every index a source gives is
+// used by the view name.
+func (r *Rule) validateIndices() error {
+	seen := map[string]bool{}
+	for _, ax := range r.Stacked {
+		if indexOf(ax) < 0 || seen[ax] {
+			return fmt.Errorf("stacked %q: want each of \"l\" and \"e\" at most once", []string(r.Stacked))
+		}
+		seen[ax] = true
+	}
+	for i, name := range indexNames {
+		ph := placeholder(i)
+		inTo := strings.Contains(r.To, ph)
+		if seen[name] && !inTo {
+			return fmt.Errorf("a source stacked by %q needs %q in \"to\"", name, ph)
+		}
+		for _, from := range r.From {
+			if inTo != (seen[name] || strings.Contains(from, ph)) {
+				return fmt.Errorf("%q in \"to\" needs a source stacked by %q or %q in \"from\" %q, and the other way round", ph, name, ph, from)
+			}
+		}
+	}
+	return nil
+}
+
+// templated reports whether any of names holds the placeholder ph.
+func templated(names Names, ph string) bool {
 	for _, n := range names {
-		if strings.Contains(n, "{l}") {
+		if strings.Contains(n, ph) {
 			return true
 		}
 	}
