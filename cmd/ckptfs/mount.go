@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -158,6 +159,9 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	before, err := checkMountpoint(mnt, f.nonEmpty)
 	if err != nil {
 		return err
+	}
+	if real, err := filepath.EvalSymlinks(mnt); err == nil {
+		mnt = real // as mountinfo will name it, for the watchdog
 	}
 
 	cancelRequests := func() {}

@@ -88,8 +88,14 @@ func findCkptfsMount(mnt string) (mountEntry, error) {
 	if err != nil {
 		return mountEntry{}, err
 	}
-	point := absMountpoint(mnt)
-	e, ok := topMount(entries, point)
+	e, ok := topMount(entries, absMountpoint(mnt))
+	if !ok {
+		// A path through a symlink: resolved only now, since that stats
+		// the mount, which may not answer.
+		if real, err := filepath.EvalSymlinks(mnt); err == nil {
+			e, ok = topMount(entries, real)
+		}
+	}
 	if !ok {
 		return e, fmt.Errorf("%s: not mounted", mnt)
 	}

@@ -87,6 +87,15 @@ func TestUnmountLeavesTheMountBelow(t *testing.T) {
 	require.Equal(t, "tmpfs", topType(t, mnt))
 }
 
+// TestMountThroughASymlink: a mount point reached through a symlink is
+// mounted, found by umount and watched as mountinfo names it.
+func TestMountThroughASymlink(t *testing.T) {
+	link := filepath.Join(t.TempDir(), "link")
+	require.NoError(t, os.Symlink(t.TempDir(), link))
+	_, unmount := mountSampleAt(t, link)
+	unmount()
+}
+
 // TestWatchdogEndsACrashedMountOnly: a mount whose process is killed is
 // detached by its watchdog, and the tmpfs under it stays.
 func TestWatchdogEndsACrashedMountOnly(t *testing.T) {
