@@ -100,6 +100,7 @@ def test_inspect_export_and_mount_agree(case, view, fmt, mapped, tmp_path, mount
     mounted = m.mnt / view
     internal = {n for n in os.listdir(src) if n == ".metadata" or n.endswith(".distcp") or n == "common.pt"
                 or (fmt == "hf-sharded-safetensors" and n.startswith("shard-"))
+                or (fmt == "megatron-torch_dist" and n == "metadata.json")
                 or (fmt == "pipeline-stages" and re.fullmatch(r"pp\d+", n))}
     through = {n for n in os.listdir(src) if not (src / n).is_dir()} - internal
     dirs = {n for n in os.listdir(src) if (src / n).is_dir()} - internal

@@ -190,7 +190,14 @@ func (d *Dir) sourceEntries(only string) ([]source.Info, syscall.Errno) {
 	return ents, 0
 }
 
+// nameMax is NAME_MAX: the longest name of a directory entry.
+const nameMax = 255
+
 func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	// No name of a source or a view is longer; the kernel does not check.
+	if len(name) > nameMax {
+		return nil, syscall.ENAMETOOLONG
+	}
 	kids, errno := d.children(name)
 	if errno != 0 {
 		return nil, errno

@@ -32,6 +32,7 @@ var errnos = []struct {
 	{hfwrite.ErrBusy, syscall.EBUSY, true},
 	{hfwrite.ErrReadOnly, syscall.EROFS, true},
 	{hfwrite.ErrStale, syscall.ESTALE, true},
+	{syscall.ENAMETOOLONG, syscall.ENAMETOOLONG, true},
 	// The request was interrupted.
 	{context.Canceled, syscall.EINTR, true},
 	{context.DeadlineExceeded, syscall.EINTR, true},

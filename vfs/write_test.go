@@ -563,6 +563,8 @@ func TestWriteNameTooLong(t *testing.T) {
 		require.ErrorIs(t, err, syscall.ENAMETOOLONG, n)
 	}
 	require.ErrorIs(t, os.Mkdir(filepath.Join(dir, strings.Repeat("d", 256)), 0o755), syscall.ENAMETOOLONG)
+	_, err := os.Stat(filepath.Join(dir, strings.Repeat("s", 256)))
+	require.ErrorIs(t, err, syscall.ENAMETOOLONG, "a lookup, not only a create")
 	require.Empty(t, listDir(t, dir))
 	require.Equal(t, before, listDir(t, back), "no spool, no debris")
 
