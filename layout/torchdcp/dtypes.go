@@ -1,31 +1,13 @@
 package torchdcp
 
-// storageClasses maps the dtypes torch still saves with typed storages
-// (torch/storage.py _dtype_to_storage_type_map) to their class in module
-// torch. A record of one of them rebuilds with _rebuild_tensor_v2.
-var storageClasses = map[string]string{
-	"float64":    "DoubleStorage",
-	"float32":    "FloatStorage",
-	"float16":    "HalfStorage",
-	"bfloat16":   "BFloat16Storage",
-	"int64":      "LongStorage",
-	"int32":      "IntStorage",
-	"int16":      "ShortStorage",
-	"int8":       "CharStorage",
-	"uint8":      "ByteStorage",
-	"bool":       "BoolStorage",
-	"complex64":  "ComplexFloatStorage",
-	"complex128": "ComplexDoubleStorage",
-}
+import "github.com/ckptfs/ckptfs/layout/internal/torchzip"
 
-// typedStorages is storageClasses inverted: class name → dtype.
-var typedStorages = func() map[string]string {
-	m := make(map[string]string, len(storageClasses))
-	for dtype, class := range storageClasses {
-		m[class] = dtype
-	}
-	return m
-}()
+// storageClasses maps the dtypes torch saves with typed storages to their
+// class in module torch (torchzip.StorageClasses); typedStorages inverts it.
+var (
+	storageClasses = torchzip.StorageClasses
+	typedStorages  = torchzip.TypedStorages
+)
 
 // untypedDTypes are the torch/storage.py _new_dtypes() that safetensors can
 // carry: saved as a torch.storage.UntypedStorage of bytes, rebuilt with

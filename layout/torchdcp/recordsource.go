@@ -18,6 +18,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -267,24 +268,12 @@ func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 	return loc, nil
 }
 
-// torchOnlyDTypes are the dtypes torch 2.15 has and safetensors does not:
-// tensors of these are left out of views with a reason. Any other name that
-// safetensors does not know is not a torch dtype at all, and the checkpoint
-// is rejected rather than shown without those tensors.
-var torchOnlyDTypes = map[string]bool{
-	"bcomplex32": true, "complex32": true, "complex128": true,
-	"bits16": true, "bits1x8": true, "bits2x4": true, "bits4x2": true, "bits8": true,
-	"qint32": true, "qint8": true, "quint2x4": true, "quint4x2": true, "quint8": true,
-	"int1": true, "int2": true, "int3": true, "int4": true, "int5": true, "int6": true, "int7": true,
-	"uint1": true, "uint2": true, "uint3": true, "uint4": true, "uint5": true, "uint6": true, "uint7": true,
-	"float4_e2m1fn_x2": true,
-}
+// torchOnlyDTypes are the dtypes torch has and safetensors does not
+// (torchzip.TorchOnlyDTypes): tensors of these are left out of views with a
+// reason. Any other name that safetensors does not know is not a torch dtype
+// at all, and the checkpoint is rejected rather than shown without those
+// tensors.
+var torchOnlyDTypes = torchzip.TorchOnlyDTypes
 
 // dtypeOf maps a torch dtype name to safetensors and its element size.
-func dtypeOf(torch string) (safetensors.DType, int64, bool) {
-	d, ok := safetensors.FromTorch(torch)
-	if !ok || d.Size() <= 0 {
-		return "", 0, false
-	}
-	return d, int64(d.Size()), true
-}
+func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DType(torch) }
