@@ -125,7 +125,7 @@ func (v *View) generatedConfig(sidecars []*File, mtime time.Time) *File {
 		}
 	}
 	m := mapping.FromMegatronArgs(v.Checkpoint.Args)
-	b, err := mapping.MegatronHFConfig(v.Checkpoint.Args, m.Params["vocab"])
+	b, err := mapping.MegatronHFConfig(v.Checkpoint.Args, m.Params["vocab"], v.Mapping)
 	if err != nil {
 		v.Warnings = append(v.Warnings, "no config.json for the view: "+err.Error()+" (pass --hf-config DIR)")
 		return nil

@@ -2,11 +2,12 @@ package mapping
 
 import "github.com/ckptfs/ckptfs/layout/ckpt"
 
-// Built-in mappings: a table per model family, tried in order; the first
-// whose every required source exists in a checkpoint applies (Detect).
-// Hyper-parameters come from the view's config.json, else from what the
-// checkpoint records (Megatron's common.pt args).
-var Builtin = []*Spec{megatronGPT, torchtitanQwen3, torchtitanLlama, kempnerForgeLlama}
+// Built-in mappings: a table per model family; of those whose every
+// required source exists in a checkpoint, the one that takes the most of
+// its tensors applies (Detect). Hyper-parameters come from the view's
+// config.json, else from what the checkpoint records (Megatron's args).
+var Builtin = []*Spec{megatronGPT, megatronMixtral, megatronQwenMoE, torchtitanQwen3, torchtitanQwen3MoE,
+	torchtitanLlama, kempnerForgeLlama}
 
 // layer is shorthand for the names of one decoder layer in HF Llama,
 // Qwen2, Qwen3 and Mistral.
@@ -25,28 +26,83 @@ func gateUp(take int) *Split { return &Split{Sizes: []string{"rows/2", "rows/2"}
 // layer specs, any TP×PP: layers stacked on a leading axis) as HF Llama,
 // Qwen2 (QKV bias), Qwen3 (QK norm) or Mistral. The vocabulary is unpadded
 // to the HF size; optimizer state (optimizer.*) is never a source here.
-var megatronGPT = &Spec{Name: "megatron-gpt", Rules: []Rule{
-	{To: "model.embed_tokens.weight", From: Names{"embedding.word_embeddings.weight"}, Rows: "0:vocab"},
-	{To: layer + "input_layernorm.weight", Stacked: ByLayer,
-		From: Names{"decoder.layers.self_attention.linear_qkv.layer_norm_weight", "decoder.layers.input_layernorm.weight"}},
-	{To: layer + "self_attn.q_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: ByLayer, Split: qkv(0)},
-	{To: layer + "self_attn.k_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: ByLayer, Split: qkv(1)},
-	{To: layer + "self_attn.v_proj.weight", From: Names{"decoder.layers.self_attention.linear_qkv.weight"}, Stacked: ByLayer, Split: qkv(2)},
-	{To: layer + "self_attn.q_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: ByLayer, Split: qkv(0), Optional: true},
-	{To: layer + "self_attn.k_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: ByLayer, Split: qkv(1), Optional: true},
-	{To: layer + "self_attn.v_proj.bias", From: Names{"decoder.layers.self_attention.linear_qkv.bias"}, Stacked: ByLayer, Split: qkv(2), Optional: true},
-	{To: layer + "self_attn.q_norm.weight", From: Names{"decoder.layers.self_attention.q_layernorm.weight"}, Stacked: ByLayer, Optional: true},
-	{To: layer + "self_attn.k_norm.weight", From: Names{"decoder.layers.self_attention.k_layernorm.weight"}, Stacked: ByLayer, Optional: true},
-	{To: layer + "self_attn.o_proj.weight", From: Names{"decoder.layers.self_attention.linear_proj.weight"}, Stacked: ByLayer},
-	{To: layer + "post_attention_layernorm.weight", Stacked: ByLayer,
-		From: Names{"decoder.layers.mlp.linear_fc1.layer_norm_weight", "decoder.layers.pre_mlp_layernorm.weight"}},
+var megatronGPT = &Spec{Name: "megatron-gpt", Rules: megatronDecoder(true, []Rule{
 	{To: layer + "mlp.gate_proj.weight", From: Names{"decoder.layers.mlp.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(0)},
 	{To: layer + "mlp.up_proj.weight", From: Names{"decoder.layers.mlp.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(1)},
 	{To: layer + "mlp.down_proj.weight", From: Names{"decoder.layers.mlp.linear_fc2.weight"}, Stacked: ByLayer},
-	{To: "model.norm.weight", From: Names{"decoder.final_layernorm.weight"}},
-	// Absent when the output layer shares the embeddings.
-	{To: "lm_head.weight", From: Names{"output_layer.weight"}, Rows: "0:vocab", Optional: true},
-}}
+})}
+
+// megatronMixtral is Megatron-Core's GPTModel with MoE layers (a router,
+// SwiGLU experts, no shared experts; Mixtral's attention) as HF
+// MixtralForCausalLM, with Megatron-Bridge's names.
+var megatronMixtral = &Spec{Name: "megatron-mixtral", Rules: megatronDecoder(false,
+	megatronExperts(layer+"block_sparse_moe.", "w1", "w3", "w2"))}
+
+// megatronQwenMoE is the same model as HF Qwen3MoeForCausalLM (QK norms)
+// or Qwen2MoeForCausalLM (QKV biases, a gated shared expert): the names
+// the two share, with what only one of them has optional.
+var megatronQwenMoE = &Spec{Name: "megatron-qwen-moe", Rules: megatronDecoder(true, append(
+	megatronExperts(layer+"mlp.", "gate_proj", "up_proj", "down_proj"),
+	Rule{To: layer + "mlp.shared_expert.gate_proj.weight", From: Names{"decoder.layers.mlp.shared_experts.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(0), Optional: true},
+	Rule{To: layer + "mlp.shared_expert.up_proj.weight", From: Names{"decoder.layers.mlp.shared_experts.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(1), Optional: true},
+	Rule{To: layer + "mlp.shared_expert.down_proj.weight", From: Names{"decoder.layers.mlp.shared_experts.linear_fc2.weight"}, Stacked: ByLayer, Optional: true},
+	Rule{To: layer + "mlp.shared_expert_gate.weight", From: Names{"decoder.layers.mlp.shared_experts.gate_weight"}, Stacked: ByLayer, Optional: true},
+))}
+
+// megatronExperts are the rules of an MoE block under prefix: the router,
+// and each expert's fused [gate; up] linear_fc1 and its linear_fc2, named
+// gate, up and down. torch_dist saves the experts of every layer stacked on
+// the axis after the layer's, sequential and grouped-GEMM experts alike;
+// with singleton local shards, one tensor per expert.
+func megatronExperts(prefix, gate, up, down string) []Rule {
+	experts := func(linear string) Names {
+		return Names{"decoder.layers.mlp.experts.experts." + linear + ".weight", "decoder.layers.mlp.experts." + linear + ".weight",
+			"decoder.layers.mlp.experts.{e}." + linear + ".weight"}
+	}
+	expert := prefix + "experts.{e}."
+	return []Rule{
+		{To: prefix + "gate.weight", From: Names{"decoder.layers.mlp.router.weight"}, Stacked: ByLayer},
+		{To: expert + gate + ".weight", From: experts("linear_fc1"), Stacked: Axes{"l", "e"}, Split: gateUp(0)},
+		{To: expert + up + ".weight", From: experts("linear_fc1"), Stacked: Axes{"l", "e"}, Split: gateUp(1)},
+		{To: expert + down + ".weight", From: experts("linear_fc2"), Stacked: Axes{"l", "e"}},
+	}
+}
+
+// megatronDecoder is a Megatron-Core GPT decoder around the given MLP
+// rules: embeddings, attention (fused QKV; with extras, optional biases
+// and QK norms, for HF classes that have them), norms and output layer.
+func megatronDecoder(extras bool, mlpRules []Rule) []Rule {
+	stacked := func(to, from string, optional bool, split *Split) Rule {
+		return Rule{To: layer + to, From: Names{from}, Stacked: ByLayer, Split: split, Optional: optional}
+	}
+	qkvWeight, qkvBias := "decoder.layers.self_attention.linear_qkv.weight", "decoder.layers.self_attention.linear_qkv.bias"
+	rules := []Rule{
+		{To: "model.embed_tokens.weight", From: Names{"embedding.word_embeddings.weight"}, Rows: "0:vocab"},
+		{To: layer + "input_layernorm.weight", Stacked: ByLayer,
+			From: Names{"decoder.layers.self_attention.linear_qkv.layer_norm_weight", "decoder.layers.input_layernorm.weight"}},
+		stacked("self_attn.q_proj.weight", qkvWeight, false, qkv(0)),
+		stacked("self_attn.k_proj.weight", qkvWeight, false, qkv(1)),
+		stacked("self_attn.v_proj.weight", qkvWeight, false, qkv(2)),
+	}
+	if extras {
+		rules = append(rules,
+			stacked("self_attn.q_proj.bias", qkvBias, true, qkv(0)),
+			stacked("self_attn.k_proj.bias", qkvBias, true, qkv(1)),
+			stacked("self_attn.v_proj.bias", qkvBias, true, qkv(2)),
+			stacked("self_attn.q_norm.weight", "decoder.layers.self_attention.q_layernorm.weight", true, nil),
+			stacked("self_attn.k_norm.weight", "decoder.layers.self_attention.k_layernorm.weight", true, nil))
+	}
+	rules = append(rules,
+		stacked("self_attn.o_proj.weight", "decoder.layers.self_attention.linear_proj.weight", false, nil),
+		Rule{To: layer + "post_attention_layernorm.weight", Stacked: ByLayer,
+			From: Names{"decoder.layers.mlp.linear_fc1.layer_norm_weight", "decoder.layers.pre_mlp_layernorm.weight"}})
+	rules = append(rules, mlpRules...)
+	return append(rules,
+		Rule{To: "model.norm.weight", From: Names{"decoder.final_layernorm.weight"}},
+		// Absent when the output layer shares the embeddings.
+		Rule{To: "lm_head.weight", From: Names{"output_layer.weight"}, Rows: "0:vocab", Optional: true},
+	)
+}
 
 // torchtitan's names (0.3.0 saves wq/wk/wv under qkv_linear; older
 // versions directly under attention, and the output as "output").
@@ -81,6 +137,39 @@ var torchtitanQwen3 = &Spec{Name: "torchtitan-qwen3", Rules: append([]Rule{
 	{To: layer + "self_attn.k_proj.weight", From: titan("wk")},
 }, withoutRules(torchtitanLlama.Rules, layer+"self_attn.q_proj.weight", layer+"self_attn.k_proj.weight")...)}
 
+// torchtitanQwen3MoE is torchtitan's Qwen3 with MoE layers as HF
+// Qwen3MoeForCausalLM, as its state dict adapter's to_hf() makes it: each
+// layer's grouped experts, saved stacked [experts, ...], become one tensor
+// per expert; the router is the gate. Dense layers (mlp_only_layers) keep
+// the dense names.
+var torchtitanQwen3MoE = &Spec{Name: "torchtitan-qwen3-moe", Rules: append(
+	optional(torchtitanQwen3.Rules, layer+"mlp.gate_proj.weight", layer+"mlp.up_proj.weight", layer+"mlp.down_proj.weight"),
+	Rule{To: layer + "mlp.gate.weight", From: Names{"layers.{l}.moe.router.gate.weight"}},
+	Rule{To: layer + "mlp.experts.{e}.gate_proj.weight", From: titanExperts("w1_EFD", "w1"), Stacked: Axes{"e"}},
+	Rule{To: layer + "mlp.experts.{e}.up_proj.weight", From: titanExperts("w3_EFD", "w3"), Stacked: Axes{"e"}},
+	Rule{To: layer + "mlp.experts.{e}.down_proj.weight", From: titanExperts("w2_EDF", "w2"), Stacked: Axes{"e"}},
+)}
+
+// titanExperts names torchtitan's grouped expert weights (0.3.0 under
+// routed_experts.inner_experts with their axes in the name; older versions
+// under experts).
+func titanExperts(name, older string) Names {
+	return Names{"layers.{l}.moe.routed_experts.inner_experts." + name, "layers.{l}.moe.experts." + older}
+}
+
+// optional is rules with those making the given names optional.
+func optional(rules []Rule, to ...string) []Rule {
+	out := append([]Rule(nil), rules...)
+	for i := range out {
+		for _, t := range to {
+			if out[i].To == t {
+				out[i].Optional = true
+			}
+		}
+	}
+	return out
+}
+
 // kempnerForgeLlama is KempnerForge's Llama as HF LlamaForCausalLM: renames
 // only, as KempnerForge's own HF converter does.
 var kempnerForgeLlama = &Spec{Name: "kempnerforge-llama", Rules: []Rule{
@@ -112,31 +201,40 @@ func withoutRules(rules []Rule, to ...string) []Rule {
 	return out
 }
 
-// Detect returns the first built-in mapping whose every required source
-// (rules neither optional nor skipped when tied) exists.
+// Detect returns the built-in mapping whose every required source (rules
+// neither optional nor skipped when tied) exists and that takes the most
+// of the sources; the first such in Builtin on a tie. A family whose
+// models differ by what they add (Mixtral and Qwen3-MoE by QK norms) is so
+// told apart by what the checkpoint holds, never by a name's look.
 func Detect(sources []Source) *Spec {
 	byName := make(map[string]*ckpt.Tensor, len(sources))
 	for _, s := range sources {
 		byName[s.Name] = s.Tensor
 	}
+	var best *Spec
+	most := 0
 	for _, spec := range Builtin {
-		if spec.matches(byName) {
-			return spec
+		if n, ok := spec.matches(byName); ok && n > most {
+			best, most = spec, n
 		}
 	}
-	return nil
+	return best
 }
 
-func (s *Spec) matches(byName map[string]*ckpt.Tensor) bool {
+// matches reports whether every required source of s exists, and how many
+// of the sources its rules take.
+func (s *Spec) matches(byName map[string]*ckpt.Tensor) (int, bool) {
+	taken := map[string]bool{}
 	for _, r := range s.Rules {
-		if r.Optional || r.UnlessTied {
-			continue
+		insts, _, err := r.instances(byName, MaxTensors)
+		if err != nil || len(insts) == 0 && !r.Optional && !r.UnlessTied {
+			return 0, false
 		}
-		if insts, _, err := r.instances(byName, MaxTensors); err != nil || len(insts) == 0 {
-			return false
+		for _, in := range insts {
+			taken[in.source] = true
 		}
 	}
-	return true
+	return len(taken), true
 }
 
 // ByName returns the built-in mapping of that name.

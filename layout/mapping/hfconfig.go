@@ -6,12 +6,14 @@ import (
 )
 
 // MegatronHFConfig writes the HF config.json of a Megatron-Core GPT model
-// from the arguments its checkpoint stores: LlamaForCausalLM, or
-// Qwen2ForCausalLM when Q/K/V have biases, or Qwen3ForCausalLM with QK
-// norms. It refuses (with the reason) what those classes cannot express
-// exactly: another activation or norm, learned positions, RoPE scaling,
-// biases on other linears.
-func MegatronHFConfig(args map[string]any, vocab int64) ([]byte, error) {
+// from the arguments its checkpoint stores, for the view the built-in
+// mapping named spec made: LlamaForCausalLM, or Qwen2ForCausalLM when
+// Q/K/V have biases, or Qwen3ForCausalLM with QK norms; with MoE layers
+// MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM. It
+// refuses (with the reason) what those classes cannot express exactly:
+// another activation or norm, learned positions, RoPE scaling, biases on
+// other linears, routing HF does not do.
+func MegatronHFConfig(args map[string]any, vocab int64, spec string) ([]byte, error) {
 	str := func(k string) string { s, _ := args[k].(string); return s }
 	flag := func(k string) bool { b, _ := args[k].(bool); return b }
 	num := func(k string) (int64, bool) { v, ok := args[k].(int64); return v, ok && v > 0 }
@@ -72,6 +74,12 @@ func MegatronHFConfig(args map[string]any, vocab int64) ([]byte, error) {
 	case flag("fp16"):
 		cfg["torch_dtype"] = "float16"
 	}
+	if experts, ok := num("num_experts"); ok {
+		if err := moeConfig(cfg, args, experts, spec); err != nil {
+			return nil, err
+		}
+		return json.MarshalIndent(cfg, "", "  ")
+	}
 	switch {
 	case flag("qk_layernorm"):
 		cfg["architectures"], cfg["model_type"] = []string{"Qwen3ForCausalLM"}, "qwen3"
@@ -83,4 +91,67 @@ func MegatronHFConfig(args map[string]any, vocab int64) ([]byte, error) {
 		cfg["attention_bias"], cfg["mlp_bias"] = false, false
 	}
 	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// moeConfig adds to cfg what an HF MoE class needs, for the mapping named
+// spec: Mixtral (megatron-mixtral), Qwen3-MoE (QK norms) or Qwen2-MoE (QKV
+// biases and a gated shared expert, which it always has).
+func moeConfig(cfg, args map[string]any, experts int64, spec string) error {
+	str := func(k string) string { s, _ := args[k].(string); return s }
+	flag := func(k string) bool { b, _ := args[k].(bool); return b }
+	num := func(k string) (int64, bool) { v, ok := args[k].(int64); return v, ok && v > 0 }
+	topk, ok := num("moe_router_topk")
+	if !ok {
+		return fmt.Errorf("moe_router_topk is not recorded")
+	}
+	ffn, ok := num("moe_ffn_hidden_size")
+	if !ok {
+		return fmt.Errorf("moe_ffn_hidden_size is not recorded")
+	}
+	shared, hasShared := num("moe_shared_expert_intermediate_size")
+	// Megatron routes by a softmax over the top k logits unless
+	// pre-softmax: the same weights as HF's softmax, top k, renormalised.
+	switch {
+	case str("moe_router_score_function") != "" && str("moe_router_score_function") != "softmax":
+		return fmt.Errorf("the router scores by %s, not softmax", str("moe_router_score_function"))
+	case flag("moe_router_enable_expert_bias"):
+		return fmt.Errorf("the router has an expert bias")
+	case args["moe_layer_freq"] != nil && args["moe_layer_freq"] != int64(1):
+		return fmt.Errorf("not every layer is an MoE layer (moe_layer_freq %v)", args["moe_layer_freq"])
+	}
+	if f, ok := args["moe_router_topk_scaling_factor"].(float64); ok && f != 1 {
+		return fmt.Errorf("the router scales its top k by %g", f)
+	}
+	normTopK := !flag("moe_router_pre_softmax")
+	delete(cfg, "mlp_bias")
+	switch {
+	case spec == "megatron-mixtral":
+		if hasShared || flag("qk_layernorm") || flag("add_qkv_bias") || !normTopK {
+			return fmt.Errorf("shared experts, QK norms, QKV biases or pre-softmax routing have no MixtralForCausalLM equivalent")
+		}
+		cfg["architectures"], cfg["model_type"] = []string{"MixtralForCausalLM"}, "mixtral"
+		cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"] = experts, topk, ffn
+		cfg["router_jitter_noise"], cfg["output_router_logits"], cfg["sliding_window"] = 0.0, false, nil
+		delete(cfg, "attention_bias")
+	case spec == "megatron-qwen-moe" && flag("qk_layernorm"):
+		if hasShared {
+			return fmt.Errorf("Qwen3MoeForCausalLM has no shared experts")
+		}
+		cfg["architectures"], cfg["model_type"] = []string{"Qwen3MoeForCausalLM"}, "qwen3_moe"
+		cfg["attention_bias"] = flag("add_qkv_bias")
+	case spec == "megatron-qwen-moe":
+		if !hasShared || !flag("moe_shared_expert_gate") || !flag("add_qkv_bias") {
+			return fmt.Errorf("Qwen2MoeForCausalLM needs QKV biases and a gated shared expert")
+		}
+		cfg["architectures"], cfg["model_type"] = []string{"Qwen2MoeForCausalLM"}, "qwen2_moe"
+		cfg["shared_expert_intermediate_size"] = shared
+	default:
+		return fmt.Errorf("the %s mapping makes no MoE model", spec)
+	}
+	if spec == "megatron-qwen-moe" {
+		cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"] = experts, topk, ffn
+		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = normTopK, 1, []int{}
+		cfg["output_router_logits"] = false
+	}
+	return nil
 }

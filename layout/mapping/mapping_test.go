@@ -298,3 +298,54 @@ func TestParseIndices(t *testing.T) {
 		assert.Equal(t, []int64{4}, res.Tensors[5].Shape)
 	}
 }
+
+// Megatron MoE checkpoints become the HF class what they hold says: QK
+// norms make Qwen3-MoE, a plain MoE Mixtral; a dense model stays dense.
+func TestDetectMoE(t *testing.T) {
+	dec := func(names ...string) []Source {
+		srcs := []Source{tensor("embedding.word_embeddings.weight", 8, 4), tensor("decoder.layers.self_attention.linear_qkv.weight", 2, 8, 4),
+			tensor("decoder.layers.self_attention.linear_qkv.layer_norm_weight", 2, 4), tensor("decoder.layers.self_attention.linear_proj.weight", 2, 4, 4),
+			tensor("decoder.final_layernorm.weight", 4)}
+		for _, n := range names {
+			switch {
+			case strings.HasSuffix(n, "experts.linear_fc1.weight"):
+				srcs = append(srcs, tensor(n, 2, 3, 6, 4))
+			case strings.HasSuffix(n, "experts.linear_fc2.weight"):
+				srcs = append(srcs, tensor(n, 2, 3, 4, 3))
+			case strings.HasSuffix(n, "router.weight"):
+				srcs = append(srcs, tensor(n, 2, 3, 4))
+			default:
+				srcs = append(srcs, tensor(n, 2, 4))
+			}
+		}
+		return srcs
+	}
+	moe := []string{"decoder.layers.pre_mlp_layernorm.weight", "decoder.layers.mlp.router.weight",
+		"decoder.layers.mlp.experts.experts.linear_fc1.weight", "decoder.layers.mlp.experts.experts.linear_fc2.weight"}
+	assert.Equal(t, "megatron-mixtral", Detect(dec(moe...)).Name)
+	qwen3 := append(moe, "decoder.layers.self_attention.q_layernorm.weight", "decoder.layers.self_attention.k_layernorm.weight")
+	spec := Detect(dec(qwen3...))
+	assert.Equal(t, "megatron-qwen-moe", spec.Name)
+	res, err := Apply(spec, dec(qwen3...), map[string]int64{"heads": 2, "kv_heads": 1, "head_dim": 2, "vocab": 8}, true)
+	require.NoError(t, err)
+	assert.Empty(t, res.Unused)
+	assert.Len(t, res.Tensors, 1+2*(1+3+1+1+1+1+1+3*3)+1) // embed, per layer: norm, q/k/v, q/k norms, o, norm, gate, 3 experts × 3; norm
+	assert.Equal(t, "model.layers.1.mlp.experts.2.down_proj.weight", res.Tensors[len(res.Tensors)-2].Name)
+
+	args := map[string]any{"swiglu": true, "normalization": "RMSNorm", "position_embedding_type": "rope",
+		"num_attention_heads": int64(2), "hidden_size": int64(4), "num_layers": int64(2), "ffn_hidden_size": int64(6),
+		"kv_channels": int64(2), "num_experts": int64(3), "moe_router_topk": int64(2), "moe_ffn_hidden_size": int64(3)}
+	b, err := MegatronHFConfig(args, 8, "megatron-mixtral")
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"MixtralForCausalLM"`)
+	assert.Contains(t, string(b), `"num_local_experts": 3`)
+	assert.Contains(t, string(b), `"intermediate_size": 3`)
+	args["qk_layernorm"] = true
+	b, err = MegatronHFConfig(args, 8, "megatron-qwen-moe")
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"Qwen3MoeForCausalLM"`)
+	assert.Contains(t, string(b), `"norm_topk_prob": true`)
+	args["moe_router_score_function"] = "sigmoid"
+	_, err = MegatronHFConfig(args, 8, "megatron-qwen-moe")
+	assert.ErrorContains(t, err, "scores by sigmoid")
+}
