@@ -149,22 +149,53 @@ func (m *mapped) readConverted(p *mappedPiece, out []byte, a, b int64) error {
 	return nil
 }
 
+// coalesceSlack is how many source bytes a permuted read may read beyond
+// twice its own size to read its rows in one go (a window inside half a
+// RoPE head covers every other row of the head's rows it touches).
+var coalesceSlack int64 = 256 << 10 // a variable for tests
+
 // read fills dst with the piece's source bytes from pos (in the piece's own
-// C order, rows permuted).
+// C order, rows permuted). Permuted rows are read as the one source range
+// that holds them all, when that is not much more than they are (a RoPE
+// permutation keeps rows within their head), and copied out row by row;
+// else one read per row.
 func (p *mappedPiece) read(dst []byte, pos int64) error {
-	if p.rows == nil {
+	if p.rows == nil || len(dst) == 0 {
 		return p.spans(dst, pos)
 	}
 	end := pos + int64(len(dst))
+	r0, r1 := pos/p.rowLen, (end+p.rowLen-1)/p.rowLen
+	lo, hi := p.rows[r0], p.rows[r0]
+	for _, r := range p.rows[r0:r1] {
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	if span := (hi - lo + 1) * p.rowLen; span <= 2*int64(len(dst))+coalesceSlack {
+		bp := getBuf(span)
+		defer putBuf(bp)
+		if err := p.spans(*bp, lo*p.rowLen); err != nil {
+			return err
+		}
+		p.eachRow(pos, end, func(at, from, n int64) { copy(dst[at-pos:at-pos+n], (*bp)[from-lo*p.rowLen:]) })
+		return nil
+	}
+	var err error
+	p.eachRow(pos, end, func(at, from, n int64) {
+		if err == nil {
+			err = p.spans(dst[at-pos:at-pos+n], from)
+		}
+	})
+	return err
+}
+
+// eachRow calls f for each permuted row in the piece's bytes [pos, end):
+// where it lands (at), where its bytes start in the box (from), how many.
+func (p *mappedPiece) eachRow(pos, end int64, f func(at, from, n int64)) {
 	for off := pos; off < end; {
 		r, within := off/p.rowLen, off%p.rowLen
 		n := min(p.rowLen-within, end-off)
-		if err := p.spans(dst[off-pos:off-pos+n], p.rows[r]*p.rowLen+within); err != nil {
-			return err
-		}
+		f(off, p.rows[r]*p.rowLen+within, n)
 		off += n
 	}
-	return nil
 }
 
 // spans reads the box bytes [l0, l0+len(dst)) from the source tensor: one

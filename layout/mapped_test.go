@@ -139,3 +139,52 @@ func TestPlanDType(t *testing.T) {
 	_, err = ParseDType("int8")
 	require.Error(t, err)
 }
+
+// A RoPE-permuted tensor costs one source read per window, as the same
+// tensor unpermuted does, not one per row.
+func TestPermutedReadsCoalesced(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	src, full := gridTensor(rng, []int64{256, 64}, safetensors.BF16, [][]int64{nil, nil}) // one chunk, 128-byte rows
+	perm := make([]int64, 256)
+	for h := int64(0); h < 4; h++ { // 4 heads of 64 rows: pairs to halves
+		for i := int64(0); i < 32; i++ {
+			perm[h*64+i], perm[h*64+32+i] = h*64+2*i, h*64+2*i+1
+		}
+	}
+	mt := &mapping.Tensor{Name: "rope", Shape: []int64{256, 64}, Pieces: []mapping.Piece{{Source: src, Offsets: []int64{0, 0}, Sizes: []int64{256, 64}, Rows: perm}}}
+	m, err := newMapped(mt, geometries{})
+	require.NoError(t, err)
+	want := expectedBytes(t, mt, map[string][]byte{"t": full})
+	chunk := src.Chunks[0].Source.(*memSource)
+	for _, w := range []struct{ pos, n int64 }{{0, 32 << 10}, {8 << 10, 8 << 10}, {100, 5000}, {32<<10 - 1, 1}} {
+		chunk.reads = 0
+		got := make([]byte, w.n)
+		require.NoError(t, m.readAt(got, w.pos))
+		require.True(t, bytes.Equal(want[w.pos:w.pos+w.n], got), "window %v", w)
+		require.Equal(t, 1, chunk.reads, "window %v", w)
+	}
+}
+
+// Rows too far apart for one read are read one by one, and right.
+func TestPermutedReadsApart(t *testing.T) {
+	defer func(s int64) { coalesceSlack = s }(coalesceSlack)
+	coalesceSlack = 0
+	rng := rand.New(rand.NewSource(6))
+	src, full := gridTensor(rng, []int64{64, 8}, safetensors.F32, [][]int64{{20}, {3}})
+	perm := rng.Perm(64)
+	rows := make([]int64, 64)
+	for i, r := range perm {
+		rows[i] = int64(r)
+	}
+	mt := &mapping.Tensor{Name: "shuffled", Shape: []int64{64, 8}, Pieces: []mapping.Piece{{Source: src, Offsets: []int64{0, 0}, Sizes: []int64{64, 8}, Rows: rows}}}
+	m, err := newMapped(mt, geometries{})
+	require.NoError(t, err)
+	want := expectedBytes(t, mt, map[string][]byte{"t": full})
+	for i := 0; i < 200; i++ {
+		a := rng.Int63n(int64(len(want)))
+		b := a + 1 + rng.Int63n(int64(len(want))-a)
+		got := make([]byte, b-a)
+		require.NoError(t, m.readAt(got, a))
+		require.True(t, bytes.Equal(want[a:b], got), "window [%d,%d)", a, b)
+	}
+}
