@@ -26,11 +26,20 @@ type MountOptions struct {
 	// mount -o give them: ro, dev/nodev, suid/nosuid, exec/noexec,
 	// default_permissions.
 	Options []string
+	// FsName is the mount's source in mountinfo: the source as the user
+	// wrote it (an fstab line's first field), so that mount -a finds the
+	// fstab line mounted and does not mount it again. Default: the source's
+	// path.
+	FsName string
 }
 
 // Mount mounts the tree of fsys at mnt and returns the running server.
 // The caller calls server.Wait, and server.Unmount on shutdown.
 func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
+	fsName := mo.FsName
+	if fsName == "" {
+		fsName = fsys.root
+	}
 	timeout := fsys.opts.ViewTimeout
 	negative := time.Second
 	opts := &fs.Options{
@@ -38,7 +47,7 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 		AttrTimeout:     &timeout,
 		NegativeTimeout: &negative,
 		MountOptions: fuse.MountOptions{
-			FsName:       "ckptfs:" + fsys.root,
+			FsName:       fsName, // the type, fuse.ckptfs, says what it is
 			Name:         "ckptfs",
 			MaxWrite:     1 << 20,
 			MaxReadAhead: 1 << 20,

@@ -14,9 +14,11 @@ import (
 )
 
 // TestMain lets this test binary stand in for ckptfs where the mount starts
-// itself again: the unmount watchdog and a daemonised mount.
+// itself again (the unmount watchdog and a daemonised mount), and where
+// mount(8) runs it through a link named ckptfs (TestMountAllMountsOnce).
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == watchdogCmd || isDaemonChild()) {
+	asCommand := filepath.Base(os.Args[0]) == "ckptfs"
+	if asCommand || len(os.Args) > 1 && (os.Args[1] == watchdogCmd || isDaemonChild()) {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())

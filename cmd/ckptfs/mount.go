@@ -232,7 +232,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	}
 	log.Info("mounting", attrs...)
 	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(f.readAhead.Int64() >> 10),
-		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel})
+		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src})
 	if err != nil {
 		return err
 	}
