@@ -14,6 +14,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/stages"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/layout/torchsave"
 )
 
 // Re-exported model types, so library users need only this package.
@@ -26,12 +27,14 @@ type (
 
 // Formats are the checkpoint formats in detection order: the first whose
 // Detect accepts a directory opens it. Megatron (DCP plus a metadata.json)
-// precedes torch DCP; a directory's own shards precede HF files beside them.
+// precedes torch DCP; a directory's own shards precede HF files beside them;
+// safetensors precede pytorch_model.bin beside them, as transformers prefers.
 var Formats = []ckpt.Reader{
 	megatron.Reader,
 	torchdcp.Reader,
 	hfsharded.Reader,
 	plainhf.Reader,
+	torchsave.Reader,
 	stages.Reader,
 }
 
@@ -59,7 +62,7 @@ func OpenTree(dir source.Tree) (*Checkpoint, error) {
 	f, ok := Detect(dir)
 	if !ok {
 		return nil, fmt.Errorf("layout: %s: no checkpoint found (expected a DCP .metadata, a Megatron metadata.json, "+
-			"shard-*-model-*.safetensors, model.safetensors[.index.json] or pp0/ pipeline stages)", dir.Path("."))
+			"shard-*-model-*.safetensors, model.safetensors[.index.json], pytorch_model.bin[.index.json] or pp0/ pipeline stages)", dir.Path("."))
 	}
 	return f.Open(dir)
 }

@@ -22,6 +22,7 @@ const (
 	FormatMegatron  Format = "megatron-torch_dist"
 	FormatPlainHF   Format = "hf-safetensors"
 	FormatStages    Format = "pipeline-stages"
+	FormatTorchSave Format = "torch-save"
 )
 
 // Reader is one checkpoint format: how to recognise a directory of it and

@@ -1,0 +1,452 @@
+// Package torchsave reads HuggingFace PyTorch weights: pytorch_model.bin, or
+// pytorch_model-0000N-of-0000M.bin files named by a
+// pytorch_model.bin.index.json, as transformers' save_pretrained(...,
+// safe_serialization=False) wrote them: each file a torch.save zip archive
+// of a {name: tensor} state dict.
+//
+// data.pkl is decoded by the restricted pickle VM (nothing is executed;
+// every size is bounded) and must be a dict of tensor rebuilds. Records are
+// stored uncompressed, so a tensor is a byte range of its storage's data
+// entry: storage offset × element size, numel × element size long, for
+// C-contiguous strides. Where each entry's bytes start (its local zip
+// header) is read on a tensor's first read and remembered, as torchdcp does
+// for its records; Open reads the zip directory and data.pkl only.
+//
+// What a view cannot show right is left out with a reason (ckpt.Skipped),
+// never served wrong: non-contiguous strides, dtypes safetensors lacks. A
+// tensor that is the very same bytes as an earlier one (a tied lm_head
+// saved as an alias of the embeddings) is left out as its alias, as
+// save_pretrained leaves it out of safetensors.
+package torchsave
+
+import (
+	"archive/zip"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
+	"github.com/ckptfs/ckptfs/layout/pickle"
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+const (
+	// SingleFile is the weights file of an unsharded model.
+	SingleFile = "pytorch_model.bin"
+	// IndexFile names the file of each tensor of a sharded model.
+	IndexFile = "pytorch_model.bin.index.json"
+)
+
+var shardName = regexp.MustCompile(`^pytorch_model-\d+-of-\d+\.bin$`)
+
+// Limits on what an archive may make Open read or hold.
+const (
+	// maxIndexBytes bounds the index (about 100 bytes per tensor).
+	maxIndexBytes = 64 << 20
+	// MaxDataPkl bounds a file's data.pkl (about 200 bytes per tensor).
+	MaxDataPkl = 256 << 20
+	// MaxEntries bounds the entries of one archive (one per storage).
+	MaxEntries = 1 << 18
+	// eocdSearch is how far from the end the zip end record may be.
+	eocdSearch = 22 + 1<<16
+)
+
+// Reader is the HF PyTorch weights format.
+var Reader ckpt.Reader = reader{}
+
+type reader struct{}
+
+func (reader) Format() ckpt.Format { return ckpt.FormatTorchSave }
+
+// Detect reports whether dir has a pytorch_model.bin or its index.
+func (reader) Detect(dir source.Tree) bool {
+	return source.Exists(dir, IndexFile) || source.Exists(dir, SingleFile)
+}
+
+func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir) }
+
+// Internal: the weights files and their index, which the view replaces.
+func (reader) Internal(name string) bool { return IsInternal(name) }
+
+// IsInternal reports whether name is a weights file or the index.
+func IsInternal(name string) bool {
+	return name == SingleFile || name == IndexFile || shardName.MatchString(name)
+}
+
+// Open opens the model in the local directory dir.
+func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
+
+// OpenTree opens the model in the directory tree dir: the index, each
+// file's zip directory and data.pkl; no tensor bytes.
+func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
+	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: ckpt.FormatTorchSave, Files: ckpt.NewFileSet(dir)}
+	if err := build(c, dir); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func build(c *ckpt.Checkpoint, dir source.Tree) error {
+	files, weightMap, err := listFiles(dir)
+	if err != nil {
+		return err
+	}
+	o := opener{c: c, weightMap: weightMap, names: map[string]string{}}
+	if weightMap != nil {
+		c.FileIndex = map[string]int{}
+	}
+	for i, name := range files {
+		if err := o.addFile(name, i+1); err != nil {
+			return err
+		}
+	}
+	for name, file := range weightMap {
+		if _, ok := o.names[name]; !ok {
+			return fmt.Errorf("%w: torchsave: %s says tensor %q is in %s, which does not hold it",
+				ckpt.ErrInvalid, dir.Path(IndexFile), name, file)
+		}
+	}
+	for _, t := range c.Tensors {
+		if err := t.Validate(); err != nil {
+			return fmt.Errorf("torchsave: %s: %w", c.Dir, err)
+		}
+	}
+	return nil
+}
+
+// listFiles returns the weight files of dir in index order, and the index's
+// weight map (nil for a single file).
+func listFiles(dir source.Tree) ([]string, map[string]string, error) {
+	b, err := source.ReadFile(dir, IndexFile, maxIndexBytes)
+	if errors.Is(err, fs.ErrNotExist) {
+		return []string{SingleFile}, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("torchsave: %w", err)
+	}
+	var idx struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return nil, nil, fmt.Errorf("torchsave: %s: %w", dir.Path(IndexFile), err)
+	}
+	if len(idx.WeightMap) == 0 {
+		return nil, nil, fmt.Errorf("torchsave: %s: empty weight_map", dir.Path(IndexFile))
+	}
+	seen := map[string]bool{}
+	var files []string
+	for _, f := range idx.WeightMap {
+		if !seen[f] {
+			seen[f] = true
+			files = append(files, f)
+		}
+	}
+	sort.Strings(files)
+	return files, idx.WeightMap, nil
+}
+
+type opener struct {
+	c         *ckpt.Checkpoint
+	weightMap map[string]string
+	names     map[string]string // tensor (or alias) name → file holding it
+}
+
+// archive is one torch.save file: its entries by name.
+type archive struct {
+	file    *ckpt.File
+	prefix  string
+	entries map[string]*zip.File
+}
+
+// addFile adds the tensors of one weights file.
+func (o *opener) addFile(name string, index int) error {
+	f, err := o.c.Files.Get(name)
+	if err != nil {
+		return fmt.Errorf("torchsave: %w", err)
+	}
+	a, err := openArchive(f)
+	if err != nil {
+		return fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, f.Path, err)
+	}
+	items, err := a.stateDict()
+	if err != nil {
+		return fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, f.Path, err)
+	}
+	if err := o.addTensors(a, name, index, items); err != nil {
+		return fmt.Errorf("torchsave: %s: %w", f.Path, err)
+	}
+	return nil
+}
+
+// entryCount reads the number of entries the zip end record (or its zip64
+// record) claims, so that a directory claiming millions is refused before
+// anything is allocated for it.
+func entryCount(r io.ReaderAt, size int64) (uint64, error) {
+	n := min(size, eocdSearch)
+	buf := make([]byte, n)
+	if _, err := r.ReadAt(buf, size-n); err != nil && err != io.EOF {
+		return 0, err
+	}
+	at := -1
+	for i := len(buf) - 22; i >= 0; i-- {
+		if binary.LittleEndian.Uint32(buf[i:]) == 0x06054b50 {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		return 0, errors.New("not a zip archive (no end of central directory record)")
+	}
+	count := uint64(binary.LittleEndian.Uint16(buf[at+10:]))
+	if count != 0xffff || at < 20 || binary.LittleEndian.Uint32(buf[at-20:]) != 0x07064b50 {
+		return count, nil
+	}
+	// zip64: the locator before the end record gives the zip64 end record.
+	off := int64(binary.LittleEndian.Uint64(buf[at-20+8:]))
+	if off < 0 || off > size-56 {
+		return 0, fmt.Errorf("zip64 end record at %d is outside the %d-byte file", off, size)
+	}
+	rec := make([]byte, 56)
+	if _, err := r.ReadAt(rec, off); err != nil {
+		return 0, err
+	}
+	if binary.LittleEndian.Uint32(rec) != 0x06064b50 {
+		return 0, errors.New("bad zip64 end of central directory record")
+	}
+	return binary.LittleEndian.Uint64(rec[32:]), nil
+}
+
+// openArchive reads f's zip directory and checks that every entry is
+// stored uncompressed inside the file, the entries together no larger than
+// the file (so none can be read twice over: no overlapping or huge entries).
+func openArchive(f *ckpt.File) (*archive, error) {
+	size := f.Size()
+	count, err := entryCount(f, size)
+	if err != nil {
+		return nil, err
+	}
+	if count > MaxEntries {
+		return nil, fmt.Errorf("zip directory claims %d entries, more than the %d allowed", count, MaxEntries)
+	}
+	zr, err := zip.NewReader(f, size)
+	if err != nil && !errors.Is(err, zip.ErrInsecurePath) {
+		return nil, fmt.Errorf("not a torch.save zip archive: %w", err)
+	}
+	if len(zr.File) == 0 {
+		return nil, errors.New("torch.save archive has no entries")
+	}
+	prefix, _, ok := strings.Cut(zr.File[0].Name, "/")
+	if !ok {
+		return nil, fmt.Errorf("torch.save archive entry %q has no top-level folder", zr.File[0].Name)
+	}
+	a := &archive{file: f, prefix: prefix, entries: make(map[string]*zip.File, len(zr.File))}
+	var total uint64
+	for _, e := range zr.File {
+		if _, dup := a.entries[e.Name]; dup {
+			return nil, fmt.Errorf("entry %s appears twice", e.Name)
+		}
+		a.entries[e.Name] = e
+		if e.Method != zip.Store {
+			return nil, fmt.Errorf("entry %s is compressed (method %d): torch.save stores records uncompressed, and only those can be read in place", e.Name, e.Method)
+		}
+		if e.CompressedSize64 != e.UncompressedSize64 || e.UncompressedSize64 > uint64(size) {
+			return nil, fmt.Errorf("entry %s: sizes %d/%d past end of file (%d bytes)", e.Name, e.CompressedSize64, e.UncompressedSize64, size)
+		}
+		total += e.UncompressedSize64
+		if total > uint64(size) {
+			return nil, fmt.Errorf("entries claim more than the file's %d bytes (overlapping or huge entries, up to %s)", size, e.Name)
+		}
+	}
+	if bo := a.entries[prefix+"/byteorder"]; bo != nil {
+		b, err := torchzip.ReadEntry(bo, 16)
+		if err != nil {
+			return nil, err
+		}
+		if string(b) != "little" {
+			return nil, fmt.Errorf("byteorder %q is not supported", b)
+		}
+	}
+	return a, nil
+}
+
+// stateDict decodes data.pkl: the items of a dict (or OrderedDict).
+func (a *archive) stateDict() ([]pickle.DictItem, error) {
+	pkl := a.entries[a.prefix+"/data.pkl"]
+	if pkl == nil {
+		return nil, fmt.Errorf("torch.save archive has no %s/data.pkl", a.prefix)
+	}
+	data, err := torchzip.ReadEntry(pkl, MaxDataPkl)
+	if err != nil {
+		return nil, err
+	}
+	v, err := pickle.DecodeBytes(data, pickle.Options{
+		MaxInputBytes: MaxDataPkl, MaxStringLen: 1 << 20, MaxItems: 1 << 24,
+		MaxDepth: 64, MaxStack: 1 << 16, MaxMemo: 1 << 24,
+		PersistentLoad: torchzip.PersistentLoad,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("data.pkl: %w", err)
+	}
+	switch x := v.(type) {
+	case *pickle.Dict:
+		return x.Items(), nil
+	case *pickle.Object:
+		if x.Is("collections", "OrderedDict") && len(x.Args) == 0 && len(x.Extras().Appended) == 0 {
+			return x.Extras().Items.Items(), nil
+		}
+	}
+	return nil, fmt.Errorf("data.pkl holds %s, not a state dict of tensors", describe(v))
+}
+
+// describe names a decoded value in messages: its class for an object.
+func describe(v any) string {
+	if o, ok := v.(*pickle.Object); ok && o.Class.Module != "" {
+		return o.Class.String() + "(...)"
+	}
+	return pickle.TypeName(v)
+}
+
+// stored is where a tensor's bytes are: a range of one storage.
+type stored struct {
+	key         string
+	start, size int64
+	dtype       safetensors.DType
+	shape       []int64
+	name        string
+}
+
+func (o *opener) addTensors(a *archive, file string, index int, items []pickle.DictItem) error {
+	storages := map[string]*storage{}
+	var kept []stored // tensors shown from this file
+	for _, it := range items {
+		name, ok := it.Key.(string)
+		if !ok {
+			return fmt.Errorf("%w: data.pkl: key %s is not a str", ckpt.ErrInvalid, pickle.Repr(it.Key))
+		}
+		if prev, dup := o.names[name]; dup {
+			return fmt.Errorf("%w: tensor %q is also in %s", ckpt.ErrInvalid, name, prev)
+		}
+		o.names[name] = file
+		if o.weightMap != nil && o.weightMap[name] != file {
+			return fmt.Errorf("%w: tensor %q is not indexed to this file by %s", ckpt.ErrInvalid, name, IndexFile)
+		}
+		what := fmt.Sprintf("data.pkl[%q]", name)
+		r, err := torchzip.ParseRebuild(it.Value, what)
+		if err != nil {
+			if o, ok := it.Value.(*pickle.Object); ok && o.Class.Module != "" && !strings.HasPrefix(o.Class.Module, "torch") {
+				err = fmt.Errorf("%s is %s, not a tensor", what, describe(o))
+			}
+			return fmt.Errorf("%w: %w", ckpt.ErrInvalid, err)
+		}
+		dt, typed, err := r.StorageDType()
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ckpt.ErrInvalid, what, err)
+		}
+		st, err := a.storage(storages, r.Storage, typed, dt)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ckpt.ErrInvalid, what, err)
+		}
+		sdt, elem, ok := torchzip.DType(dt)
+		if !ok {
+			if torchzip.TorchOnlyDTypes[dt] {
+				o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf("dtype torch.%s has no safetensors equivalent", dt)})
+				continue
+			}
+			return fmt.Errorf("%w: %s: torch.%s is not a torch dtype", ckpt.ErrInvalid, what, dt)
+		}
+		numel, err := ckpt.NumElements(r.Size)
+		if err != nil || numel > (1<<62)/elem || r.StorageOffset > (1<<62)/elem {
+			return fmt.Errorf("%w: %s: shape %v at storage offset %d overflows", ckpt.ErrInvalid, what, r.Size, r.StorageOffset)
+		}
+		if !torchzip.Contiguous(r.Size, r.Stride) {
+			o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf(
+				"strides %v for shape %v are not C-contiguous (saved as a view of a larger tensor)", r.Stride, r.Size)})
+			continue
+		}
+		start, nbytes := r.StorageOffset*elem, numel*elem
+		if start > st.size || nbytes > st.size-start {
+			return fmt.Errorf("%w: %s: bytes [%d, %d) outside its storage %s of %d bytes",
+				ckpt.ErrInvalid, what, start, start+nbytes, st.entry.Name, st.size)
+		}
+		s := stored{key: r.Storage.Key, start: start, size: nbytes, dtype: sdt, shape: r.Size, name: name}
+		if alias := aliasOf(kept, s); alias != "" {
+			o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf(
+				"the same bytes as %s (tied weights saved as one storage), as save_pretrained leaves it out", alias)})
+			continue
+		}
+		kept = append(kept, s)
+		o.c.Tensors = append(o.c.Tensors, &ckpt.Tensor{
+			Name: name, DType: sdt, Shape: r.Size,
+			Chunks: []ckpt.Chunk{{
+				Offsets: make([]int64, len(r.Size)),
+				Sizes:   r.Size,
+				Source:  &tensorSource{st: st, start: start, n: nbytes, tensor: name},
+			}},
+		})
+		if o.c.FileIndex != nil {
+			o.c.FileIndex[name] = index
+		}
+	}
+	return nil
+}
+
+// aliasOf returns the name of an earlier tensor that is s exactly: the same
+// bytes of the same storage, dtype and shape.
+func aliasOf(kept []stored, s stored) string {
+	for _, k := range kept {
+		if k.key == s.key && k.start == s.start && k.size == s.size && k.dtype == s.dtype && equalShape(k.shape, s.shape) {
+			return k.name
+		}
+	}
+	return ""
+}
+
+func equalShape(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// storage returns the data entry of a persistent storage, checked against
+// the size data.pkl gives it; every reference to one key must agree.
+func (a *archive) storage(seen map[string]*storage, ref *torchzip.Storage, typed bool, dtype string) (*storage, error) {
+	if st := seen[ref.Key]; st != nil {
+		if st.ref.Type != ref.Type || st.ref.Numel != ref.Numel {
+			return nil, fmt.Errorf("storage %q is %s of %d and %s of %d", ref.Key, st.ref.Type, st.ref.Numel, ref.Type, ref.Numel)
+		}
+		return st, nil
+	}
+	e := a.entries[a.prefix+"/data/"+ref.Key]
+	if e == nil {
+		return nil, fmt.Errorf("torch.save archive has no %s/data/%s", a.prefix, ref.Key)
+	}
+	nbytes := ref.Numel
+	if typed {
+		_, elem, _ := torchzip.DType(dtype) // typed storages all have a safetensors dtype
+		if elem <= 0 || ref.Numel > (1<<62)/elem {
+			return nil, fmt.Errorf("storage %q of %d elements overflows", ref.Key, ref.Numel)
+		}
+		nbytes = ref.Numel * elem
+	}
+	if uint64(nbytes) != e.UncompressedSize64 {
+		return nil, fmt.Errorf("storage %q of %d bytes, but %s holds %d", ref.Key, nbytes, e.Name, e.UncompressedSize64)
+	}
+	st := &storage{file: a.file, entry: e, size: nbytes, ref: *ref}
+	seen[ref.Key] = st
+	return st, nil
+}
