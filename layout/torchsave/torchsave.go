@@ -182,7 +182,7 @@ func (o *opener) addFile(name string, index int) error {
 		return fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, f.Path, err)
 	}
 	if err := o.addTensors(a, name, index, items); err != nil {
-		return fmt.Errorf("torchsave: %s: %w", f.Path, err)
+		return fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, f.Path, err)
 	}
 	return nil
 }
@@ -330,14 +330,14 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 	for _, it := range items {
 		name, ok := it.Key.(string)
 		if !ok {
-			return fmt.Errorf("%w: data.pkl: key %s is not a str", ckpt.ErrInvalid, pickle.Repr(it.Key))
+			return fmt.Errorf("data.pkl: key %s is not a str", pickle.Repr(it.Key))
 		}
 		if prev, dup := o.names[name]; dup {
-			return fmt.Errorf("%w: tensor %q is also in %s", ckpt.ErrInvalid, name, prev)
+			return fmt.Errorf("tensor %q is also in %s", name, prev)
 		}
 		o.names[name] = file
 		if o.weightMap != nil && o.weightMap[name] != file {
-			return fmt.Errorf("%w: tensor %q is not indexed to this file by %s", ckpt.ErrInvalid, name, IndexFile)
+			return fmt.Errorf("tensor %q is not indexed to this file by %s", name, IndexFile)
 		}
 		what := fmt.Sprintf("data.pkl[%q]", name)
 		r, err := torchzip.ParseRebuild(it.Value, what)
@@ -345,15 +345,15 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 			if o, ok := it.Value.(*pickle.Object); ok && o.Class.Module != "" && !strings.HasPrefix(o.Class.Module, "torch") {
 				err = fmt.Errorf("%s is %s, not a tensor", what, describe(o))
 			}
-			return fmt.Errorf("%w: %w", ckpt.ErrInvalid, err)
+			return err
 		}
 		dt, typed, err := r.StorageDType()
 		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ckpt.ErrInvalid, what, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		st, err := a.storage(storages, r.Storage, typed, dt)
 		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ckpt.ErrInvalid, what, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		sdt, elem, ok := torchzip.DType(dt)
 		if !ok {
@@ -361,11 +361,11 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 				o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf("dtype torch.%s has no safetensors equivalent", dt)})
 				continue
 			}
-			return fmt.Errorf("%w: %s: torch.%s is not a torch dtype", ckpt.ErrInvalid, what, dt)
+			return fmt.Errorf("%s: torch.%s is not a torch dtype", what, dt)
 		}
 		numel, err := ckpt.NumElements(r.Size)
 		if err != nil || numel > (1<<62)/elem || r.StorageOffset > (1<<62)/elem {
-			return fmt.Errorf("%w: %s: shape %v at storage offset %d overflows", ckpt.ErrInvalid, what, r.Size, r.StorageOffset)
+			return fmt.Errorf("%s: shape %v at storage offset %d overflows", what, r.Size, r.StorageOffset)
 		}
 		if !torchzip.Contiguous(r.Size, r.Stride) {
 			o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf(
@@ -374,8 +374,8 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 		}
 		start, nbytes := r.StorageOffset*elem, numel*elem
 		if start > st.size || nbytes > st.size-start {
-			return fmt.Errorf("%w: %s: bytes [%d, %d) outside its storage %s of %d bytes",
-				ckpt.ErrInvalid, what, start, start+nbytes, st.entry.Name, st.size)
+			return fmt.Errorf("%s: bytes [%d, %d) outside its storage %s of %d bytes",
+				what, start, start+nbytes, st.entry.Name, st.size)
 		}
 		s := stored{key: r.Storage.Key, start: start, size: nbytes, dtype: sdt, shape: r.Size, name: name}
 		if alias := aliasOf(kept, s); alias != "" {
