@@ -112,6 +112,11 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	if d.rel == "" {
 		add(entry{name: statsName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &statsFile{fsys: d.fsys} }})
 	}
+	// A lookup of a name already found asks the source nothing: .ckptfs
+	// answers while the source does not, and so do the views built.
+	if only != "" && shown[only] {
+		return out, 0
+	}
 	var format ckpt.Reader // hides its internals
 	if f, ok := d.detect(); ok {
 		format = f
@@ -137,6 +142,9 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 				}})
 			}
 		}
+	}
+	if only != "" && shown[only] {
+		return out, 0
 	}
 	ents, errno := d.sourceEntries(only)
 	if errno != 0 {
@@ -173,19 +181,24 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 // sourceEntries lists the source directory, or with only != "" just that
 // entry (a lookup costs one stat, not a listing). Symlinks show as what
 // they point to; links that leave the source, and FIFOs, sockets and
-// devices, are not shown.
+// devices, are not shown. A source that fails is an error (sourceErrno),
+// never an empty answer.
 func (d *Dir) sourceEntries(only string) ([]source.Info, syscall.Errno) {
 	if only != "" {
-		info, err := d.fsys.tree.Stat(path.Join(d.name(), only))
+		name := path.Join(d.name(), only)
+		info, err := d.fsys.tree.Stat(name)
 		if err != nil {
-			return nil, 0 // a missing name is ENOENT for the caller
+			if errno := d.fsys.sourceErrno("stat", name, err); errno != syscall.ENOENT {
+				return nil, errno
+			}
+			return nil, 0 // no entry: the caller answers ENOENT
 		}
 		info.Name = only
 		return []source.Info{info}, 0
 	}
 	ents, err := d.fsys.tree.ReadDir(d.name())
 	if err != nil {
-		return nil, toErrno(d.fsys.log, "readdir "+d.fsys.tree.Path(d.name()), err)
+		return nil, d.fsys.sourceErrno("readdir", d.name(), err)
 	}
 	return ents, 0
 }
@@ -254,16 +267,23 @@ func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	return fs.NewListDirStream(list), 0
 }
 
+// Getattr stats the source directory, except for the mount root: the root
+// answers without the source (its mtime is the mount's start), so that the
+// mount comes up, and .ckptfs can be read, while the source does not answer.
 func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	info, err := d.fsys.tree.Stat(d.name())
-	if err != nil {
-		return toErrno(d.fsys.log, "stat "+d.fsys.tree.Path(d.name()), err)
+	mtime := d.fsys.started
+	if d.rel != "" {
+		info, err := d.fsys.tree.Stat(d.name())
+		if err != nil {
+			return d.fsys.sourceErrno("stat", d.name(), err)
+		}
+		mtime = info.ModTime
 	}
 	perm := uint32(0o555)
 	if d.writable() {
 		perm = 0o755
 	}
-	setAttr(&out.Attr, info.ModTime, 0, syscall.S_IFDIR|perm)
+	setAttr(&out.Attr, mtime, 0, syscall.S_IFDIR|perm)
 	out.Nlink = 2
 	out.SetTimeout(time.Second)
 	return 0

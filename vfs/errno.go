@@ -9,6 +9,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // errnos maps the sentinel errors of the layers below to what a file
@@ -68,6 +69,31 @@ func mapErr(err error) (errno syscall.Errno, quiet bool) {
 		return errno, false
 	}
 	return syscall.EIO, false
+}
+
+// sourceErrno maps the error of a stat or listing of the source name (the
+// lookups, attributes and listings of the tree) to what the caller gets. A
+// name the source does not show is ENOENT, an answer. Anything else is the
+// source failing (a store that does not answer, refuses the credentials or
+// times out; a local EIO), which must not read as "no such file": EIO, or
+// EACCES for a local permission error, with one log line naming the
+// source path and the cause, counted in Stats.LookupErrors.
+func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
+	switch {
+	case err == nil:
+		return 0
+	case source.IsMissing(err):
+		return syscall.ENOENT
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR // the mount is closing: its requests were ended
+	}
+	errno := syscall.EIO
+	if errors.Is(err, fs.ErrPermission) {
+		errno = syscall.EACCES
+	}
+	f.lookupErrors.Add(1)
+	f.log.Error(op+" "+f.tree.Path(name), "errno", errno.Error(), "err", err)
+	return errno
 }
 
 // discard takes the log lines of errors that were logged before.

@@ -254,7 +254,7 @@ var (
 func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	info, err := f.fsys.tree.Stat(f.rel)
 	if err != nil {
-		return toErrno(f.fsys.log, "stat "+f.fsys.tree.Path(f.rel), err)
+		return f.fsys.sourceErrno("stat", f.rel, err)
 	}
 	setAttr(&out.Attr, info.ModTime, info.Size, syscall.S_IFREG|0o444)
 	out.SetTimeout(time.Second)
@@ -407,6 +407,9 @@ type Stats struct {
 	// cache (which may drop them again under memory pressure).
 	PrefilledBytes int64 `json:"prefilled_bytes"`
 	ReadErrors     int64 `json:"read_errors"`
+	// LookupErrors counts the lookups, attributes and listings answered EIO
+	// (or EACCES) because the source failed; a name not there is no error.
+	LookupErrors int64 `json:"lookup_errors"`
 	// Commits and CommitErrors count the files closed in write targets.
 	Commits      int64       `json:"commits,omitempty"`
 	CommitErrors int64       `json:"commit_errors,omitempty"`
@@ -431,7 +434,7 @@ type ViewStats struct {
 
 // Stats returns a snapshot of the mount's counters.
 func (f *FS) Stats() Stats {
-	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), Cache: f.opts.Cache.Stats(),
+	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), LookupErrors: f.lookupErrors.Load(), Cache: f.opts.Cache.Stats(),
 		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
 	if f.prefill != nil {
 		s.PrefilledBytes = f.prefill.stored.Load()

@@ -103,9 +103,14 @@ type FS struct {
 	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
 	closed  bool                  // GUARDED_BY(mu)
 
+	// started is the mount root's mtime: the root never touches the source
+	// (see Dir.Getattr).
+	started time.Time
+
 	bytesServed  atomic.Int64
 	passServed   atomic.Int64
 	readErrors   atomic.Int64
+	lookupErrors atomic.Int64 // see sourceErrno
 	commits      atomic.Int64
 	commitErrors atomic.Int64
 }
@@ -149,7 +154,7 @@ func New(opts Options) (*FS, error) {
 func newState(opts Options, root string, tree source.Tree, local *source.Local) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}, direct: opts.DirectReads && local != nil,
-		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews}
+		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now()}
 	if opts.Prefill {
 		f.prefill = newPrefiller(f)
 	}

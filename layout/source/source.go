@@ -16,6 +16,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"syscall"
 	"time"
 )
 
@@ -210,6 +211,17 @@ func Clean(name string) (string, error) {
 // ErrEscapes is returned for a name, or a symlink on its way, that leads
 // outside the tree.
 var ErrEscapes = errors.New("source: path escapes the source tree")
+
+// IsMissing reports whether err, from Stat, ReadDir or Open, says the name
+// is not there to be shown: nothing by that name, a link that cannot be
+// followed (dangling, looping or leading outside the tree: ReadDir lists
+// those as broken links), or a path through a file. Any other error is the
+// tree failing (a store that does not answer, auth, a local EACCES or EIO):
+// it says nothing about the name.
+func IsMissing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrEscapes) ||
+		errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP)
+}
 
 // Stats count the traffic of a tree that fetches over a network (an object
 // store), and of a disk cache in front of one. A local tree has none.

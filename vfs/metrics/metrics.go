@@ -82,7 +82,7 @@ func newDesc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
 }
 
-var errorsDesc = newDesc("errors_total", "Failures by kind: read (a read returned an error to the caller), fill (a cache block could not be read from its source), commit (a written file could not be resharded), source (an object store request that failed after its retries).", "kind")
+var errorsDesc = newDesc("errors_total", "Failures by kind: read (a read returned an error to the caller), fill (a cache block could not be read from its source), lookup (a lookup, stat or listing answered EIO or EACCES because the source failed; a missing name is none), commit (a written file could not be resharded), source (an object store request that failed after its retries).", "kind")
 
 // sourceIO reads a field of the remote source's counters; 0 for a local
 // source.
@@ -103,6 +103,7 @@ var stats = []stat{
 	{newDesc("pass_bytes_served_total", "Bytes of other files that ckptfs read for their readers; 0 where the kernel reads them itself (FUSE passthrough) (.ckptfs pass_bytes_served)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.PassBytesServed }, ""},
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.ReadErrors }, "read"},
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.FillErrors }, "fill"},
+	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.LookupErrors }, "lookup"},
 	{errorsDesc, prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.CommitErrors }, "commit"},
 	{errorsDesc, prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.Errors }), "source"},
 	{newDesc("source_requests_total", "Requests sent to an object store source, retries included (.ckptfs source_io.requests)."), prometheus.CounterValue, sourceIO(func(s *source.Stats) int64 { return s.Requests }), ""},

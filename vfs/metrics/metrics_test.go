@@ -90,6 +90,7 @@ func TestValuesAndNames(t *testing.T) {
 		"ckptfs_bytes_served_total " + strconv.FormatInt(snap.BytesServed, 10),
 		`ckptfs_errors_total{kind="read"} ` + strconv.FormatInt(snap.ReadErrors, 10),
 		`ckptfs_errors_total{kind="fill"} ` + strconv.FormatInt(snap.Cache.FillErrors, 10),
+		`ckptfs_errors_total{kind="lookup"} ` + strconv.FormatInt(snap.LookupErrors, 10),
 		`ckptfs_errors_total{kind="commit"} ` + strconv.FormatInt(snap.CommitErrors, 10),
 		`ckptfs_errors_total{kind="source"} ` + strconv.FormatInt(snap.SourceIO.Errors, 10),
 		"ckptfs_source_requests_total " + strconv.FormatInt(snap.SourceIO.Requests, 10),
