@@ -101,7 +101,8 @@ def test_inspect_export_and_mount_agree(case, view, fmt, mapped, tmp_path, mount
     internal = {n for n in os.listdir(src) if n == ".metadata" or n.endswith(".distcp") or n == "common.pt"
                 or (fmt == "hf-sharded-safetensors" and n.startswith("shard-"))
                 or (fmt == "megatron-torch_dist" and n == "metadata.json")
-                or (fmt == "pipeline-stages" and re.fullmatch(r"pp\d+", n))}
+                or (fmt == "pipeline-stages" and re.fullmatch(r"pp\d+", n))
+                or (fmt == "torch-save" and re.fullmatch(r"pytorch_model(-\d+-of-\d+)?\.bin|pytorch_model\.bin\.index\.json", n))}
     through = {n for n in os.listdir(src) if not (src / n).is_dir()} - internal
     dirs = {n for n in os.listdir(src) if (src / n).is_dir()} - internal
     assert sorted(os.listdir(mounted)) == sorted(set(os.listdir(out)) | through | dirs)

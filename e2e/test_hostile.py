@@ -151,9 +151,121 @@ def unknown_dtype(root, secret):
     return ck, ".metadata", "torch.float99"
 
 
+# --- torch.save pytorch_model.bin archives (issue 24) ---------------------
+
+def _pstr(s):
+    b = s.encode()
+    return b"X" + len(b).to_bytes(4, "little") + b
+
+
+def _pint(n):
+    if -2**31 <= n < 2**31:
+        return b"J" + n.to_bytes(4, "little", signed=True)
+    return b"\x8a\x08" + n.to_bytes(8, "little", signed=True)
+
+
+def _ptuple(*xs):
+    return b"(" + b"".join(_pint(x) for x in xs) + b"t"
+
+
+def _tensor_pkl(numel, size, stride, key="0", offset=0):
+    """A _rebuild_tensor_v2 call on FloatStorage key, as torch.save pickles it."""
+    return (b"ctorch._utils\n_rebuild_tensor_v2\n(" + b"(" + _pstr("storage") + b"ctorch\nFloatStorage\n" +
+            _pstr(key) + _pstr("cpu") + _pint(numel) + b"tQ" + _pint(offset) + _ptuple(*size) +
+            _ptuple(*stride) + b"\x89ccollections\nOrderedDict\n)RtR")
+
+
+def _state_dict_pkl(*items):
+    return b"\x80\x02}(" + b"".join(_pstr(k) + v for k, v in items) + b"u."
+
+
+def _bin(path, pkl, storages=(("0", 16),), compression=None):
+    """A torch.save archive at path: data.pkl and float storages of n bytes."""
+    import zipfile
+    with zipfile.ZipFile(path, "w", compression or zipfile.ZIP_STORED) as z:
+        z.writestr("pytorch_model/data.pkl", pkl)
+        z.writestr("pytorch_model/byteorder", b"little")
+        for key, n in storages:
+            z.writestr(f"pytorch_model/data/{key}", bytes(range(n % 256)) + b"\x00" * (n - n % 256))
+        z.writestr("pytorch_model/version", b"3\n")
+
+
+def _bin_case(root, pkl=None, **kw):
+    ck = copy_case("torchsave_llama_tied", root / "ck")
+    _bin(ck / "pytorch_model.bin", pkl or _state_dict_pkl(("w", _tensor_pkl(4, (2, 2), (2, 1)))), **kw)
+    return ck
+
+
+def _patch_central(path, entry, size):
+    """Make the zip directory claim size bytes for entry."""
+    data = bytearray(open(path, "rb").read())
+    name = entry.encode()
+    at = data.index(b"PK\x01\x02" + b"", data.index(b"PK\x01\x02"))
+    while True:
+        n = int.from_bytes(data[at + 28:at + 30], "little")
+        if data[at + 46:at + 46 + n] == name:
+            break
+        at = data.index(b"PK\x01\x02", at + 4)
+    data[at + 20:at + 24] = size.to_bytes(4, "little")
+    data[at + 24:at + 28] = size.to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+
+
+def torchsave_os_system(root, secret):
+    """data.pkl calls os.system: decoded inertly, refused as not a state dict."""
+    ck = _bin_case(root, b"\x80\x02cos\nsystem\n" + _pstr(f"cat {secret} > {root}/pwned") + b"\x85R.")
+    return ck, "pytorch_model.bin", "os.system"
+
+
+def torchsave_storage_past_eof(root, secret):
+    ck = _bin_case(root)
+    _patch_central(ck / "pytorch_model.bin", "pytorch_model/data/0", 1 << 30)
+    return ck, "pytorch_model.bin", "past end of file"
+
+
+def torchsave_huge_storage(root, secret):
+    ck = _bin_case(root, _state_dict_pkl(("w", _tensor_pkl(1 << 58, (2, 2), (2, 1)))))
+    return ck, "pytorch_model.bin", "storage \"0\""
+
+
+def torchsave_overlapping_storages(root, secret):
+    """Two entries whose claimed sizes add up to more than the file."""
+    ck = _bin_case(root, storages=(("0", 16), ("1", 16)))
+    size = os.path.getsize(ck / "pytorch_model.bin")
+    for key in ("0", "1"):
+        _patch_central(ck / "pytorch_model.bin", f"pytorch_model/data/{key}", size * 2 // 3)
+    return ck, "pytorch_model.bin", "overlapping or huge entries"
+
+
+def torchsave_compressed_records(root, secret):
+    import zipfile
+    ck = _bin_case(root, compression=zipfile.ZIP_DEFLATED)
+    return ck, "pytorch_model.bin", "compressed"
+
+
+def torchsave_entry_count_bomb(root, secret):
+    """A zip64 end record claiming 2^40 directory entries: refused before
+    anything is allocated for them."""
+    ck = _bin_case(root)
+    path = ck / "pytorch_model.bin"
+    data = open(path, "rb").read()
+    at = data.rindex(b"PK\x05\x06")
+    eocd = bytearray(data[at:at + 22])
+    cd_size, cd_off = int.from_bytes(eocd[12:16], "little"), int.from_bytes(eocd[16:20], "little")
+    count = 1 << 40
+    rec = (b"PK\x06\x06" + (44).to_bytes(8, "little") + bytes(4) + bytes(8) + count.to_bytes(8, "little") +
+           count.to_bytes(8, "little") + cd_size.to_bytes(8, "little") + cd_off.to_bytes(8, "little"))
+    loc = b"PK\x06\x07" + bytes(4) + at.to_bytes(8, "little") + (1).to_bytes(4, "little")
+    eocd[8:12] = b"\xff\xff\xff\xff"
+    open(path, "wb").write(data[:at] + rec + loc + bytes(eocd))
+    return ck, "pytorch_model.bin", "entries"
+
+
 CASES = [symlinked_sidecar, symlinked_shard, fifo_file_index, fifo_megatron_config, fifo_metadata,
          corrupt_first_shard, directory_as_shard, truncated_shard, memo_bomb, zero_size_stacked,
-         stage_link_out, unknown_dtype]
+         stage_link_out, unknown_dtype,
+         torchsave_os_system, torchsave_storage_past_eof, torchsave_huge_storage, torchsave_overlapping_storages,
+         torchsave_compressed_records, torchsave_entry_count_bomb]
 
 
 @pytest.mark.parametrize("make", CASES, ids=[c.__name__ for c in CASES])
