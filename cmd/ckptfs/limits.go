@@ -40,6 +40,7 @@ var limits = map[string]limit{
 	"cache-dir-size": {64 << 20, 1 << 50, sizeLimit, ""},
 	"max-attempts":   {1, 100, intLimit, ""},
 	"read-timeout":   {int64(time.Second), int64(time.Hour), durationLimit, ""},
+	"min-rate":       {1 << 10, 1 << 30, sizeLimit, ""},
 	"world-size":     {1, 1 << 16, intLimit, ""},
 	"workers":        {1, 256, intLimit, ""},
 }

@@ -75,6 +75,11 @@ func TestHostileValues(t *testing.T) {
 		{"read-timeout", "-1s", "-1s"},
 		{"read-timeout", "1ns", "1ns"},
 		{"read-timeout", "2562047h", "2562047h"},
+		{"min-rate", "0", "0 B"},
+		{"min-rate", "1023", "1023 B"},
+		{"min-rate", "-1", "-1"},
+		{"min-rate", "2GiB", "2.0 GiB"},
+		{"min-rate", hugeSize, hugeSize},
 		{"world-size", "0", "0"},
 		{"world-size", "-1", "-1"},
 		{"world-size", maxInt32, maxInt32},
@@ -117,6 +122,8 @@ func TestLimitsAcceptTheirBounds(t *testing.T) {
 		{"--cache-size", "1MiB", "--prefetch", "0", "--read-ahead", "0"},
 		{"--prefetch", "256", "--read-ahead", "1GiB", "--max-attempts", "100", "--read-timeout", "1h", "--world-size", "65536"},
 		{"--max-attempts", "1", "--read-timeout", "1s", "--world-size", "1", "--max-shard-size", "1MiB", "--cache-dir-size", "64MiB"},
+		{"--min-rate", "1KiB"},
+		{"--min-rate", "1GiB"},
 	} {
 		require.NoError(t, check(args...), args)
 	}
@@ -126,6 +133,8 @@ func TestLimitsAcceptTheirBounds(t *testing.T) {
 		{"--prefetch", "257"},
 		{"--read-timeout", "999ms"},
 		{"--world-size", "65537"},
+		{"--min-rate", "1023"},
+		{"--min-rate", "1073741825"},
 	} {
 		require.ErrorContains(t, check(args...), "out of range", args)
 	}

@@ -50,6 +50,7 @@ type sourceFlags struct {
 	pathStyle    bool
 	maxAttempts  int
 	readTimeout  time.Duration
+	minRate      *byteSize // per second
 	cacheDir     string
 	cacheDirSize *byteSize
 	flags        *pflag.FlagSet // tells a flag given from its default
@@ -63,6 +64,8 @@ func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
 	fs.BoolVar(&s.pathStyle, "path-style", false, "s3:// sources: address buckets as ENDPOINT/BUCKET, not BUCKET.ENDPOINT (on unless given =false when an endpoint is set)")
 	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "s3:// sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
 	fs.DurationVar(&s.readTimeout, "read-timeout", s3.DefaultReadTimeout, "s3:// sources: fail an attempt whose connection delivers nothing for this long (then retried)")
+	s.minRate = newByteSize(s3.DefaultMinRate, false)
+	fs.Var(s.minRate, "min-rate", "s3:// sources: slowest transfer, in `BYTES` per second: an attempt fails (and is retried) after --read-timeout plus its bytes at this rate, so a store that trickles cannot hold a read forever")
 	if withCache {
 		s.cacheDirSize = newByteSize(10<<30, false)
 		fs.StringVar(&s.cacheDir, "cache-dir", "", "s3:// sources: keep fetched blocks in `DIR` on local disk, so a restart does not fetch them again")
@@ -78,7 +81,7 @@ func (s *sourceFlags) check(src string) error {
 	if s3.IsURL(src) {
 		return nil
 	}
-	for _, name := range []string{"endpoint", "path-style", "max-attempts", "read-timeout", "cache-dir", "cache-dir-size"} {
+	for _, name := range []string{"endpoint", "path-style", "max-attempts", "read-timeout", "min-rate", "cache-dir", "cache-dir-size"} {
 		if s.changed(name) {
 			return &usageError{fmt.Errorf("--%s is for s3:// sources; %s is a local directory", name, src)}
 		}
@@ -89,11 +92,7 @@ func (s *sourceFlags) check(src string) error {
 // open opens the s3:// URL as a tree, its reads through the disk cache of
 // blocks of blockSize when --cache-dir is set. closer releases both.
 func (s *sourceFlags) open(url string, blockSize int64) (source.Tree, io.Closer, error) {
-	o := s3.Options{Endpoint: s.endpoint, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout}
-	if s.changed("path-style") {
-		o.PathStyle = &s.pathStyle
-	}
-	t, err := s3.Open(context.Background(), url, o)
+	t, err := s3.Open(context.Background(), url, s.s3Options())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,6 +105,15 @@ func (s *sourceFlags) open(url string, blockSize int64) (source.Tree, io.Closer,
 		return nil, nil, fmt.Errorf("--cache-dir: %w", err)
 	}
 	return c.Wrap(t), closers{t, c}, nil
+}
+
+// s3Options are the store's options as the flags give them.
+func (s *sourceFlags) s3Options() s3.Options {
+	o := s3.Options{Endpoint: s.endpoint, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64()}
+	if s.changed("path-style") {
+		o.PathStyle = &s.pathStyle
+	}
+	return o
 }
 
 type closers []io.Closer

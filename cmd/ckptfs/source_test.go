@@ -3,8 +3,11 @@ package main
 import (
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source/s3"
 )
 
 func TestS3Root(t *testing.T) {
@@ -54,4 +57,29 @@ func TestS3CacheDefaults(t *testing.T) {
 		reserve := int64(min(2*(prefetch+workers), quarter)+quarter+workers) * block
 		assert.LessOrEqual(t, reserve, tc.cache*3/4, "cache %d", tc.cache)
 	}
+}
+
+// TestMinRate: --min-rate and -o min_rate= set the store's MinRate (the
+// per-attempt total deadline), whose default is the store's; a local source
+// refuses it.
+func TestMinRate(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{
+		{nil, s3.DefaultMinRate},
+		{[]string{"--min-rate", "1MiB"}, 1 << 20},
+		{[]string{"-o", "min_rate=64KiB"}, 64 << 10},
+	} {
+		var f mountFlags
+		flags := pflag.NewFlagSet("mount", pflag.ContinueOnError)
+		f.register(flags)
+		require.NoError(t, flags.Parse(tc.args))
+		_, err := applyOptions(flags, f.options)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, f.source.s3Options().MinRate, tc.args)
+	}
+	code, _, errs := runCLI("mount", "--min-rate", "1MiB", sample, t.TempDir())
+	require.Equal(t, 2, code)
+	require.Contains(t, errs, "--min-rate is for s3:// sources")
 }
