@@ -151,7 +151,7 @@ type entry struct {
 	claim  int64 // > 0: the size the directory claims
 }
 
-func zipOf(t *testing.T, ents ...entry) []byte {
+func zipOf(t testing.TB, ents ...entry) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	w := zip.NewWriter(&buf)
@@ -184,7 +184,7 @@ func f32(n int) []byte {
 
 // model is a pytorch_model.bin with data.pkl pkl and float storages
 // "0" (4 elements) and "1" (6 elements).
-func model(t *testing.T, pkl []byte, extra ...entry) []byte {
+func model(t testing.TB, pkl []byte, extra ...entry) []byte {
 	return zipOf(t, append([]entry{
 		{name: "pytorch_model/data.pkl", data: pkl},
 		{name: "pytorch_model/byteorder", data: []byte("little")},
