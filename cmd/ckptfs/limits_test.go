@@ -104,7 +104,7 @@ func TestHostileValues(t *testing.T) {
 	require.True(t, strings.HasPrefix(errs, "ckptfs export: --workers 0 out of range [1, 256]\n"), errs)
 	code, _, errs = runCLI("inspect", "--max-shard-size", "1", "src")
 	require.Equal(t, 2, code, errs)
-	require.True(t, strings.HasPrefix(errs, "ckptfs inspect: --max-shard-size 1 B out of range [1 MiB, 1 PiB]\n"), errs)
+	require.True(t, strings.HasPrefix(errs, "ckptfs inspect: --max-shard-size 1 B out of range [1 KiB, 1 PiB]\n"), errs)
 }
 
 // TestLimitsAcceptTheirBounds: the ends of each range pass, one past them
