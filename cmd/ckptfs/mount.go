@@ -164,7 +164,10 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		mnt = real // as mountinfo will name it, for the watchdog
 	}
 
-	cancelRequests := func() {}
+	// cancelRequests ends the store's requests for good, once unmounted;
+	// interruptRequests those in flight and every lookup after (s3.Drain),
+	// which an unmount would wait on.
+	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
 		DirectReads: f.directReads}
@@ -180,13 +183,14 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 			copts.ReadAhead = prefetch
 		}
 		copts.Workers = workers
-		tree, closer, err := f.source.open(src, copts.BlockSize)
+		tree, store, closer, err := f.source.open(src, copts.BlockSize)
 		if err != nil {
 			return err
 		}
 		defer closer.Close() // after the vfs is closed
 		vopts.Tree = tree
 		cancelRequests = func() { closer.Close() }
+		interruptRequests = store.Drain
 	}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
@@ -255,7 +259,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 
-	defer unmountOnSignal(sigs, server, mnt, log, ready, cancelRequests)()
+	defer unmountOnSignal(sigs, server, mnt, log, ready, interruptRequests)()
 	ready.ready()
 	server.Wait()
 	wd.disarm()
@@ -270,10 +274,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 // unmountOnSignal unmounts on the signals sigs receives (SIGINT, SIGTERM)
 // until stop is called. A busy mount (files open or mapped) is
 // detached and served until its files close, unless a second signal asks to
-// exit now. An unmount still waiting after unmountGrace for requests the
-// kernel sent (a read ahead stuck on a stalled object store) calls abort to
-// end them.
-func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, abort func()) (stop func()) {
+// exit now. unmountGrace after the signal, the requests still waiting on
+// the source (a lookup or read ahead stuck on a stalled object store) are
+// ended with interrupt: they would keep the unmount waiting, or a detached
+// mount busy, for as long as the store does not answer. Files that stay
+// open are served on.
+func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, interrupt func()) (stop func()) {
 	go func() {
 		s, ok := <-sigs
 		if !ok {
@@ -281,18 +287,18 @@ func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *
 		}
 		log.Info("unmounting", "signal", s.String())
 		ready.stopping()
-		stalled := time.AfterFunc(unmountGrace, abort)
-		err := server.Unmount()
-		stalled.Stop()
-		if err != nil {
-			log.Warn("busy: detached, serving open files until they close (signal again to exit now)", "mountpoint", mnt)
-			syscall.Unmount(mnt, syscall.MNT_DETACH)
-			if _, ok := <-sigs; !ok {
-				return // the last file closed: the mount is returning
-			}
-			log.Error("exiting with files still open", "mountpoint", mnt)
-			os.Exit(1)
+		stalled := time.AfterFunc(unmountGrace, interrupt)
+		if server.Unmount() == nil {
+			stalled.Stop()
+			return
 		}
+		log.Warn("busy: detached, serving open files until they close (signal again to exit now)", "mountpoint", mnt)
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
+		if _, ok := <-sigs; !ok {
+			return // the last file closed: the mount is returning
+		}
+		log.Error("exiting with files still open", "mountpoint", mnt)
+		os.Exit(1)
 	}()
 	return func() {
 		signal.Stop(sigs)

@@ -90,21 +90,22 @@ func (s *sourceFlags) check(src string) error {
 }
 
 // open opens the s3:// URL as a tree, its reads through the disk cache of
-// blocks of blockSize when --cache-dir is set. closer releases both.
-func (s *sourceFlags) open(url string, blockSize int64) (source.Tree, io.Closer, error) {
+// blocks of blockSize when --cache-dir is set. closer releases both; store
+// is the object store itself (to interrupt its requests).
+func (s *sourceFlags) open(url string, blockSize int64) (tree source.Tree, store *s3.Tree, closer io.Closer, err error) {
 	t, err := s3.Open(context.Background(), url, s.s3Options())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if s.cacheDir == "" {
-		return t, t, nil
+		return t, t, t, nil
 	}
 	c, err := diskcache.Open(diskcache.Options{Dir: s.cacheDir, MaxBytes: s.cacheDirSize.Int64(), BlockSize: blockSize})
 	if err != nil {
 		t.Close()
-		return nil, nil, fmt.Errorf("--cache-dir: %w", err)
+		return nil, nil, nil, fmt.Errorf("--cache-dir: %w", err)
 	}
-	return c.Wrap(t), closers{t, c}, nil
+	return c.Wrap(t), t, closers{t, c}, nil
 }
 
 // s3Options are the store's options as the flags give them.
@@ -132,7 +133,7 @@ func (s *sourceFlags) openS3Checkpoint(src, root string, blockSize int64) (*layo
 	if err != nil {
 		return nil, err
 	}
-	t, closer, err := s.open(top, blockSize)
+	t, _, closer, err := s.open(top, blockSize)
 	if err != nil {
 		return nil, err
 	}

@@ -61,21 +61,22 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 
 func (f *file) read(p []byte, off int64) (int, error) {
 	done := 0
+	ctx := f.t.requestCtx()
 	for attempt := 1; ; attempt++ {
-		n, err := f.get(p[done:], off+int64(done))
+		n, err := f.get(ctx, p[done:], off+int64(done))
 		done += n
 		if err == nil {
 			return done, nil
 		}
 		var cut *attemptError
-		if !errors.As(err, &cut) || attempt >= f.t.opts.MaxAttempts || f.t.ctx.Err() != nil {
+		if !errors.As(err, &cut) || attempt >= f.t.opts.MaxAttempts || ctx.Err() != nil {
 			f.t.count.errors.Add(1)
 			return done, err
 		}
 		f.t.count.retries.Add(1)
 		select {
 		case <-time.After(backoff(attempt)):
-		case <-f.t.ctx.Done():
+		case <-ctx.Done():
 		}
 	}
 }
@@ -97,9 +98,9 @@ func (e *attemptError) Error() string        { return fmt.Sprintf("%v: %s", ErrR
 func (e *attemptError) Is(target error) bool { return target == ErrRequest }
 
 // get is one ranged GET of len(p) bytes at off, If-Match the opened ETag.
-func (f *file) get(p []byte, off int64) (int, error) {
+func (f *file) get(ctx context.Context, p []byte, off int64) (int, error) {
 	n := int64(len(p))
-	out, err := f.t.client.GetObject(withAttemptBytes(f.t.ctx, n), &awss3.GetObjectInput{
+	out, err := f.t.client.GetObject(withAttemptBytes(ctx, n), &awss3.GetObjectInput{
 		Bucket:  &f.t.loc.Bucket,
 		Key:     &f.key,
 		Range:   aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1)),

@@ -50,8 +50,15 @@ type Tree struct {
 	count  counters
 	opened time.Time // directories have no time of their own: they show this
 
-	ctx    context.Context // canceled by Close: requests in flight end
-	cancel context.CancelFunc
+	// reqs is the context of the requests sent now (requestCtx): canceled
+	// by Close for good, and by Drain for the requests then in flight.
+	reqs struct {
+		sync.Mutex
+		ctx      context.Context
+		cancel   context.CancelFunc
+		closed   bool
+		draining bool // no more lookups (lookupCtx)
+	}
 
 	windows *windows // small reads
 	lists   singleflight.Group
@@ -82,7 +89,7 @@ func Open(ctx context.Context, url string, o Options) (*Tree, error) {
 	if t.client, err = newClient(ctx, t.opts, &t.count); err != nil {
 		return nil, fmt.Errorf("s3: %s: %w", loc, err)
 	}
-	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.reqs.ctx, t.reqs.cancel = context.WithCancel(context.Background())
 	if _, err := t.statDir("."); err != nil {
 		t.Close()
 		return nil, err
@@ -95,8 +102,45 @@ func (t *Tree) Location() Location { return t.loc }
 
 // Close cancels requests in flight; the tree is not used after.
 func (t *Tree) Close() error {
-	t.cancel()
+	t.reqs.Lock()
+	defer t.reqs.Unlock()
+	t.reqs.closed = true
+	t.reqs.cancel()
 	return nil
+}
+
+// Drain ends the requests in flight (they fail with context.Canceled) and
+// every Stat, ReadDir and Open from now on, while the files open go on
+// being read: a mount being unmounted stops waiting on a stalled store
+// (a lookup is several requests) and still serves the files that stay
+// open.
+func (t *Tree) Drain() {
+	t.reqs.Lock()
+	defer t.reqs.Unlock()
+	if !t.reqs.closed {
+		t.reqs.draining = true
+		t.reqs.cancel()
+		t.reqs.ctx, t.reqs.cancel = context.WithCancel(context.Background())
+	}
+}
+
+// requestCtx is the context to send a read's attempts with.
+func (t *Tree) requestCtx() context.Context {
+	t.reqs.Lock()
+	defer t.reqs.Unlock()
+	return t.reqs.ctx
+}
+
+// lookupCtx is the context of a HEAD or LIST: done once draining.
+func (t *Tree) lookupCtx() context.Context {
+	t.reqs.Lock()
+	defer t.reqs.Unlock()
+	if t.reqs.draining {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		return ctx
+	}
+	return t.reqs.ctx
 }
 
 // Stats are the tree's requests, bytes fetched, retries and errors.
@@ -145,7 +189,7 @@ func (t *Tree) Stat(name string) (source.Info, error) {
 
 // head describes the object at name.
 func (t *Tree) head(name string) (source.Info, error) {
-	out, err := t.client.HeadObject(t.ctx, &awss3.HeadObjectInput{Bucket: &t.loc.Bucket, Key: aws.String(t.loc.key(name))})
+	out, err := t.client.HeadObject(t.lookupCtx(), &awss3.HeadObjectInput{Bucket: &t.loc.Bucket, Key: aws.String(t.loc.key(name))})
 	if err != nil {
 		return source.Info{}, t.fail("stat", name, err)
 	}
@@ -154,7 +198,7 @@ func (t *Tree) head(name string) (source.Info, error) {
 
 // statDir describes name as a directory if any key lies under it.
 func (t *Tree) statDir(name string) (source.Info, error) {
-	out, err := t.client.ListObjectsV2(t.ctx, &awss3.ListObjectsV2Input{Bucket: &t.loc.Bucket,
+	out, err := t.client.ListObjectsV2(t.lookupCtx(), &awss3.ListObjectsV2Input{Bucket: &t.loc.Bucket,
 		Prefix: aws.String(t.loc.dirPrefix(name)), MaxKeys: aws.Int32(1)})
 	if err != nil {
 		return source.Info{}, t.fail("stat", name, err)
@@ -201,8 +245,9 @@ func (t *Tree) list(name string) ([]source.Info, error) {
 	byName := map[string]source.Info{}
 	p := awss3.NewListObjectsV2Paginator(t.client, &awss3.ListObjectsV2Input{Bucket: &t.loc.Bucket,
 		Prefix: aws.String(prefix), Delimiter: aws.String("/")})
+	ctx := t.lookupCtx()
 	for p.HasMorePages() {
-		page, err := p.NextPage(t.ctx)
+		page, err := p.NextPage(ctx)
 		if err != nil {
 			return nil, t.fail("readdir", name, err)
 		}
