@@ -58,12 +58,6 @@ func (f *ViewFile) size() int64 {
 	return f.file.Size
 }
 
-func (f *ViewFile) name() string {
-	if f.e != nil {
-		return f.info.name
-	}
-	return f.file.Name
-}
 
 func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	mtime := f.info.modTime

@@ -221,13 +221,3 @@ func (r *Rule) validateIndices() error {
 	}
 	return nil
 }
-
-// templated reports whether any of names holds the placeholder ph.
-func templated(names Names, ph string) bool {
-	for _, n := range names {
-		if strings.Contains(n, ph) {
-			return true
-		}
-	}
-	return false
-}
