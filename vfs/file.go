@@ -58,7 +58,6 @@ func (f *ViewFile) size() int64 {
 	return f.file.Size
 }
 
-
 func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	mtime := f.info.modTime
 	if f.e == nil {
