@@ -8,13 +8,10 @@
 package plainhf
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -25,9 +22,6 @@ const (
 	// IndexFile names the file of each tensor of a sharded model.
 	IndexFile = "model.safetensors.index.json"
 )
-
-// maxIndexBytes bounds the index (about 100 bytes per tensor).
-const maxIndexBytes = 64 << 20
 
 // Reader is the plain HF safetensors format.
 var Reader ckpt.Reader = reader{}
@@ -50,10 +44,6 @@ func (reader) Internal(string) bool { return false }
 func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
 
 // index is the part of model.safetensors.index.json that is read.
-type index struct {
-	WeightMap map[string]string `json:"weight_map"`
-}
-
 // OpenTree opens the model in the directory tree dir.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: ckpt.FormatPlainHF, Files: ckpt.NewFileSet(dir)}
@@ -71,30 +61,11 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 // listFiles returns the weight files of dir in index order, and the index's
 // weight map (nil for a single file).
 func listFiles(dir source.Tree) ([]string, map[string]string, error) {
-	b, err := source.ReadFile(dir, IndexFile, maxIndexBytes)
-	if errors.Is(err, fs.ErrNotExist) {
-		return []string{SingleFile}, nil, nil
-	}
+	files, weightMap, err := hfdir.WeightFiles(dir, IndexFile, SingleFile)
 	if err != nil {
 		return nil, nil, fmt.Errorf("plainhf: %w", err)
 	}
-	var idx index
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return nil, nil, fmt.Errorf("plainhf: %s: %w", dir.Path(IndexFile), err)
-	}
-	if len(idx.WeightMap) == 0 {
-		return nil, nil, fmt.Errorf("plainhf: %s: empty weight_map", dir.Path(IndexFile))
-	}
-	seen := map[string]bool{}
-	var files []string
-	for _, f := range idx.WeightMap {
-		if !seen[f] {
-			seen[f] = true
-			files = append(files, f)
-		}
-	}
-	sort.Strings(files)
-	return files, idx.WeightMap, nil
+	return files, weightMap, nil
 }
 
 // addFiles reads each file's header into c: one chunk per tensor. With an
