@@ -22,18 +22,16 @@ package torchsave
 import (
 	"archive/zip"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"regexp"
-	"sort"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
 	"github.com/ckptfs/ckptfs/layout/pickle"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -49,8 +47,6 @@ var shardName = regexp.MustCompile(`^pytorch_model-\d+-of-\d+\.bin$`)
 
 // Limits on what an archive may make Open read or hold.
 const (
-	// maxIndexBytes bounds the index (about 100 bytes per tensor).
-	maxIndexBytes = 64 << 20
 	// MaxDataPkl bounds a file's data.pkl (about 200 bytes per tensor).
 	MaxDataPkl = 256 << 20
 	// MaxEntries bounds the entries of one archive (one per storage).
@@ -126,32 +122,11 @@ func build(c *ckpt.Checkpoint, dir source.Tree) error {
 // listFiles returns the weight files of dir in index order, and the index's
 // weight map (nil for a single file).
 func listFiles(dir source.Tree) ([]string, map[string]string, error) {
-	b, err := source.ReadFile(dir, IndexFile, maxIndexBytes)
-	if errors.Is(err, fs.ErrNotExist) {
-		return []string{SingleFile}, nil, nil
-	}
+	files, weightMap, err := hfdir.WeightFiles(dir, IndexFile, SingleFile)
 	if err != nil {
 		return nil, nil, fmt.Errorf("torchsave: %w", err)
 	}
-	var idx struct {
-		WeightMap map[string]string `json:"weight_map"`
-	}
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return nil, nil, fmt.Errorf("torchsave: %s: %w", dir.Path(IndexFile), err)
-	}
-	if len(idx.WeightMap) == 0 {
-		return nil, nil, fmt.Errorf("torchsave: %s: empty weight_map", dir.Path(IndexFile))
-	}
-	seen := map[string]bool{}
-	var files []string
-	for _, f := range idx.WeightMap {
-		if !seen[f] {
-			seen[f] = true
-			files = append(files, f)
-		}
-	}
-	sort.Strings(files)
-	return files, idx.WeightMap, nil
+	return files, weightMap, nil
 }
 
 type opener struct {
@@ -280,6 +255,19 @@ func openArchive(f *ckpt.File) (*archive, error) {
 
 // stateDict decodes data.pkl: the items of a dict (or OrderedDict).
 func (a *archive) stateDict() ([]pickle.DictItem, error) {
+	v, err := a.decode()
+	if err != nil {
+		return nil, err
+	}
+	if items, ok := DictItems(v); ok {
+		return items, nil
+	}
+	return nil, fmt.Errorf("data.pkl holds %s, not a state dict of tensors", describe(v))
+}
+
+// decode decodes data.pkl with the restricted VM: storages become
+// *torchzip.Storage, everything else inert values.
+func (a *archive) decode() (any, error) {
 	pkl := a.entries[a.prefix+"/data.pkl"]
 	if pkl == nil {
 		return nil, fmt.Errorf("torch.save archive has no %s/data.pkl", a.prefix)
@@ -296,15 +284,24 @@ func (a *archive) stateDict() ([]pickle.DictItem, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data.pkl: %w", err)
 	}
+	return v, nil
+}
+
+// DictItems returns the items of v when it is a dict or an
+// collections.OrderedDict (as torch.save writes a state dict).
+func DictItems(v any) ([]pickle.DictItem, bool) {
 	switch x := v.(type) {
 	case *pickle.Dict:
-		return x.Items(), nil
+		return x.Items(), true
 	case *pickle.Object:
 		if x.Is("collections", "OrderedDict") && len(x.Args) == 0 && len(x.Extras().Appended) == 0 {
-			return x.Extras().Items.Items(), nil
+			if x.Extras().Items == nil {
+				return nil, true
+			}
+			return x.Extras().Items.Items(), true
 		}
 	}
-	return nil, fmt.Errorf("data.pkl holds %s, not a state dict of tensors", describe(v))
+	return nil, false
 }
 
 // describe names a decoded value in messages: its class for an object.
@@ -322,6 +319,48 @@ type stored struct {
 	dtype       safetensors.DType
 	shape       []int64
 	name        string
+	st          *storage
+}
+
+// tensor resolves v, a decoded data.pkl value named what in messages, to
+// the bytes of a tensor in one of a's storages (seen remembers them). A
+// tensor a view cannot show right gives a reason to leave it out instead.
+func (a *archive) tensor(seen map[string]*storage, v any, what string) (stored, string, error) {
+	r, err := torchzip.ParseRebuild(v, what)
+	if err != nil {
+		if o, ok := v.(*pickle.Object); ok && o.Class.Module != "" && !strings.HasPrefix(o.Class.Module, "torch") {
+			err = fmt.Errorf("%s is %s, not a tensor", what, describe(o))
+		}
+		return stored{}, "", err
+	}
+	dt, typed, err := r.StorageDType()
+	if err != nil {
+		return stored{}, "", fmt.Errorf("%s: %w", what, err)
+	}
+	st, err := a.storage(seen, r.Storage, typed, dt)
+	if err != nil {
+		return stored{}, "", fmt.Errorf("%s: %w", what, err)
+	}
+	sdt, elem, ok := torchzip.DType(dt)
+	if !ok {
+		if torchzip.TorchOnlyDTypes[dt] {
+			return stored{}, fmt.Sprintf("dtype torch.%s has no safetensors equivalent", dt), nil
+		}
+		return stored{}, "", fmt.Errorf("%s: torch.%s is not a torch dtype", what, dt)
+	}
+	numel, err := ckpt.NumElements(r.Size)
+	if err != nil || numel > (1<<62)/elem || r.StorageOffset > (1<<62)/elem {
+		return stored{}, "", fmt.Errorf("%s: shape %v at storage offset %d overflows", what, r.Size, r.StorageOffset)
+	}
+	if !torchzip.Contiguous(r.Size, r.Stride) {
+		return stored{}, fmt.Sprintf("strides %v for shape %v are not C-contiguous (saved as a view of a larger tensor)", r.Stride, r.Size), nil
+	}
+	start, nbytes := r.StorageOffset*elem, numel*elem
+	if start > st.size || nbytes > st.size-start {
+		return stored{}, "", fmt.Errorf("%s: bytes [%d, %d) outside its storage %s of %d bytes",
+			what, start, start+nbytes, st.entry.Name, st.size)
+	}
+	return stored{key: r.Storage.Key, start: start, size: nbytes, dtype: sdt, shape: r.Size, st: st}, "", nil
 }
 
 func (o *opener) addTensors(a *archive, file string, index int, items []pickle.DictItem) error {
@@ -340,44 +379,15 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 			return fmt.Errorf("tensor %q is not indexed to this file by %s", name, IndexFile)
 		}
 		what := fmt.Sprintf("data.pkl[%q]", name)
-		r, err := torchzip.ParseRebuild(it.Value, what)
+		s, skip, err := a.tensor(storages, it.Value, what)
 		if err != nil {
-			if o, ok := it.Value.(*pickle.Object); ok && o.Class.Module != "" && !strings.HasPrefix(o.Class.Module, "torch") {
-				err = fmt.Errorf("%s is %s, not a tensor", what, describe(o))
-			}
 			return err
 		}
-		dt, typed, err := r.StorageDType()
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		st, err := a.storage(storages, r.Storage, typed, dt)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		sdt, elem, ok := torchzip.DType(dt)
-		if !ok {
-			if torchzip.TorchOnlyDTypes[dt] {
-				o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf("dtype torch.%s has no safetensors equivalent", dt)})
-				continue
-			}
-			return fmt.Errorf("%s: torch.%s is not a torch dtype", what, dt)
-		}
-		numel, err := ckpt.NumElements(r.Size)
-		if err != nil || numel > (1<<62)/elem || r.StorageOffset > (1<<62)/elem {
-			return fmt.Errorf("%s: shape %v at storage offset %d overflows", what, r.Size, r.StorageOffset)
-		}
-		if !torchzip.Contiguous(r.Size, r.Stride) {
-			o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf(
-				"strides %v for shape %v are not C-contiguous (saved as a view of a larger tensor)", r.Stride, r.Size)})
+		if skip != "" {
+			o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: skip})
 			continue
 		}
-		start, nbytes := r.StorageOffset*elem, numel*elem
-		if start > st.size || nbytes > st.size-start {
-			return fmt.Errorf("%s: bytes [%d, %d) outside its storage %s of %d bytes",
-				what, start, start+nbytes, st.entry.Name, st.size)
-		}
-		s := stored{key: r.Storage.Key, start: start, size: nbytes, dtype: sdt, shape: r.Size, name: name}
+		s.name = name
 		if alias := aliasOf(kept, s); alias != "" {
 			o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: name, Reason: fmt.Sprintf(
 				"the same bytes as %s (tied weights saved as one storage), as save_pretrained leaves it out", alias)})
@@ -385,11 +395,11 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 		}
 		kept = append(kept, s)
 		o.c.Tensors = append(o.c.Tensors, &ckpt.Tensor{
-			Name: name, DType: sdt, Shape: r.Size,
+			Name: name, DType: s.dtype, Shape: s.shape,
 			Chunks: []ckpt.Chunk{{
-				Offsets: make([]int64, len(r.Size)),
-				Sizes:   r.Size,
-				Source:  &tensorSource{st: st, start: start, n: nbytes, tensor: name},
+				Offsets: make([]int64, len(s.shape)),
+				Sizes:   s.shape,
+				Source:  &tensorSource{st: s.st, start: s.start, n: s.size, tensor: name},
 			}},
 		})
 		if o.c.FileIndex != nil {
