@@ -29,9 +29,9 @@ import (
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
 	"github.com/ckptfs/ckptfs/layout/pickle"
-	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
