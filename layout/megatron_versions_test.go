@@ -59,3 +59,20 @@ func TestMegatronCore019ViewEqualsMegatronCore016(t *testing.T) {
 		assert.Equal(t, p.content.shape(), q.content.shape(), p.Name)
 	}
 }
+
+// With singleton local shards megatron-core saves one key per layer and
+// per expert and splits SwiGLU linear_fc1 into _w and _v: the view of that
+// save is the view of the default save of the same model (TP2 × EP2 MoE),
+// byte for byte, config.json included.
+func TestMegatronSingletonViewEqualsStacked(t *testing.T) {
+	stacked, vStacked := viewBytes(t, filepath.Join("..", "testdata", "megatron_gpt_mixtral_tp2ep2", "ckpt", "iter_0000010"))
+	single, vSingle := viewBytes(t, filepath.Join("..", "testdata", "megatron_gpt_mixtral_tp2ep2_singleton", "ckpt", "iter_0000010"))
+	assert.Equal(t, "megatron-mixtral", vStacked.Mapping)
+	assert.Equal(t, "megatron-mixtral", vSingle.Mapping)
+	assert.Empty(t, vSingle.Omitted)
+	require.Equal(t, sortedKeys(stacked), sortedKeys(single))
+	for name, b := range stacked {
+		assert.True(t, bytes.Equal(b, single[name]), "%s differs", name)
+	}
+	assert.Contains(t, string(single["config.json"]), `"MixtralForCausalLM"`)
+}

@@ -33,34 +33,44 @@ const (
 // none (nil, nil). Nothing is executed: the pickle is decoded by the
 // restricted VM and tensors in it are never read.
 func ReadArgs(dir source.Tree) (map[string]any, error) {
+	cs, err := readCommonFile(dir)
+	return cs.args, err
+}
+
+func readCommonFile(dir source.Tree) (common, error) {
 	if !source.Exists(dir, CommonFile) {
-		return nil, nil
+		return common{}, nil
 	}
 	f, err := dir.Open(CommonFile)
 	if err != nil {
-		return nil, fmt.Errorf("megatron: %w", err)
+		return common{}, fmt.Errorf("megatron: %w", err)
 	}
 	defer f.Close()
-	args, err := commonArgs(f, f.Info().Size, false)
+	cs, err := decodeCommon(f, f.Info().Size, false)
 	if err != nil {
-		return nil, fmt.Errorf("megatron: %s: %w", dir.Path(CommonFile), err)
+		return common{}, fmt.Errorf("megatron: %s: %w", dir.Path(CommonFile), err)
 	}
-	return args, nil
+	return cs, nil
 }
 
-// readArgs returns the arguments of an opened checkpoint: from common.pt
-// when there is one (megatron-core ≤ 0.16; it is what mcore itself loads
-// first), else from the common_state object.
-func readArgs(dir source.Tree, c *ckpt.Checkpoint) (map[string]any, error) {
+// readCommon returns the common state of an opened checkpoint: from
+// common.pt when there is one (megatron-core ≤ 0.16; it is what mcore
+// itself loads first), else from the common_state object.
+func readCommon(dir source.Tree, c *ckpt.Checkpoint) (common, error) {
 	if source.Exists(dir, CommonFile) {
-		return ReadArgs(dir)
+		return readCommonFile(dir)
 	}
-	return CommonStateArgs(c)
+	return commonStateOf(c)
 }
 
 // CommonStateArgs returns the arguments stored in c's common_state object,
 // as ReadArgs does for common.pt; none (nil, nil) without that object.
 func CommonStateArgs(c *ckpt.Checkpoint) (map[string]any, error) {
+	cs, err := commonStateOf(c)
+	return cs.args, err
+}
+
+func commonStateOf(c *ckpt.Checkpoint) (common, error) {
 	for _, o := range c.Objects {
 		if o.Name != CommonStateKey {
 			continue
@@ -68,20 +78,20 @@ func CommonStateArgs(c *ckpt.Checkpoint) (map[string]any, error) {
 		where := fmt.Sprintf("%s: %s (%s)", c.Dir, o.Name, o.Source)
 		rel, off, n, err := objectPlace(o.Source)
 		if err != nil {
-			return nil, fmt.Errorf("megatron: %s: %w", where, err)
+			return common{}, fmt.Errorf("megatron: %s: %w", where, err)
 		}
 		// torchdcp has bounds-checked the item against the file.
 		f, err := c.Files.Get(rel)
 		if err != nil {
-			return nil, fmt.Errorf("megatron: %s: %w", where, err)
+			return common{}, fmt.Errorf("megatron: %s: %w", where, err)
 		}
-		args, err := commonArgs(io.NewSectionReader(f, off, n), n, true)
+		cs, err := decodeCommon(io.NewSectionReader(f, off, n), n, true)
 		if err != nil {
-			return nil, fmt.Errorf("megatron: %s: %w", where, err)
+			return common{}, fmt.Errorf("megatron: %s: %w", where, err)
 		}
-		return args, nil
+		return cs, nil
 	}
-	return nil, nil
+	return common{}, nil
 }
 
 // objectPlace parses where torchdcp says a BYTE_IO item is stored:
@@ -104,16 +114,48 @@ func objectPlace(src string) (rel string, off, n int64, err error) {
 	return src[:at], off, n, nil
 }
 
-// commonArgs decodes a torch.save archive of the common state: the dict
-// itself (common.pt), or, inList, a list of exactly that dict
-// (common_state), and returns its args.
+// common is what ckptfs reads of the common state.
+type common struct {
+	// args are the scalar training arguments, by name.
+	args map[string]any
+	// singleton says keys were saved per layer and per expert (the
+	// content_metadata flag singleton_local_shards): see stackSingletons.
+	singleton bool
+}
+
+// commonArgs is decodeCommon's args.
 func commonArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, error) {
+	cs, err := decodeCommon(r, size, inList)
+	return cs.args, err
+}
+
+// decodeCommon decodes a torch.save archive of the common state: the dict
+// itself (common.pt), or, inList, a list of exactly that dict
+// (common_state).
+func decodeCommon(r io.ReaderAt, size int64, inList bool) (common, error) {
+	args, root, err := decodeArgs(r, size, inList)
+	if err != nil || root == nil {
+		return common{args: args}, err
+	}
+	cs := common{args: args}
+	if cm, ok := root.Get("content_metadata"); ok {
+		if d, ok := cm.(*pickle.Dict); ok {
+			if v, ok := d.Get("singleton_local_shards"); ok {
+				cs.singleton, _ = v.(bool)
+			}
+		}
+	}
+	return cs, nil
+}
+
+// decodeArgs decodes the common state's dict and its args.
+func decodeArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, *pickle.Dict, error) {
 	if size > maxCommonBytes {
-		return nil, fmt.Errorf("larger than %d bytes", maxCommonBytes)
+		return nil, nil, fmt.Errorf("larger than %d bytes", maxCommonBytes)
 	}
 	zr, err := zip.NewReader(r, size)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var pkl *zip.File
 	for _, e := range zr.File {
@@ -123,11 +165,11 @@ func commonArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, error) 
 		}
 	}
 	if pkl == nil {
-		return nil, fmt.Errorf("no data.pkl (not a torch.save archive)")
+		return nil, nil, fmt.Errorf("no data.pkl (not a torch.save archive)")
 	}
 	rc, err := pkl.Open()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rc.Close()
 	v, err := pickle.Decode(io.LimitReader(rc, maxDataPklBytes+1), pickle.Options{
@@ -135,23 +177,31 @@ func commonArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, error) 
 		PersistentLoad: func(any) (any, error) { return nil, nil }, // tensors: not needed
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if inList {
 		l, ok := v.(*pickle.List)
 		if !ok || len(l.Items) != 1 {
-			return nil, fmt.Errorf("holds a %s, not a list of one common state", describe(v))
+			return nil, nil, fmt.Errorf("holds a %s, not a list of one common state", describe(v))
 		}
 		v = l.Items[0]
 	}
 	root, ok := v.(*pickle.Dict)
 	if !ok {
-		return nil, fmt.Errorf("holds a %s, not a dict", pickle.TypeName(v))
+		return nil, nil, fmt.Errorf("holds a %s, not a dict", pickle.TypeName(v))
 	}
 	a, ok := root.Get("args")
 	if !ok {
-		return nil, nil
+		return nil, root, nil
 	}
+	args, err := NamespaceArgs(a)
+	return args, root, err
+}
+
+// NamespaceArgs returns the scalar attributes (int64, float64, bool,
+// string, nil) of a decoded argparse.Namespace by name: Megatron-LM's args
+// wherever a checkpoint pickles them.
+func NamespaceArgs(a any) (map[string]any, error) {
 	ns, ok := a.(*pickle.Object)
 	if !ok || !ns.Is("argparse", "Namespace") || ns.StateDict() == nil {
 		return nil, fmt.Errorf("args is a %s, not an argparse.Namespace", pickle.TypeName(a))

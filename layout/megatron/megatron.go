@@ -95,8 +95,16 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 			t.Path = []string{"optimizer", rest}
 		}
 	}
-	if ck.Args, err = readArgs(dir, ck); err != nil {
+	cs, err := readCommon(dir, ck)
+	if err != nil {
 		ck.Warnings = append(ck.Warnings, err.Error())
+	}
+	ck.Args = cs.args
+	if cs.singleton {
+		if err := stackSingletons(ck); err != nil {
+			ck.Close()
+			return nil, err
+		}
 	}
 	return ck, nil
 }
