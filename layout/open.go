@@ -10,6 +10,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfsharded"
 	"github.com/ckptfs/ckptfs/layout/megatron"
+	"github.com/ckptfs/ckptfs/layout/megatronlegacy"
 	"github.com/ckptfs/ckptfs/layout/plainhf"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/stages"
@@ -35,6 +36,7 @@ var Formats = []ckpt.Reader{
 	hfsharded.Reader,
 	plainhf.Reader,
 	torchsave.Reader,
+	megatronlegacy.Reader,
 	stages.Reader,
 }
 
@@ -62,7 +64,7 @@ func OpenTree(dir source.Tree) (*Checkpoint, error) {
 	f, ok := Detect(dir)
 	if !ok {
 		return nil, fmt.Errorf("layout: %s: no checkpoint found (expected a DCP .metadata, a Megatron metadata.json, "+
-			"shard-*-model-*.safetensors, model.safetensors[.index.json], pytorch_model.bin[.index.json] or pp0/ pipeline stages)", dir.Path("."))
+			"shard-*-model-*.safetensors, model.safetensors[.index.json], pytorch_model.bin[.index.json], mp_rank_*/model_optim_rng.pt or pp0/ pipeline stages)", dir.Path("."))
 	}
 	return f.Open(dir)
 }

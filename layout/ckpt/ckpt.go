@@ -23,6 +23,9 @@ const (
 	FormatPlainHF   Format = "hf-safetensors"
 	FormatStages    Format = "pipeline-stages"
 	FormatTorchSave Format = "torch-save"
+	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
+	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
+	FormatMegatronLegacy Format = "megatron-legacy"
 )
 
 // Reader is one checkpoint format: how to recognise a directory of it and
