@@ -111,7 +111,8 @@ def test_inspect_names_stage_errors(tmp_path):
     assert r.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("case", ["megatron_gpt_llama_tp2pp2", "megatron_gpt_qwen2_tp2"])
+@pytest.mark.parametrize("case", ["megatron_gpt_llama_tp2pp2", "megatron_gpt_qwen2_tp2", "megatron_gpt_mixtral_tp2ep2",
+                                  "megatron_gpt_mixtral_tp2ep2_singleton"])
 def test_megatron_without_config_loads_with_generated_config(case, mount):
     """With no config.json anywhere, a Megatron view gets one made from the
     arguments in common.pt (vocabulary padded, as recorded) and loads in

@@ -131,7 +131,7 @@ func moeConfig(cfg, args map[string]any, experts int64, spec string) error {
 		}
 		cfg["architectures"], cfg["model_type"] = []string{"MixtralForCausalLM"}, "mixtral"
 		cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"] = experts, topk, ffn
-		cfg["router_jitter_noise"], cfg["output_router_logits"], cfg["sliding_window"] = 0.0, false, nil
+		cfg["output_router_logits"], cfg["sliding_window"] = false, nil
 		delete(cfg, "attention_bias")
 	case spec == "megatron-qwen-moe" && flag("qk_layernorm"):
 		if hasShared {
