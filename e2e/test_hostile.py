@@ -261,11 +261,62 @@ def torchsave_entry_count_bomb(root, secret):
     return ck, "pytorch_model.bin", "entries"
 
 
+# --- HF hub cache snapshots (issue 24): confined to their repo folder ----
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_snapshot(hub, repo="models--org--tiny"):
+    """testdata/plain_hf_single laid out as huggingface_hub does:
+    blobs/<sha256>, snapshots/<commit>/<file> -> ../../blobs/<sha256>,
+    refs/main (see test_hub.py). Returns the snapshot directory."""
+    import hashlib
+    folder = hub / repo
+    snap = folder / "snapshots" / HUB_COMMIT
+    for d in (folder / "blobs", folder / "refs", snap):
+        d.mkdir(parents=True, exist_ok=True)
+    src = TESTDATA / "plain_hf_single" / "ckpt"
+    for name in sorted(os.listdir(src)):
+        data = (src / name).read_bytes()
+        etag = hashlib.sha256(data).hexdigest()
+        (folder / "blobs" / etag).write_bytes(data)
+        os.symlink(f"../../blobs/{etag}", snap / name)
+    (folder / "refs" / "main").write_text(HUB_COMMIT)
+    return snap
+
+
+def hub_snapshot_absolute_link(root, secret):
+    snap = _hub_snapshot(root / "hub")
+    os.remove(snap / "model.safetensors")
+    os.symlink(secret, snap / "model.safetensors")
+    return snap, "model.safetensors", "escapes the source tree"
+
+
+def hub_blob_links_out(root, secret):
+    """The snapshot's link stays in the repo, the blob it names leads out."""
+    snap = _hub_snapshot(root / "hub")
+    blob = snap.parent.parent / "blobs" / os.path.basename(os.readlink(snap / "model.safetensors"))
+    os.remove(blob)
+    os.symlink(os.path.relpath(secret, blob.parent), blob)
+    return snap, "model.safetensors", "escapes the source tree"
+
+
+def hub_other_repos_blob(root, secret):
+    """A link to another repo's blob (of a cache outside the source)."""
+    snap = _hub_snapshot(root / "hub")
+    other = _hub_snapshot(root.parent / "otherhub", "models--other--repo")
+    target = os.path.realpath(other / "model.safetensors")
+    os.remove(snap / "model.safetensors")
+    os.symlink(os.path.relpath(target, snap), snap / "model.safetensors")
+    return snap, "model.safetensors", "escapes the source tree"
+
+
 CASES = [symlinked_sidecar, symlinked_shard, fifo_file_index, fifo_megatron_config, fifo_metadata,
          corrupt_first_shard, directory_as_shard, truncated_shard, memo_bomb, zero_size_stacked,
          stage_link_out, unknown_dtype,
          torchsave_os_system, torchsave_storage_past_eof, torchsave_huge_storage, torchsave_overlapping_storages,
-         torchsave_compressed_records, torchsave_entry_count_bomb]
+         torchsave_compressed_records, torchsave_entry_count_bomb,
+         hub_snapshot_absolute_link, hub_blob_links_out, hub_other_repos_blob]
 
 
 @pytest.mark.parametrize("make", CASES, ids=[c.__name__ for c in CASES])

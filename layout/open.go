@@ -6,6 +6,7 @@ package layout
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfsharded"
@@ -70,8 +71,50 @@ func OpenTree(dir source.Tree) (*Checkpoint, error) {
 }
 
 // Open opens the checkpoint in the local directory dir, confined to dir:
-// nothing outside it (through symlinks or "..") is read.
-func Open(dir string) (*Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
+// nothing outside it (through symlinks or "..") is read. A directory of an
+// HF hub cache (source.HubRepo: a snapshot, a directory in one, or a repo
+// folder) is confined to its repo folder instead, so that the snapshot's
+// links into the repo's blobs/ are followed; a repo folder opens the
+// snapshot its refs/main names, as from_pretrained does.
+func Open(dir string) (*Checkpoint, error) {
+	tree, rel, err := source.OpenHub(dir)
+	if err != nil {
+		return nil, fmt.Errorf("layout: %w", err)
+	}
+	if tree == nil {
+		return ckpt.OpenLocal(dir, OpenTree)
+	}
+	c, err := openHub(tree, rel)
+	if err != nil {
+		tree.Close()
+		return nil, err
+	}
+	c.Files.Adopt(tree)
+	return c, nil
+}
+
+// maxRefSize bounds a hub cache's refs/ file: a commit hash.
+const maxRefSize = 256
+
+// openHub opens the checkpoint at rel in the hub cache repo folder tree.
+func openHub(tree source.Tree, rel string) (*Checkpoint, error) {
+	if rel == "." {
+		ref, err := source.ReadFile(tree, "refs/main", maxRefSize)
+		if err != nil {
+			return nil, fmt.Errorf("layout: %s is an HF hub cache repo folder; open one of its snapshots/ (no refs/main: %w)", tree.Path("."), err)
+		}
+		commit := strings.TrimSpace(string(ref))
+		if !source.IsCommitHash(commit) {
+			return nil, fmt.Errorf("layout: %s is not a commit hash", tree.Path("refs/main"))
+		}
+		rel = "snapshots/" + commit
+	}
+	sub, err := source.Sub(tree, rel)
+	if err != nil {
+		return nil, fmt.Errorf("layout: %w", err)
+	}
+	return OpenTree(sub)
+}
 
 // OpenIn opens the checkpoint in the directory dir of the local tree root:
 // symlinks in the checkpoint may point anywhere inside root (an HF hub

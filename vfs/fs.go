@@ -144,6 +144,23 @@ func New(opts Options) (*FS, error) {
 	if !fi.IsDir() {
 		return nil, &fs.PathError{Op: "mount", Path: root, Err: syscall.ENOTDIR}
 	}
+	if !opts.Writable {
+		// A snapshot of an HF hub cache (or a directory in one) is shown
+		// confined to its repo folder: its files are links into the
+		// repo's blobs/. A writable mount stays confined to the directory.
+		repo, rel, err := source.OpenHub(root)
+		if err != nil {
+			return nil, err
+		}
+		if repo != nil {
+			tree, err := source.Sub(repo, rel)
+			if err != nil {
+				repo.Close()
+				return nil, err
+			}
+			return newState(opts, root, tree, repo), nil
+		}
+	}
 	tree, err := source.OpenLocal(root)
 	if err != nil {
 		return nil, err
