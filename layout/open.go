@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/deepspeed"
 	"github.com/ckptfs/ckptfs/layout/hfsharded"
 	"github.com/ckptfs/ckptfs/layout/megatron"
 	"github.com/ckptfs/ckptfs/layout/megatronlegacy"
@@ -38,6 +39,7 @@ var Formats = []ckpt.Reader{
 	plainhf.Reader,
 	torchsave.Reader,
 	megatronlegacy.Reader,
+	deepspeed.Reader,
 	stages.Reader,
 }
 
@@ -65,7 +67,7 @@ func OpenTree(dir source.Tree) (*Checkpoint, error) {
 	f, ok := Detect(dir)
 	if !ok {
 		return nil, fmt.Errorf("layout: %s: no checkpoint found (expected a DCP .metadata, a Megatron metadata.json, "+
-			"shard-*-model-*.safetensors, model.safetensors[.index.json], pytorch_model.bin[.index.json], mp_rank_*/model_optim_rng.pt or pp0/ pipeline stages)", dir.Path("."))
+			"shard-*-model-*.safetensors, model.safetensors[.index.json], pytorch_model.bin[.index.json], mp_rank_*/model_optim_rng.pt, DeepSpeed *_optim_states.pt or pp0/ pipeline stages)", dir.Path("."))
 	}
 	return f.Open(dir)
 }

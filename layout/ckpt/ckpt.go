@@ -26,6 +26,8 @@ const (
 	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
 	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
 	FormatMegatronLegacy Format = "megatron-legacy"
+	// FormatDeepSpeed is a DeepSpeed ZeRO 1/2/3 checkpoint (global_stepN/).
+	FormatDeepSpeed Format = "deepspeed-zero"
 )
 
 // Reader is one checkpoint format: how to recognise a directory of it and
