@@ -311,12 +311,31 @@ def hub_other_repos_blob(root, secret):
     return snap, "model.safetensors", "escapes the source tree"
 
 
+def legacy_missing_rank(root, secret):
+    ck = copy_case("megatron_legacy_llama_tp2", root / "ck") / "iter_0000010"
+    shutil.rmtree(ck / "mp_rank_01")
+    return ck, "mp_rank_01/model_optim_rng.pt", "missing"
+
+
+def deepspeed_missing_rank(root, secret):
+    ck = copy_case("deepspeed_zero3_llama", root / "ck") / "global_step1"
+    os.remove(ck / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    return ck, "zero_pp_rank_1_mp_rank_00_optim_states.pt", "missing"
+
+
+def deepspeed_param_past_partitions(root, secret):
+    ck = copy_case("deepspeed_zero2_llama", root / "ck") / "global_step1"
+    shutil.copy(TESTDATA / "hostile" / "deepspeed_zero2_model_states_past.pt", ck / "mp_rank_00_model_states.pt")
+    return ck, "mp_rank_00_model_states.pt", "runs past"
+
+
 CASES = [symlinked_sidecar, symlinked_shard, fifo_file_index, fifo_megatron_config, fifo_metadata,
          corrupt_first_shard, directory_as_shard, truncated_shard, memo_bomb, zero_size_stacked,
          stage_link_out, unknown_dtype,
          torchsave_os_system, torchsave_storage_past_eof, torchsave_huge_storage, torchsave_overlapping_storages,
          torchsave_compressed_records, torchsave_entry_count_bomb,
-         hub_snapshot_absolute_link, hub_blob_links_out, hub_other_repos_blob]
+         hub_snapshot_absolute_link, hub_blob_links_out, hub_other_repos_blob,
+         legacy_missing_rank, deepspeed_missing_rank, deepspeed_param_past_partitions]
 
 
 @pytest.mark.parametrize("make", CASES, ids=[c.__name__ for c in CASES])
