@@ -19,6 +19,11 @@ mount before each timed run. Sections:
   verify  export with --verify vs without
   write   cp / save_pretrained into a --rw mount vs cp + fsync, world sizes 1, 4, 8
   rss     peak RSS of a mount with a 64 MiB cache under 1, 16, 64 random readers
+  tmpfs   the byte path with no disk: shards in /dev/shm, a cold read of the view vs
+          read(2) of the shards vs a null go-fuse server (e2e/bench/nullfs, built in the
+          run) serving a file of the same size; mount CPU seconds per GB; 8 processes
+          reading disjoint ranges of the view vs one; a mapped (RoPE-permuted) view vs
+          the same bytes unmapped
 """
 
 import argparse
@@ -400,6 +405,114 @@ def bench_verify(binary, work, repeat):
                 cost=round(med["export_verify"] / med["export"], 2))
 
 
+def proc_cpu_seconds(pid):
+    """User + system CPU seconds a live process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_ranges(paths, readers, bs=1 << 20):
+    """Seconds for `readers` forked processes to read the concatenation of
+    paths, each a disjoint contiguous range of it, with 1 MiB read(2)s."""
+    spans, at = [], 0
+    for p in paths:
+        n = os.path.getsize(p)
+        spans.append((p, at, n))
+        at += n
+    per = -(-at // readers)
+    t = time.perf_counter()
+    pids = []
+    for r in range(readers):
+        lo, hi = r * per, min(at, (r + 1) * per)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                buf = bytearray(bs)
+                for p, start, n in spans:
+                    a, b = max(lo, start), min(hi, start + n)
+                    if a >= b:
+                        continue
+                    fd = os.open(p, os.O_RDONLY)
+                    off = a - start
+                    while off < b - start:
+                        got = os.preadv(fd, [memoryview(buf)[:min(bs, b - start - off)]], off)
+                        if got <= 0:
+                            break
+                        off += got
+                    os.close(fd)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise RuntimeError("a reader failed")
+    return time.perf_counter() - t
+
+
+def bench_tmpfs(binary, work, repeat):
+    """The byte path against its physical limits, with no disk in the way."""
+    shm = "/dev/shm/ckptfs-bench"
+    src = gen(shm, "llama", "gen_llama.py", "--layers", "2")
+    mapped = gen(shm, "mapped", "gen_megatron_like.py", "--gib", "0.5")
+    shards = files(src, "*.distcp")
+    nullfs = os.path.join(work, "nullfs")
+    subprocess.run(["go", "build", "-o", nullfs, "./e2e/bench/nullfs"], check=True,
+                   cwd=os.path.dirname(os.path.dirname(HERE)))
+    mnt = os.path.join(work, "mnt")
+    cpu = []
+
+    def view_read(ckpt, readers=1, *flags):
+        def go():
+            drop_caches()
+            m = Mount(binary, os.path.dirname(ckpt), mnt, *flags)
+            try:
+                secs = read_ranges(files(os.path.join(mnt, os.path.basename(ckpt)), "*.safetensors"), readers)
+                if readers == 1 and ckpt == src and not flags:
+                    cpu.append(proc_cpu_seconds(m.proc.pid))
+                return secs
+            finally:
+                m.close()
+        return go
+
+    m = Mount(binary, os.path.dirname(src), mnt)
+    try:
+        view_bytes = size_of(files(os.path.join(mnt, "llama"), "*.safetensors"))
+    finally:
+        m.close()
+
+    def null_read():
+        drop_caches()
+        os.makedirs(mnt, exist_ok=True)
+        p = subprocess.Popen([nullfs, "-size", str(view_bytes), mnt], stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 30
+            while not os.path.exists(os.path.join(mnt, "data")):
+                if p.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("nullfs did not mount")
+                time.sleep(0.02)
+            return read_ranges([os.path.join(mnt, "data")], 1)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+
+    med, runs = interleaved({"shards": lambda: read_ranges(shards, 1), "view": view_read(src), "null": null_read,
+                             "view_8_readers": view_read(src, 8),
+                             "mapped_view": view_read(mapped), "mapped_unmapped": view_read(mapped, 1, "--map", "none")},
+                            repeat)
+    gb = view_bytes / 1e9
+    return dict(view_GB=round(gb, 2), shards_GBps=round(gb / med["shards"], 2), view_GBps=round(gb / med["view"], 2),
+                null_GBps=round(gb / med["null"], 2), view_over_null=round(med["null"] / med["view"], 2),
+                view_over_shards=round(med["shards"] / med["view"], 2),
+                mount_cpu_s_per_GB=round(statistics.median(cpu) / gb, 2),
+                readers8_over_1=round(med["view"] / med["view_8_readers"], 2),
+                mapped_over_unmapped=round(med["mapped_unmapped"] / med["mapped_view"], 2),
+                targets="view >= 2.0 GB/s and >= 1.5 x null; 8 readers >= 1.6 x one where cores allow; "
+                        "mapped >= 0.9 x unmapped",
+                runs=runs)
+
+
 def machine():
     with open("/proc/cpuinfo") as f:
         cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
@@ -418,7 +531,7 @@ def print_table(results):
               f"--direct-reads=false (cache {r['cache_MiB']} MiB + 64 target); "
               f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1; "
               f"a load of the physical copy grows it {r['copy_page_cache_growth_x_model']} x)")
-    for k in ("seq", "chunks", "verify", "write", "rss"):
+    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs"):
         if k in results:
             print(f"\n{k}: {json.dumps(results[k])}")
 
@@ -430,11 +543,11 @@ def main():
     ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss")
+    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: cold runs drop the page cache (/proc/sys/vm/drop_caches): run as root")
-    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write", "rss"}
+    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write", "rss", "tmpfs"}
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
     binary = os.path.abspath(a.bin)
@@ -452,6 +565,8 @@ def main():
                             "--gib", str(a.gib), "--repeat", str(a.repeat)],
                            check=True, stdout=subprocess.PIPE, text=True)
         results["write"] = json.loads(r.stdout)
+    if "tmpfs" in only:
+        results["tmpfs"] = bench_tmpfs(binary, work, a.repeat)
     if "rss" in only:
         r = subprocess.run([PY, os.path.join(HERE, "rss_readers.py"), "--bin", binary, "--work", work, "--gib", str(a.gib)],
                            check=True, stdout=subprocess.PIPE, text=True)
