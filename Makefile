@@ -8,8 +8,14 @@ PY      := $(VENV)/bin/python
 BIN     := bin/ckptfs
 SAMPLE  := testdata/sample/ckpt
 STAMP   := $(VENV)/.installed-$(shell cat e2e/requirements.txt 2>/dev/null | cksum | cut -d' ' -f1)
+# versitygw: a real S3 gateway, in Go, that the s3:// tests start on
+# 127.0.0.1 (signatures, regions, bucket policies, faults). Built once into
+# .tools/bin; the stamp names the version, so a new one is built again.
+VERSITYGW_VERSION := v1.8.0
+VERSITYGW := .tools/bin/versitygw
+VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
 
-.PHONY: all build test test-go test-e2e deps go-deps fuse venv demo bench bench-s3 fuzz fixtures fmt vet clean
+.PHONY: all build test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fmt vet clean
 
 all: build
 
@@ -33,7 +39,13 @@ $(STAMP): e2e/requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
-deps: go-deps fuse venv
+tools: $(VERSITYGW_STAMP)
+
+$(VERSITYGW_STAMP):
+	GOBIN=$(abspath .tools/bin) GOFLAGS=-mod=mod $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+	rm -f .tools/bin/.versitygw-* && touch $@
+
+deps: go-deps fuse venv tools
 
 vet:
 	$(GO) vet ./...
@@ -45,10 +57,11 @@ test: deps vet build test-go test-e2e
 # through a block after its last release show as wrong bytes in any test.
 test-go test-e2e: export CKPTFS_DEBUG_POISON = 1
 
-# Tests that drive real Python (torch, safetensors) fail instead of skipping
-# when the venv is missing.
+# Tests that drive real Python (torch, safetensors) or versitygw fail
+# instead of skipping when it is missing.
 test-go: export CKPTFS_REQUIRE_PYTHON = 1
-test-go: venv
+test-go: export CKPTFS_VERSITYGW = $(abspath $(VERSITYGW))
+test-go: venv tools
 	$(GO) test -race -count=1 ./...
 	GOMAXPROCS=1 $(GO) test -count=1 ./vfs/... ./cache/... ./safetensors/...
 

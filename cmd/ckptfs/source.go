@@ -46,14 +46,18 @@ func s3CacheDefaults(cacheSize, blockSize int64) (block int64, prefetch, workers
 
 // sourceFlags say how an s3:// source is reached (mount, inspect, export).
 type sourceFlags struct {
-	endpoint     string
-	pathStyle    bool
-	maxAttempts  int
-	readTimeout  time.Duration
-	minRate      *byteSize // per second
-	cacheDir     string
-	cacheDirSize *byteSize
-	flags        *pflag.FlagSet // tells a flag given from its default
+	endpoint      string
+	pathStyle     bool
+	region        string
+	profile       string
+	noSignRequest bool
+	requesterPays bool
+	maxAttempts   int
+	readTimeout   time.Duration
+	minRate       *byteSize // per second
+	cacheDir      string
+	cacheDirSize  *byteSize
+	flags         *pflag.FlagSet // tells a flag given from its default
 }
 
 // register adds the flags; withCache adds --cache-dir (commands that read
@@ -62,6 +66,10 @@ func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
 	s.flags = fs
 	fs.StringVar(&s.endpoint, "endpoint", "", "s3:// sources: `URL` of an S3-compatible store (default: $AWS_ENDPOINT_URL, else AWS)")
 	fs.BoolVar(&s.pathStyle, "path-style", false, "s3:// sources: address buckets as ENDPOINT/BUCKET, not BUCKET.ENDPOINT (on unless given =false when an endpoint is set)")
+	fs.StringVar(&s.region, "region", "", "s3:// sources: `REGION` to sign requests for (default: $AWS_REGION, the profile's, else us-east-1)")
+	fs.StringVar(&s.profile, "profile", "", "s3:// sources: `NAME` of the profile in the AWS config and credentials files (default: $AWS_PROFILE, else default)")
+	fs.BoolVar(&s.noSignRequest, "no-sign-request", false, "s3:// sources: send requests unsigned, without credentials (public buckets)")
+	fs.BoolVar(&s.requesterPays, "requester-pays", false, "s3:// sources: send x-amz-request-payer: requester, so that a requester-pays bucket bills your account")
 	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "s3:// sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
 	fs.DurationVar(&s.readTimeout, "read-timeout", s3.DefaultReadTimeout, "s3:// sources: fail an attempt whose connection delivers nothing for this long (then retried)")
 	s.minRate = newByteSize(s3.DefaultMinRate, false)
@@ -81,7 +89,7 @@ func (s *sourceFlags) check(src string) error {
 	if s3.IsURL(src) {
 		return nil
 	}
-	for _, name := range []string{"endpoint", "path-style", "max-attempts", "read-timeout", "min-rate", "cache-dir", "cache-dir-size"} {
+	for _, name := range []string{"endpoint", "path-style", "region", "profile", "no-sign-request", "requester-pays", "max-attempts", "read-timeout", "min-rate", "cache-dir", "cache-dir-size"} {
 		if s.changed(name) {
 			return &usageError{fmt.Errorf("--%s is for s3:// sources; %s is a local directory", name, src)}
 		}
@@ -110,7 +118,8 @@ func (s *sourceFlags) open(url string, blockSize int64) (tree source.Tree, store
 
 // s3Options are the store's options as the flags give them.
 func (s *sourceFlags) s3Options() s3.Options {
-	o := s3.Options{Endpoint: s.endpoint, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64()}
+	o := s3.Options{Endpoint: s.endpoint, Region: s.region, Profile: s.profile, NoSignRequest: s.noSignRequest,
+		RequesterPays: s.requesterPays, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64()}
 	if s.changed("path-style") {
 		o.PathStyle = &s.pathStyle
 	}

@@ -3,8 +3,10 @@ package s3
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/logging"
 	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/ckptfs/ckptfs/layout/source"
 )
@@ -34,7 +37,7 @@ const (
 
 // Options configure a Tree. Credentials and the region come from the SDK's
 // standard chain (environment, shared config and profile, web identity,
-// container and instance metadata).
+// container and instance metadata) unless set here.
 type Options struct {
 	// Endpoint is the URL of an S3-compatible store ("" = AWS_ENDPOINT_URL
 	// or AWS_ENDPOINT_URL_S3 if set, else AWS S3).
@@ -58,6 +61,23 @@ type Options struct {
 	// such deadlines instead of holding it forever. The default leaves room
 	// for 8 GETs in flight on a 16 Mbit/s link.
 	MinRate int64
+	// Region signs requests and picks AWS's endpoint ("" = AWS_REGION or
+	// the profile's, else us-east-1).
+	Region string
+	// Profile is the named profile of the shared config and credentials
+	// files to use ("" = AWS_PROFILE, else "default").
+	Profile string
+	// NoSignRequest sends requests unsigned, as an anonymous client: what a
+	// public bucket needs, no credentials looked up.
+	NoSignRequest bool
+	// RequesterPays sends x-amz-request-payer: requester, which a
+	// requester-pays bucket demands of every request (the reader's
+	// account is billed for them).
+	RequesterPays bool
+	// ObserveRequest, if set, is told the time of each attempt of a request,
+	// from sending it to the response's headers, by SDK operation name
+	// (GetObject, HeadObject, ListObjectsV2); err is the attempt's error.
+	ObserveRequest func(op string, took time.Duration, err error)
 	// ListTTL is how long a directory listing answers Stat and Open of the
 	// names in it before it is listed again (default 1 s, the entry timeout
 	// of a mount's directories). A change within it is still caught by the
@@ -124,12 +144,30 @@ func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, erro
 	if o.Endpoint != "" {
 		opts = append(opts, config.WithBaseEndpoint(o.Endpoint))
 	}
+	if o.Region != "" {
+		opts = append(opts, config.WithRegion(o.Region))
+	}
+	if o.Profile != "" {
+		opts = append(opts, config.WithSharedConfigProfile(o.Profile))
+	}
+	if o.NoSignRequest {
+		opts = append(opts, config.WithCredentialsProvider(aws.AnonymousCredentials{}))
+	}
 	cfg, err := config.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.Region == "" {
 		cfg.Region = defaultRegion
+	}
+	if !o.NoSignRequest {
+		// Looked up once, here: otherwise the first request fails with the
+		// last provider's error ("no EC2 IMDS role found"), which says
+		// nothing of the other sources or of public buckets.
+		if _, err := cfg.Credentials.Retrieve(ctx); err != nil {
+			return nil, fmt.Errorf("%w (environment, shared config and credentials files, profile %q, web identity, container and instance role: %v); a public bucket reads with --no-sign-request",
+				ErrNoCredentials, profileName(o), err)
+		}
 	}
 	pathStyle := cfg.BaseEndpoint != nil
 	if o.PathStyle != nil {
@@ -145,14 +183,48 @@ func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, erro
 			if err := st.Finalize.Insert(attemptDeadline(o), "Retry", middleware.After); err != nil {
 				return err
 			}
+			if o.RequesterPays {
+				if err := st.Build.Add(requesterPays, middleware.After); err != nil {
+					return err
+				}
+			}
 			return st.Finalize.Insert(middleware.FinalizeMiddlewareFunc("ckptfsCountRequests",
 				func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
 					c.requests.Add(1)
-					return next.HandleFinalize(ctx, in)
+					start := time.Now()
+					out, md, err := next.HandleFinalize(ctx, in)
+					if o.ObserveRequest != nil {
+						o.ObserveRequest(middleware.GetOperationName(ctx), time.Since(start), err)
+					}
+					return out, md, err
 				}), "Retry", middleware.After)
 		})
 	}), nil
 }
+
+// ErrNoCredentials is a signed client with no credentials to sign with.
+var ErrNoCredentials = errors.New("s3: no credentials found")
+
+func profileName(o Options) string {
+	switch {
+	case o.Profile != "":
+		return o.Profile
+	case os.Getenv("AWS_PROFILE") != "":
+		return os.Getenv("AWS_PROFILE")
+	}
+	return "default"
+}
+
+// requesterPays adds the header to every request of every operation (one
+// place rather than the RequestPayer field of each input), before signing:
+// it is one of the signed headers.
+var requesterPays = middleware.BuildMiddlewareFunc("ckptfsRequesterPays",
+	func(ctx context.Context, in middleware.BuildInput, next middleware.BuildHandler) (middleware.BuildOutput, middleware.Metadata, error) {
+		if req, ok := in.Request.(*smithyhttp.Request); ok {
+			req.Header.Set("x-amz-request-payer", "requester")
+		}
+		return next.HandleBuild(ctx, in)
+	})
 
 // attemptBytesKey carries the length of a ranged GET to its attempts'
 // deadline.

@@ -87,7 +87,7 @@ func Open(ctx context.Context, url string, o Options) (*Tree, error) {
 	t := &Tree{loc: loc, opts: o.withDefaults(), opened: time.Now(), cache: map[string]listing{},
 		windows: newWindows()}
 	if t.client, err = newClient(ctx, t.opts, &t.count); err != nil {
-		return nil, fmt.Errorf("s3: %s: %w", loc, err)
+		return nil, fmt.Errorf("%s: %w", loc, err)
 	}
 	t.reqs.ctx, t.reqs.cancel = context.WithCancel(context.Background())
 	if _, err := t.statDir("."); err != nil {
@@ -335,11 +335,15 @@ func (t *Tree) notExist(op, name string) error {
 }
 
 // fail turns a request's error into one naming the object: a missing key is
-// fs.ErrNotExist, anything else is counted as an error.
+// fs.ErrNotExist, anything else is counted as an error. A 404 is a missing
+// key only when the store says so (NoSuchKey, or NotFound: a HEAD has no
+// body): a missing bucket, or versitygw's unknown access key, is a 404 too,
+// and must not show as an empty directory.
 func (t *Tree) fail(op, name string, err error) error {
 	var re *awshttp.ResponseError
 	var api smithy.APIError
-	if errors.As(err, &re) && re.HTTPStatusCode() == 404 && !(errors.As(err, &api) && api.ErrorCode() == "NoSuchBucket") {
+	if errors.As(err, &re) && re.HTTPStatusCode() == 404 &&
+		(!errors.As(err, &api) || api.ErrorCode() == "NoSuchKey" || api.ErrorCode() == "NotFound") {
 		return t.notExist(op, name)
 	}
 	t.count.errors.Add(1)

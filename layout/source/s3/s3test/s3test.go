@@ -1,8 +1,10 @@
-// Package s3test starts a real S3-compatible server for tests: moto's
-// standalone server (PyPI moto[server], installed in the e2e virtual
-// environment) on 127.0.0.1, with credentials for it in the environment.
-// Without it a test is skipped, unless CKPTFS_REQUIRE_PYTHON=1, which
-// makes it fail (as make test sets).
+// Package s3test starts a real S3-compatible server for tests on
+// 127.0.0.1, with credentials for it in the environment: moto's standalone
+// server (PyPI moto[server], installed in the e2e virtual environment;
+// without it a test is skipped, unless CKPTFS_REQUIRE_PYTHON=1, which makes
+// it fail, as make test sets) or versitygw (StartGateway), a Go S3 gateway
+// that checks signatures and bucket policies. Proxy sits between a client
+// and either, recording requests and injecting faults.
 package s3test
 
 import (
@@ -25,13 +27,17 @@ import (
 	"github.com/ckptfs/ckptfs/layout/internal/torchpy"
 )
 
-// Server is a running moto server.
+// Server is a running moto server or versitygw.
 type Server struct {
 	// Endpoint is its URL: http://127.0.0.1:PORT.
 	Endpoint string
 	// Client talks to it, for setting up buckets and objects.
 	Client *awss3.Client
 	cmd    *exec.Cmd
+
+	// versitygw only (StartGateway): what Restart needs.
+	bin, dir, region string
+	port             int
 }
 
 // Python finds a Python that has moto's server: $CKPTFS_PYTHON, else the
