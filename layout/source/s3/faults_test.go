@@ -1,0 +1,122 @@
+package s3_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
+	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
+)
+
+// TestGatewayFaults: a real gateway (versitygw) that is killed, frozen
+// (SIGSTOP), slow, answering 5xx, or whose object is replaced between two
+// reads fails the read with an error that maps to EIO (never ENOENT),
+// within MaxAttempts × (ReadTimeout + bytes/MinRate) plus the backoff and a
+// little slack; a burst of 5xx shorter than the attempts is retried
+// through. Each case reads 32 KiB at 4096 of a 64 KiB object, opened
+// before the fault, with MaxAttempts 2 and ReadTimeout 1 s.
+func TestGatewayFaults(t *testing.T) {
+	const (
+		size     = 64 << 10
+		off      = 4096
+		n        = 32 << 10
+		attempts = 2
+		timeout  = time.Second
+		rate     = s3.DefaultMinRate
+	)
+	// The bound of the issue: every attempt up to its deadline, plus the
+	// SDK's and the resume's backoff (under a second for 2 attempts) and
+	// scheduling slack.
+	bound := attempts*(timeout+time.Duration(n)*time.Second/rate) + 2*time.Second
+	data := bytes.Repeat([]byte("old!"), size/4)
+	for _, tc := range []struct {
+		name   string
+		direct bool // no proxy: the client talks to the gateway's own socket
+		fault  func(t *testing.T, g *s3test.Server, p *s3test.Proxy)
+		want   error // nil: the read succeeds
+		cause  string
+		min    time.Duration
+	}{
+		{name: "killed", direct: true, fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) { g.Kill(t) },
+			want: s3.ErrRequest, cause: "connection refused"},
+		{name: "frozen", direct: true, fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+			g.Signal(t, syscall.SIGSTOP)
+			t.Cleanup(func() { g.Signal(t, syscall.SIGCONT) })
+		}, want: s3.ErrRequest, cause: "timeout limit, 1s", min: attempts * timeout},
+		{name: "slow body", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Rate: 4 << 10} })
+		}, want: s3.ErrRequest, cause: "attempt deadline", min: attempts * timeout},
+		{name: "slow headers", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Delay: time.Minute} })
+		}, want: s3.ErrRequest, cause: "timeout limit, 1s", min: attempts * timeout},
+		{name: "5xx burst longer than the attempts", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Status: http.StatusServiceUnavailable} })
+		}, want: s3.ErrRequest, cause: "StatusCode: 503"},
+		{name: "5xx burst shorter than the attempts", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+			left := attempts - 1
+			p.SetFault(func(*http.Request) s3test.Fault {
+				if left > 0 {
+					left-- // SetFault's func runs under the proxy's lock
+					return s3test.Fault{Status: http.StatusInternalServerError}
+				}
+				return s3test.Fault{}
+			})
+		}},
+		{name: "replaced", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+			g.Put(t, "faults", "ckpt/shard", bytes.Repeat([]byte("new!"), size/4))
+		}, want: source.ErrChanged, cause: "no longer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := s3test.StartGateway(t, s3test.GatewayOptions{})
+			g.Bucket(t, "faults")
+			g.Put(t, "faults", "ckpt/shard", data)
+			p := s3test.StartProxy(t, g.Endpoint)
+			endpoint := p.URL
+			if tc.direct {
+				endpoint = g.Endpoint
+			}
+			tree, err := s3.Open(context.Background(), "s3://faults/ckpt", s3.Options{Endpoint: endpoint, MaxAttempts: attempts, ReadTimeout: timeout})
+			require.NoError(t, err)
+			t.Cleanup(func() { tree.Close() })
+			f, err := tree.Open("shard")
+			require.NoError(t, err)
+			buf := make([]byte, n)
+			_, err = f.ReadAt(buf, 0) // the store answered before the fault
+			require.NoError(t, err)
+
+			tc.fault(t, g, p)
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := f.ReadAt(buf, off)
+				done <- err
+			}()
+			select {
+			case err = <-done:
+			case <-time.After(bound + 5*time.Second):
+				t.Fatalf("read still going after %v", bound+5*time.Second)
+			}
+			took := time.Since(start)
+			t.Logf("%v after %v (bound %v)", err, took, bound)
+			assert.GreaterOrEqual(t, took, tc.min)
+			assert.Less(t, took, bound)
+			if tc.want == nil {
+				require.NoError(t, err)
+				assert.Equal(t, data[off:off+n], buf)
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+			assert.Contains(t, err.Error(), tc.cause)
+			requireEIO(t, err, "s3://faults/ckpt/shard")
+			assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")
+		})
+	}
+}
