@@ -78,13 +78,20 @@ def is_mounted(mnt):
 class Mount:
     """A `ckptfs mount SRC MNT` process, ready when its stats file appears."""
 
-    def __init__(self, src, mnt, *flags):
+    def __init__(self, src, mnt, *flags, nofile=None):
+        """nofile: the mount's RLIMIT_NOFILE (soft and hard), as systemd's LimitNOFILE sets it."""
         self.src, self.mnt = pathlib.Path(src), pathlib.Path(mnt)
         self.stuck = None  # after close(): what held a mount that ignored SIGTERM
         self.mnt.mkdir(parents=True, exist_ok=True)
         self.log = open(str(self.mnt) + ".log", "w+")
+
+        def limit():
+            if nofile is not None:
+                import resource
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen([BIN, "mount", *map(str, flags), str(src), str(mnt)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=limit)
         deadline = time.time() + 30
         while not (self.mnt / ".ckptfs").exists():
             if self.proc.poll() is not None:
@@ -146,8 +153,8 @@ def mount(tmp_path):
     """Factory: mount(src, *flags) -> Mount; every mount is torn down after the test."""
     mounts = []
 
-    def make(src, *flags):
-        m = Mount(src, tmp_path / f"mnt{len(mounts)}", *flags)
+    def make(src, *flags, **kw):
+        m = Mount(src, tmp_path / f"mnt{len(mounts)}", *flags, **kw)
         mounts.append(m)
         return m
 

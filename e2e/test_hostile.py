@@ -414,3 +414,26 @@ def test_verify_catches_a_flipped_byte(tmp_path, mount):
     with pytest.raises(OSError) as e:
         (m.mnt / "ck" / "model.safetensors").read_bytes()
     assert e.value.errno == 5  # EIO
+
+
+def test_many_checkpoints_under_a_low_descriptor_limit(tmp_path, mount):
+    """300 checkpoints read in turn by a mount limited to 256 descriptors
+    (LimitNOFILE=256): views are evicted and reopened, so every one reads,
+    twice, byte for byte (once, 60 read and the rest failed with EMFILE)."""
+    src = tmp_path / "src"
+    first = copy_case("sample", src / "c000")
+    for i in range(1, 300):
+        d = src / f"c{i:03d}"
+        d.mkdir()
+        for n in os.listdir(first):  # hard links: 300 directories, one set of bytes on disk
+            os.link(first / n, d / n)
+    m = mount(src, nofile=256)
+    with open(f"/proc/{m.proc.pid}/limits") as f:
+        assert any(l.startswith("Max open files") and l.split()[3] == "256" for l in f)
+    want = None
+    for _ in range(2):
+        for i in range(300):
+            data = (m.mnt / f"c{i:03d}" / "model.safetensors").read_bytes()
+            want = want or data
+            assert data == want, i
+    assert len(os.listdir(f"/proc/{m.proc.pid}/fd")) < 256
