@@ -75,9 +75,9 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 	}
 	nbytes := numel * want.ElemSize
 
-	zr, err := zip.NewReader(r, size)
-	if err != nil && !errors.Is(err, zip.ErrInsecurePath) {
-		return loc, fmt.Errorf("not a torch.save zip archive: %w", err)
+	zr, err := torchzip.NewReader(r, size)
+	if err != nil {
+		return loc, err
 	}
 	if len(zr.File) == 0 {
 		return loc, errors.New("torch.save archive has no entries")

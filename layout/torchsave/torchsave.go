@@ -212,9 +212,9 @@ func openArchive(f *ckpt.File) (*archive, error) {
 	if count > MaxEntries {
 		return nil, fmt.Errorf("zip directory claims %d entries, more than the %d allowed", count, MaxEntries)
 	}
-	zr, err := zip.NewReader(f, size)
-	if err != nil && !errors.Is(err, zip.ErrInsecurePath) {
-		return nil, fmt.Errorf("not a torch.save zip archive: %w", err)
+	zr, err := torchzip.NewReader(f, size)
+	if err != nil {
+		return nil, err
 	}
 	if len(zr.File) == 0 {
 		return nil, errors.New("torch.save archive has no entries")
