@@ -1,10 +1,14 @@
 package vfs
 
 import (
+	"context"
 	"fmt"
+	"log"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -20,7 +24,7 @@ type MountOptions struct {
 	ReadAheadKB int
 	// AllowOther lets users other than the mounter see the files.
 	AllowOther bool
-	// Debug logs every FUSE request.
+	// Debug logs every FUSE request, as debug records of the FS's logger.
 	Debug bool
 	// Options are standard mount options for the kernel, as fstab and
 	// mount -o give them: ro, dev/nodev, suid/nosuid, exec/noexec,
@@ -40,6 +44,12 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 	if fsName == "" {
 		fsName = fsys.root
 	}
+	// With Debug, nearly all go-fuse says is request traces; without, it
+	// only speaks of problems.
+	fuseLog := StdLogger(fsys.log, slog.LevelWarn)
+	if mo.Debug {
+		fuseLog = StdLogger(fsys.log, slog.LevelDebug)
+	}
 	timeout := fsys.opts.ViewTimeout
 	negative := time.Second
 	opts := &fs.Options{
@@ -54,6 +64,7 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			DirectMount:  true,
 			AllowOther:   mo.AllowOther,
 			Debug:        mo.Debug,
+			Logger:       fuseLog,
 			Options:      mo.Options,
 			// Views are immutable; the kernel may cache everything it reads.
 			ExplicitDataCacheControl: false,
@@ -68,8 +79,9 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			// it logged as "trySplice: splice: want N bytes" on every one.
 			DisableSplice: true,
 		},
-		UID: uint32(os.Getuid()),
-		GID: uint32(os.Getgid()),
+		Logger: fuseLog,
+		UID:    uint32(os.Getuid()),
+		GID:    uint32(os.Getgid()),
 	}
 	if abs, err := filepath.Abs(mnt); err == nil {
 		fsys.mountpoint = abs
@@ -102,4 +114,22 @@ func bdiReadAhead(mnt string) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)), nil
+}
+
+// StdLogger returns a *log.Logger whose every line is a record of l at
+// level: go-fuse logs through one (log.Default unless told otherwise),
+// which would bypass the mount's --log-format and --log-file.
+func StdLogger(l *slog.Logger, level slog.Level) *log.Logger {
+	return log.New(slogWriter{l, level}, "", 0)
+}
+
+type slogWriter struct {
+	l     *slog.Logger
+	level slog.Level
+}
+
+// Write is one line of a log.Logger (it calls Write once per message).
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.l.Log(context.Background(), w.level, strings.TrimSuffix(string(p), "\n"), "from", "go-fuse")
+	return len(p), nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -52,6 +53,8 @@ type mountFlags struct {
 	nonEmpty    bool
 	fuseDebug   bool
 	verbose     bool
+	quiet       bool
+	logLevel    string
 	metricsAddr string
 	logFormat   string
 	logFile     string
@@ -72,8 +75,10 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
 	fs.BoolVar(&f.nonEmpty, "allow-non-empty", false, "mount over a directory that has files, hiding them (-o nonempty too)")
-	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request")
-	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log debug messages too")
+	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request (debug records: sets --log-level debug)")
+	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log debug messages too (= --log-level debug)")
+	fs.BoolVarP(&f.quiet, "quiet", "q", false, "log warnings and errors only (= --log-level warn)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "least `LEVEL` logged: debug, info, warn or error")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics (the counters of .ckptfs, fill and commit latencies)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.StringVar(&f.logFile, "log-file", "", "append logs to `FILE` instead of stderr (a mount started by mount(8) has no stderr)")
@@ -128,6 +133,28 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 			ready.failed(err)
 		}
 	}()
+	level, err := f.level()
+	if err != nil {
+		return err
+	}
+	log, logFile, err := newLogger(stderr, f.logFile, f.logFormat, level)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	if logFile != nil {
+		// A mount started by mount(8) has no stderr to read its error on.
+		defer func() {
+			if err != nil {
+				log.Error("mount failed", "err", err)
+			}
+		}()
+	}
+	// go-fuse logs a few problems through the log package's default logger.
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(vfs.StdLogger(log, slog.LevelWarn).Writer())
+	defer stdlog.SetOutput(os.Stderr)
+	ready.log = log
 	if err := f.source.check(src); err != nil {
 		return err
 	}
@@ -149,13 +176,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer func() { signal.Stop(hup); close(hup) }()
-	log, logFile, err := newLogger(stderr, f.logFile, f.logFormat, f.verbose)
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
 	go reopenOnHangup(hup, logFile, log)
-	ready.log = log
 	before, err := checkMountpoint(mnt, f.nonEmpty)
 	if err != nil {
 		return err
@@ -323,9 +344,41 @@ func waitAnswers(mnt string, before os.FileInfo) error {
 	}
 }
 
+// level is the least level logged, as --log-level, -v, -q and --debug say:
+// one of them, or --debug with the level it needs.
+func (f *mountFlags) level() (slog.Level, error) {
+	var given []string
+	for _, name := range []string{"log-level", "verbose", "quiet"} {
+		if f.source.changed(name) {
+			given = append(given, "--"+name)
+		}
+	}
+	if len(given) > 1 {
+		return 0, &usageError{fmt.Errorf("%s contradict each other: give one", strings.Join(given, " and "))}
+	}
+	name := f.logLevel
+	switch {
+	case f.verbose:
+		name = "debug"
+	case f.quiet:
+		name = "warn"
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(name)); err != nil || strings.ContainsAny(name, "+-") {
+		return 0, &usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", name)}
+	}
+	if f.fuseDebug {
+		if level > slog.LevelDebug && len(given) > 0 {
+			return 0, &usageError{fmt.Errorf("--debug logs its traces at level debug; %s hides them", given[0])}
+		}
+		level = slog.LevelDebug
+	}
+	return level, nil
+}
+
 // newLogger returns the mount's logger: text or JSON, to the file at path
 // if set (then returned, to reopen and close; a nil *logFile is stderr).
-func newLogger(stderr io.Writer, path, format string, verbose bool) (*slog.Logger, *logFile, error) {
+func newLogger(stderr io.Writer, path, format string, level slog.Level) (*slog.Logger, *logFile, error) {
 	w := stderr
 	var lf *logFile
 	if path != "" {
@@ -335,10 +388,7 @@ func newLogger(stderr io.Writer, path, format string, verbose bool) (*slog.Logge
 		}
 		w = lf
 	}
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if verbose {
-		opts.Level = slog.LevelDebug
-	}
+	opts := &slog.HandlerOptions{Level: level}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), lf, nil
