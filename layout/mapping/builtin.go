@@ -7,7 +7,7 @@ import "github.com/ckptfs/ckptfs/layout/ckpt"
 // its tensors applies (Detect). Hyper-parameters come from the view's
 // config.json, else from what the checkpoint records (Megatron's args).
 var Builtin = []*Spec{megatronGPT, megatronMixtral, megatronQwenMoE, torchtitanQwen3, torchtitanQwen3MoE,
-	torchtitanLlama, kempnerForgeLlama}
+	torchtitanDeepSeekV3, torchtitanLlama, kempnerForgeLlama}
 
 // layer is shorthand for the names of one decoder layer in HF Llama,
 // Qwen2, Qwen3 and Mistral.
@@ -149,6 +149,40 @@ var torchtitanQwen3MoE = &Spec{Name: "torchtitan-qwen3-moe", Rules: append(
 	Rule{To: layer + "mlp.experts.{e}.up_proj.weight", From: titanExperts("w3_EFD", "w3"), Stacked: Axes{"e"}},
 	Rule{To: layer + "mlp.experts.{e}.down_proj.weight", From: titanExperts("w2_EDF", "w2"), Stacked: Axes{"e"}},
 )}
+
+// torchtitanDeepSeekV3 is torchtitan's DeepSeek-V3 as HF
+// DeepseekV3ForCausalLM, as its state dict adapter's to_hf() makes it:
+// multi-head latent attention (with or without a low-rank query), dense
+// first layers, MoE layers with grouped routed experts one tensor per
+// expert, shared experts, and the router's score correction bias.
+// Multi-token-prediction layers are not mapped (they are listed as left
+// out): HF numbers them after the main layers.
+var torchtitanDeepSeekV3 = &Spec{Name: "torchtitan-deepseek-v3", Rules: []Rule{
+	{To: "model.embed_tokens.weight", From: Names{"tok_embeddings.weight"}},
+	{To: layer + "self_attn.q_a_proj.weight", From: Names{"layers.{l}.attention.wq_a.weight"}, Optional: true},
+	{To: layer + "self_attn.q_a_layernorm.weight", From: Names{"layers.{l}.attention.q_norm.weight"}, Optional: true},
+	{To: layer + "self_attn.q_b_proj.weight", From: Names{"layers.{l}.attention.wq_b.weight"}, Optional: true},
+	{To: layer + "self_attn.q_proj.weight", From: Names{"layers.{l}.attention.wq.weight"}, Optional: true},
+	{To: layer + "self_attn.kv_a_proj_with_mqa.weight", From: Names{"layers.{l}.attention.wkv_a.weight"}},
+	{To: layer + "self_attn.kv_a_layernorm.weight", From: Names{"layers.{l}.attention.kv_norm.weight"}},
+	{To: layer + "self_attn.kv_b_proj.weight", From: Names{"layers.{l}.attention.wkv_b.weight"}},
+	{To: layer + "self_attn.o_proj.weight", From: Names{"layers.{l}.attention.wo.weight"}},
+	{To: layer + "input_layernorm.weight", From: Names{"layers.{l}.attention_norm.weight"}},
+	{To: layer + "post_attention_layernorm.weight", From: Names{"layers.{l}.ffn_norm.weight"}},
+	{To: layer + "mlp.gate_proj.weight", From: Names{"layers.{l}.feed_forward.w1.weight"}, Optional: true},
+	{To: layer + "mlp.up_proj.weight", From: Names{"layers.{l}.feed_forward.w3.weight"}, Optional: true},
+	{To: layer + "mlp.down_proj.weight", From: Names{"layers.{l}.feed_forward.w2.weight"}, Optional: true},
+	{To: layer + "mlp.gate.weight", From: Names{"layers.{l}.moe.router.gate.weight"}},
+	{To: layer + "mlp.gate.e_score_correction_bias", From: Names{"layers.{l}.moe.expert_bias_E", "layers.{l}.moe.expert_bias"}, Optional: true},
+	{To: layer + "mlp.experts.{e}.gate_proj.weight", From: titanExperts("w1_EFD", "w1"), Stacked: Axes{"e"}},
+	{To: layer + "mlp.experts.{e}.up_proj.weight", From: titanExperts("w3_EFD", "w3"), Stacked: Axes{"e"}},
+	{To: layer + "mlp.experts.{e}.down_proj.weight", From: titanExperts("w2_EDF", "w2"), Stacked: Axes{"e"}},
+	{To: layer + "mlp.shared_experts.gate_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w1.weight"}, Optional: true},
+	{To: layer + "mlp.shared_experts.up_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w3.weight"}, Optional: true},
+	{To: layer + "mlp.shared_experts.down_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w2.weight"}, Optional: true},
+	{To: "model.norm.weight", From: Names{"norm.weight"}},
+	{To: "lm_head.weight", From: Names{"lm_head.weight", "output.weight"}, UnlessTied: true},
+}}
 
 // titanExperts names torchtitan's grouped expert weights (0.3.0 under
 // routed_experts.inner_experts with their axes in the name; older versions
