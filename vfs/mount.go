@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -35,6 +36,10 @@ type MountOptions struct {
 	// fstab line mounted and does not mount it again. Default: the source's
 	// path.
 	FsName string
+	// ObserveOp, if set, is told of every FUSE request of the ops in
+	// observedFS: its name (lookup, getattr, open, read, ...), how long it
+	// took, and its errno (0 for success).
+	ObserveOp func(op string, took time.Duration, errno syscall.Errno)
 }
 
 // Mount mounts the tree of fsys at mnt and returns the running server.
@@ -86,7 +91,16 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 	if abs, err := filepath.Abs(mnt); err == nil {
 		fsys.mountpoint = abs
 	}
-	server, err := fs.Mount(mnt, fsys.Root(), opts)
+	// fs.Mount, with the raw filesystem observed in between.
+	var raw fuse.RawFileSystem = fs.NewNodeFS(fsys.Root(), opts)
+	if mo.ObserveOp != nil {
+		raw = &observedFS{RawFileSystem: raw, observe: mo.ObserveOp}
+	}
+	server, err := fuse.NewServer(raw, mnt, &opts.MountOptions)
+	if err == nil {
+		go server.Serve()
+		err = server.WaitMount()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mnt, err)
 	}
@@ -132,4 +146,90 @@ type slogWriter struct {
 func (w slogWriter) Write(p []byte) (int, error) {
 	w.l.Log(context.Background(), w.level, strings.TrimSuffix(string(p), "\n"), "from", "go-fuse")
 	return len(p), nil
+}
+
+// observedFS times the requests of the FUSE ops that serve reads, for
+// metrics; the others pass through untimed.
+type observedFS struct {
+	fuse.RawFileSystem
+	observe func(op string, took time.Duration, errno syscall.Errno)
+}
+
+func (o *observedFS) done(op string, start time.Time, st fuse.Status) {
+	o.observe(op, time.Since(start), syscall.Errno(st))
+}
+
+func (o *observedFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	start := time.Now()
+	st := o.RawFileSystem.Lookup(cancel, h, name, out)
+	if st == fuse.OK && out.NodeId == 0 {
+		// A negative entry (cached for NegativeTimeout) is how a missing
+		// name is answered: count it as the ENOENT it is.
+		o.done("lookup", start, fuse.ENOENT)
+		return st
+	}
+	o.done("lookup", start, st)
+	return st
+}
+
+func (o *observedFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	start := time.Now()
+	st := o.RawFileSystem.GetAttr(cancel, in, out)
+	o.done("getattr", start, st)
+	return st
+}
+
+func (o *observedFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	start := time.Now()
+	st := o.RawFileSystem.Open(cancel, in, out)
+	o.done("open", start, st)
+	return st
+}
+
+func (o *observedFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+	start := time.Now()
+	r, st := o.RawFileSystem.Read(cancel, in, buf)
+	o.done("read", start, st)
+	return r, st
+}
+
+func (o *observedFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
+	start := time.Now()
+	o.RawFileSystem.Release(cancel, in)
+	o.done("release", start, fuse.OK)
+}
+
+func (o *observedFS) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	start := time.Now()
+	st := o.RawFileSystem.OpenDir(cancel, in, out)
+	o.done("opendir", start, st)
+	return st
+}
+
+func (o *observedFS) ReadDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	start := time.Now()
+	st := o.RawFileSystem.ReadDir(cancel, in, out)
+	o.done("readdir", start, st)
+	return st
+}
+
+func (o *observedFS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	start := time.Now()
+	st := o.RawFileSystem.ReadDirPlus(cancel, in, out)
+	o.done("readdirplus", start, st)
+	return st
+}
+
+func (o *observedFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+	start := time.Now()
+	n, st := o.RawFileSystem.Write(cancel, in, data)
+	o.done("write", start, st)
+	return n, st
+}
+
+func (o *observedFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	start := time.Now()
+	st := o.RawFileSystem.Flush(cancel, in)
+	o.done("flush", start, st)
+	return st
 }

@@ -149,7 +149,13 @@ func newVersionCmd() *cobra.Command {
 // commit it was built from (vcs.revision, "+dirty" for a modified tree),
 // the Go version and the platform.
 func versionString() string {
-	v, commit := version, "unknown"
+	v, commit := buildInfo()
+	return fmt.Sprintf("%s\ncommit %s\n%s %s/%s", v, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+// buildInfo is the version and commit of this binary.
+func buildInfo() (v, commit string) {
+	v, commit = version, "unknown"
 	if v == "" {
 		v = "devel"
 	}
@@ -168,5 +174,5 @@ func versionString() string {
 		}
 		commit += dirty
 	}
-	return fmt.Sprintf("%s\ncommit %s\n%s %s/%s", v, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return v, commit
 }

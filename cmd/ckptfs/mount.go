@@ -192,6 +192,13 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
 		DirectReads: f.directReads}
+	var m *metrics.Metrics
+	if f.metricsAddr != "" {
+		m = metrics.New()
+		m.Build(buildInfo())
+		copts.FillObserver, vopts.CommitObserver = m.ObserveFill, m.ObserveCommit
+		f.source.observeRequest = m.ObserveRequest
+	}
 	if remote {
 		// Each block is a request: bigger blocks, several in flight.
 		var given int64
@@ -212,11 +219,6 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		vopts.Tree = tree
 		cancelRequests = func() { closer.Close() }
 		interruptRequests = store.Drain
-	}
-	var m *metrics.Metrics
-	if f.metricsAddr != "" {
-		m = metrics.New()
-		copts.FillObserver, vopts.CommitObserver = m.ObserveFill, m.ObserveCommit
 	}
 	c, err := cache.New(copts)
 	if err != nil {
@@ -256,8 +258,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		attrs = append(attrs, "metrics", "http://"+f.metricsAddr+"/metrics")
 	}
 	log.Info("mounting", attrs...)
-	server, err := vfs.Mount(mnt, fsys, vfs.MountOptions{ReadAheadKB: int(f.readAhead.Int64() >> 10),
-		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src})
+	mo := vfs.MountOptions{ReadAheadKB: int(f.readAhead.Int64() >> 10),
+		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src}
+	if m != nil {
+		mo.ObserveOp = m.ObserveOp
+	}
+	server, err := vfs.Mount(mnt, fsys, mo)
 	if err != nil {
 		return err
 	}

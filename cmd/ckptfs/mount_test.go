@@ -9,12 +9,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
 )
 
 var sample = filepath.Join("..", "..", "testdata", "sample")
@@ -165,7 +169,64 @@ func TestMetricsEndpoint(t *testing.T) {
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_bytes_served_total %d\n", len(data)))
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fills_total %d\n", blocks))
 	require.Contains(t, string(body), fmt.Sprintf("ckptfs_cache_fill_duration_seconds_count %d\n", blocks))
+
+	// Per-op FUSE histograms and errors, and which binary serves.
+	_, err = os.ReadDir(filepath.Join(mnt, "ckpt"))
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(mnt, "ckpt", "missing"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	v, commit := buildInfo()
+	require.Eventually(t, func() bool {
+		body := scrapeMetrics(t, addr)
+		for _, op := range []string{"lookup", "getattr", "open", "read", "release", "opendir", "readdirplus"} {
+			if !regexp.MustCompile(`ckptfs_fuse_op_duration_seconds_count\{op="` + op + `"\} [1-9]`).MatchString(body) {
+				t.Logf("no %s requests yet", op)
+				return false
+			}
+		}
+		return strings.Contains(body, `ckptfs_fuse_op_errors_total{errno="ENOENT",op="lookup"} `) &&
+			strings.Contains(body, fmt.Sprintf(`ckptfs_build_info{commit=%q,goversion=%q,version=%q} 1`, commit, runtime.Version(), v))
+	}, 5*time.Second, 50*time.Millisecond)
 	unmount()
+}
+
+func scrapeMetrics(t *testing.T, addr string) string {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
+}
+
+// TestMetricsStoreRequests: an s3:// mount exports the latency of the
+// store's requests by operation.
+func TestMetricsStoreRequests(t *testing.T) {
+	g := s3test.StartGateway(t, s3test.GatewayOptions{})
+	g.Bucket(t, "metrics")
+	g.Upload(t, "metrics", "run/ckpt", filepath.Join(sample, "ckpt"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	mnt := t.TempDir()
+	done := make(chan int, 1)
+	stderr := &logBuffer{}
+	go func() {
+		done <- run([]string{"mount", "--metrics-addr", addr, "--cache-size", "64MiB", "s3://metrics/run", mnt}, io.Discard, stderr)
+	}()
+	t.Cleanup(func() { lazyUnmount(mnt) })
+	view := filepath.Join(mnt, "ckpt", "model.safetensors")
+	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, stderr.String())
+	_, err = os.ReadFile(view)
+	require.NoError(t, err)
+	body := scrapeMetrics(t, addr)
+	for _, op := range []string{"ListObjectsV2", "GetObject"} {
+		require.Regexp(t, `ckptfs_source_request_duration_seconds_count\{op="`+op+`"\} [1-9]`, body)
+	}
+	code, _, errs := runCLI("umount", mnt)
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, 0, <-done, stderr.String())
 }
 
 // TestMountReadsLocalSourcesDirectly: by default the view files of a local

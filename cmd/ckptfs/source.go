@@ -58,6 +58,8 @@ type sourceFlags struct {
 	cacheDir      string
 	cacheDirSize  *byteSize
 	flags         *pflag.FlagSet // tells a flag given from its default
+	// observeRequest times the store's requests (--metrics-addr).
+	observeRequest func(op string, took time.Duration, err error)
 }
 
 // register adds the flags; withCache adds --cache-dir (commands that read
@@ -119,7 +121,8 @@ func (s *sourceFlags) open(url string, blockSize int64) (tree source.Tree, store
 // s3Options are the store's options as the flags give them.
 func (s *sourceFlags) s3Options() s3.Options {
 	o := s3.Options{Endpoint: s.endpoint, Region: s.region, Profile: s.profile, NoSignRequest: s.noSignRequest,
-		RequesterPays: s.requesterPays, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64()}
+		RequesterPays: s.requesterPays, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64(),
+		ObserveRequest: s.observeRequest}
 	if s.changed("path-style") {
 		o.PathStyle = &s.pathStyle
 	}

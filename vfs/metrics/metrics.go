@@ -11,11 +11,15 @@ package metrics
 
 import (
 	"net/http"
+	"runtime"
+	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/vfs"
@@ -25,9 +29,12 @@ const namespace = "ckptfs"
 
 // Metrics is the registry of one mount.
 type Metrics struct {
-	reg           *prometheus.Registry
-	fillSeconds   prometheus.Histogram
-	commitSeconds prometheus.Histogram
+	reg            *prometheus.Registry
+	fillSeconds    prometheus.Histogram
+	commitSeconds  prometheus.Histogram
+	opSeconds      *prometheus.HistogramVec
+	opErrors       *prometheus.CounterVec
+	requestSeconds *prometheus.HistogramVec
 }
 
 // New returns a registry holding the latency histograms and the Go runtime
@@ -48,8 +55,24 @@ func New() *Metrics {
 			// 10 ms to ~11 min: a reshard is bounded by disk bandwidth.
 			Buckets: prometheus.ExponentialBuckets(10e-3, 4, 9),
 		}),
+		opSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: "fuse", Name: "op_duration_seconds",
+			Help: "Time to answer one FUSE request, by op (lookup, getattr, open, read, release, opendir, readdir, readdirplus, write, flush); failed ones included. Its _count is the requests.",
+			// 10 µs (a cached getattr) to ~10 s (a read waiting on a slow store).
+			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 11),
+		}, []string{"op"}),
+		opErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: "fuse", Name: "op_errors_total",
+			Help: "FUSE requests answered with an error, by op and errno name (EIO, ENOENT, ...).",
+		}, []string{"op", "errno"}),
+		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: "source", Name: "request_duration_seconds",
+			Help: "Time of one attempt of an object store request, from sending it to its response's headers, by operation (GetObject, HeadObject, ListObjectsV2); failed attempts included.",
+			// 1 ms to ~16 s.
+			Buckets: prometheus.ExponentialBuckets(1e-3, 4, 8),
+		}, []string{"op"}),
 	}
-	m.reg.MustRegister(m.fillSeconds, m.commitSeconds,
+	m.reg.MustRegister(m.fillSeconds, m.commitSeconds, m.opSeconds, m.opErrors, m.requestSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -59,6 +82,39 @@ func (m *Metrics) ObserveFill(took time.Duration, _ error) { m.fillSeconds.Obser
 
 // ObserveCommit is a vfs.Options.CommitObserver.
 func (m *Metrics) ObserveCommit(took time.Duration, _ error) { m.commitSeconds.Observe(took.Seconds()) }
+
+// ObserveOp is a vfs.MountOptions.ObserveOp.
+func (m *Metrics) ObserveOp(op string, took time.Duration, errno syscall.Errno) {
+	m.opSeconds.WithLabelValues(op).Observe(took.Seconds())
+	if errno != 0 {
+		m.opErrors.WithLabelValues(op, errnoName(errno)).Inc()
+	}
+}
+
+// errnoName is the errno's symbol (EIO), the label Prometheus users filter on.
+func errnoName(e syscall.Errno) string {
+	if name := unix.ErrnoName(e); name != "" {
+		return name
+	}
+	return strconv.Itoa(int(e))
+}
+
+// ObserveRequest is an s3.Options.ObserveRequest.
+func (m *Metrics) ObserveRequest(op string, took time.Duration, _ error) {
+	m.requestSeconds.WithLabelValues(op).Observe(took.Seconds())
+}
+
+// Build exports ckptfs_build_info{version,commit,goversion} 1, as
+// gcsfuse and mountpoint-s3 do: which binary serves the mount.
+func (m *Metrics) Build(version, commit string) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "build_info",
+		Help:        "The version, commit and Go version of the ckptfs binary serving the mount (always 1).",
+		ConstLabels: prometheus.Labels{"version": version, "commit": commit, "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	m.reg.MustRegister(g)
+}
 
 // Watch registers the counters read from snapshot at every scrape.
 func (m *Metrics) Watch(snapshot func() vfs.Stats) {
