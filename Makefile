@@ -15,7 +15,7 @@ VERSITYGW_VERSION := v1.8.0
 VERSITYGW := .tools/bin/versitygw
 VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
 
-.PHONY: all build test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fmt vet clean
+.PHONY: all build install test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fmt vet clean
 
 all: build
 
@@ -24,6 +24,20 @@ build: go-deps
 
 go-deps:
 	$(GO) mod download
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the binary to $(PREFIX)/bin.
+# `mount -t fuse.ckptfs` and fstab lines then work through fuse3's helper:
+# mount(8) runs /sbin/mount.fuse3 (as mount.fuse), which runs `ckptfs SRC
+# MNT -o OPTS` through /bin/sh with sh's default PATH, since mount(8) gives
+# helpers no environment. That PATH is /usr/local/sbin:/usr/local/bin:
+# /usr/sbin:/usr/bin:/sbin:/bin: with another PREFIX, link ckptfs into one.
+PREFIX ?= /usr/local
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/ckptfs
+	@case ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:" in \
+	  *":$(PREFIX)/bin:"*) ;; \
+	  *) echo "note: mount -t fuse.ckptfs finds ckptfs only on /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; link $(PREFIX)/bin/ckptfs into one" >&2;; esac
+	@test -x /sbin/mount.fuse3 || echo "note: mount -t fuse.ckptfs needs fuse3's /sbin/mount.fuse3 (make fuse)" >&2
 
 # fusermount3 lets a crashed mount be cleaned up and non-root users mount.
 fuse:
