@@ -71,7 +71,7 @@ func (l *Local) Open(name string) (File, error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, l.Path(name), typeName(fi.Mode()))
 	}
-	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi)}, nil
+	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi), inMemory: inMemory(f)}, nil
 }
 
 func (l *Local) Stat(name string) (Info, error) {
@@ -210,15 +210,40 @@ type localFile struct {
 	path string
 	info Info
 	read readRanges
+	// inMemory: the file lives in memory (tmpfs, ramfs), so its pages are
+	// the file itself and there is nothing to drop.
+	inMemory bool
+	drops    pendingDrops
 }
 
-func (f *localFile) Info() Info   { return f.info }
-func (f *localFile) Close() error { return f.f.Close() }
+func (f *localFile) Info() Info { return f.info }
+
+func (f *localFile) Close() error {
+	f.drop(f.drops.flush())
+	return f.f.Close()
+}
+
+// drop drops the pages of the ranges from the page cache.
+func (f *localFile) drop(spans []span) {
+	for _, s := range spans {
+		_ = unix.Fadvise(int(f.f.Fd()), s.start, s.end-s.start, unix.FADV_DONTNEED)
+	}
+}
 func (f *localFile) Fd() uintptr  { return f.f.Fd() }
 
 // ReadRandomly turns the kernel's read-ahead off for the file
 // (FADV_RANDOM).
 func (f *localFile) ReadRandomly() { _ = unix.Fadvise(int(f.f.Fd()), 0, 0, unix.FADV_RANDOM) }
+
+// inMemory reports whether f is on a filesystem whose files are their
+// pages (tmpfs, ramfs).
+func inMemory(f *os.File) bool {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return false
+	}
+	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC
+}
 
 // maxFolio is the largest page-cache folio on x86-64 (a PMD).
 const maxFolio = 2 << 20
@@ -231,19 +256,20 @@ const minDrop = 64 << 10
 // ReadAt reads at off; a file found shorter than when it was opened is
 // ErrChanged (a truncated shard), not a short read.
 //
-// The pages read are dropped from the page cache afterwards: ckptfs reads a
-// byte of a checkpoint once and serves it from its own cache or the view's
-// pages, so keeping the shard's copy too would double the memory a load
-// costs (a model's worth of shard pages beside a model's worth of view
-// pages).
+// The pages read are dropped from the page cache afterwards, in batches
+// (pendingDrops): ckptfs reads a byte of a checkpoint once and serves it
+// from its own cache or the view's pages, so keeping the shard's copy too
+// would double the memory a load costs (a model's worth of shard pages
+// beside a model's worth of view pages). Files in memory (tmpfs) keep
+// theirs: their pages are the file.
 func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)
 	if n > 0 {
 		// Small reads (record headers) are remembered too: their folios go
 		// with the fills around them.
 		lo, hi := f.read.add(off, off+int64(n), f.info.Size, maxFolio)
-		if n >= minDrop {
-			_ = unix.Fadvise(int(f.f.Fd()), lo, hi-lo, unix.FADV_DONTNEED)
+		if n >= minDrop && !f.inMemory {
+			f.drop(f.drops.add(lo, hi))
 		}
 	}
 	if err == io.EOF && off+int64(n) < f.info.Size {

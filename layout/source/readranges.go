@@ -82,3 +82,55 @@ func (r *readRanges) covers(start, end int64) bool {
 	i := sort.Search(len(r.runs), func(i int) bool { return r.runs[i].end > start })
 	return i < len(r.runs) && r.runs[i].start <= start && r.runs[i].end >= end
 }
+
+// pendingDrops batches the page-cache drops of a file. A FADV_DONTNEED is
+// not cheap where it matters: when pages read by another CPU are still in
+// that CPU's LRU batch, the kernel drains every CPU's batch
+// (lru_add_drain_all, one system-wide mutex), so one drop per 1 MiB read
+// serialises parallel readers on a many-core host. Touching drop ranges are
+// merged and dropped once they span dropBatch bytes; a few runs are kept
+// apart for readers at different places of one file.
+type pendingDrops struct {
+	mu   sync.Mutex
+	runs []span // GUARDED_BY(mu); disjoint, at most maxPending, oldest first
+}
+
+// dropBatch is the size at which merged drop ranges are dropped.
+const dropBatch = 16 << 20
+
+// maxPending bounds the separate ranges waiting to be dropped.
+const maxPending = 8
+
+// add queues [start, end) and returns the ranges to drop now.
+func (p *pendingDrops) add(start, end int64) []span {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := 0; i < len(p.runs); i++ {
+		r := p.runs[i]
+		if r.end < start || end < r.start { // neither overlapping nor touching
+			continue
+		}
+		start, end = min(start, r.start), max(end, r.end)
+		p.runs = slices.Delete(p.runs, i, i+1)
+		i--
+	}
+	if end-start >= dropBatch {
+		return []span{{start, end}}
+	}
+	p.runs = append(p.runs, span{start, end})
+	if len(p.runs) > maxPending {
+		oldest := p.runs[0]
+		p.runs = slices.Delete(p.runs, 0, 1)
+		return []span{oldest}
+	}
+	return nil
+}
+
+// flush returns every range still waiting.
+func (p *pendingDrops) flush() []span {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.runs
+	p.runs = nil
+	return out
+}

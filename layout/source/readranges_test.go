@@ -66,3 +66,38 @@ func TestReadRangesBounded(t *testing.T) {
 	}
 	assert.LessOrEqual(t, len(r.runs), maxRuns)
 }
+
+// Drops are batched: touching ranges merge until dropBatch, readers at
+// different places keep their own ranges, and the oldest goes when too many
+// wait; flush returns the rest.
+func TestPendingDrops(t *testing.T) {
+	const mib = 1 << 20
+	var p pendingDrops
+	var dropped []span
+	for i := int64(0); i < 20; i++ { // one reader, in order
+		dropped = append(dropped, p.add(i*mib, (i+1)*mib)...)
+	}
+	assert.Equal(t, []span{{0, 16 * mib}}, dropped)
+	assert.Equal(t, []span{{16 * mib, 20 * mib}}, p.flush())
+	assert.Empty(t, p.flush())
+
+	// two readers, interleaved: each one's range grows on its own
+	for i := int64(0); i < 4; i++ {
+		assert.Empty(t, p.add(i*mib, (i+1)*mib))
+		assert.Empty(t, p.add(100*mib+i*mib, 100*mib+(i+1)*mib))
+	}
+	assert.Equal(t, []span{{0, 4 * mib}, {100 * mib, 104 * mib}}, p.flush())
+
+	// more separate ranges than are kept: the oldest is dropped
+	for i := int64(0); i < maxPending; i++ {
+		assert.Empty(t, p.add(i*10*mib, i*10*mib+mib))
+	}
+	assert.Equal(t, []span{{0, mib}}, p.add(500*mib, 501*mib))
+	assert.Len(t, p.flush(), maxPending)
+
+	// a range that bridges two waiting ones merges all three
+	p.add(0, mib)
+	p.add(2*mib, 3*mib)
+	p.add(mib, 2*mib)
+	assert.Equal(t, []span{{0, 3 * mib}}, p.flush())
+}
