@@ -229,7 +229,7 @@ func (f *localFile) drop(spans []span) {
 		_ = unix.Fadvise(int(f.f.Fd()), s.start, s.end-s.start, unix.FADV_DONTNEED)
 	}
 }
-func (f *localFile) Fd() uintptr  { return f.f.Fd() }
+func (f *localFile) Fd() uintptr { return f.f.Fd() }
 
 // ReadRandomly turns the kernel's read-ahead off for the file
 // (FADV_RANDOM).
