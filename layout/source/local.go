@@ -216,7 +216,8 @@ type localFile struct {
 	drops    pendingDrops
 }
 
-func (f *localFile) Info() Info { return f.info }
+func (f *localFile) Info() Info  { return f.info }
+func (f *localFile) Fd() uintptr { return f.f.Fd() }
 
 func (f *localFile) Close() error {
 	f.drop(f.drops.flush())
@@ -229,7 +230,6 @@ func (f *localFile) drop(spans []span) {
 		_ = unix.Fadvise(int(f.f.Fd()), s.start, s.end-s.start, unix.FADV_DONTNEED)
 	}
 }
-func (f *localFile) Fd() uintptr { return f.f.Fd() }
 
 // ReadRandomly turns the kernel's read-ahead off for the file
 // (FADV_RANDOM).
