@@ -113,10 +113,12 @@ def test_inspect_names_stage_errors(tmp_path):
 
 @pytest.mark.parametrize("case", ["megatron_gpt_llama_tp2pp2", "megatron_gpt_qwen2_tp2", "megatron_gpt_mixtral_tp2ep2",
                                   "megatron_gpt_mixtral_tp2ep2_singleton", "megatron_gpt_qwen3moe_tp2ep2",
-                                  "megatron_gpt_qwen2moe_tp2ep2"])
+                                  "megatron_gpt_qwen2moe_tp2ep2", "megatron_legacy_llama_tp2",
+                                  "megatron_legacy_llama_tp2pp2"])
 def test_megatron_without_config_loads_with_generated_config(case, mount):
     """With no config.json anywhere, a Megatron view gets one made from the
-    arguments in common.pt (vocabulary padded, as recorded) and loads in
+    arguments in common.pt, or in model_optim_rng.pt of a legacy (torch
+    format) checkpoint (vocabulary padded, as recorded) and loads in
     transformers with the original model's logits for every real token."""
     m = mount(TESTDATA / case)
     view = m.mnt / "ckpt" / "iter_0000010"
