@@ -15,7 +15,7 @@ VERSITYGW_VERSION := v1.8.0
 VERSITYGW := .tools/bin/versitygw
 VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
 
-.PHONY: all build install test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fmt vet clean
+.PHONY: all build install test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
 all: build
 
@@ -115,6 +115,28 @@ fixtures: export ATEN_CPU_CAPABILITY = avx2
 fixtures: venv
 	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements-fixtures.txt
 	$(PY) e2e/fixtures/gen.py testdata
+	$(PY) e2e/fixtures/gen_torchsave.py testdata
+
+# The framework generators need venvs of their own, made as e2e/fixtures/README.md
+# says (VENV_MAP: torchtitan 0.3.0 + megatron-core 0.16.1; VENV_DS: that plus
+# deepspeed 0.19.8). gen_legacy.py checks its cases against megatron_gpt_llama_tp2,
+# so it runs after gen_megatron_gpt.py. Not part of `make fixtures`: NeMo AutoModel
+# (gen_frameworks.py) and megatron-core 0.19 (Python 3.12) have venvs of their own too.
+VENV_MAP ?= /work/venv-map
+VENV_DS  ?= /work/venv-ds
+fixtures-map fixtures-deepspeed: export ATEN_CPU_CAPABILITY = avx2
+fixtures-map fixtures-deepspeed: export USE_LIBUV = 0
+fixtures-map:
+	@test -x $(VENV_MAP)/bin/python || { echo "no $(VENV_MAP)/bin/python: make it as e2e/fixtures/README.md says, or set VENV_MAP" >&2; exit 1; }
+	$(VENV_MAP)/bin/python e2e/fixtures/gen_torchtitan.py testdata
+	$(VENV_MAP)/bin/python e2e/fixtures/gen_megatron_gpt.py testdata
+	$(VENV_MAP)/bin/python e2e/fixtures/gen_moe.py testdata
+	$(VENV_MAP)/bin/python e2e/fixtures/gen_legacy.py testdata
+
+fixtures-deepspeed: export DS_ACCELERATOR = cpu
+fixtures-deepspeed:
+	@test -x $(VENV_DS)/bin/python || { echo "no $(VENV_DS)/bin/python: make it as e2e/fixtures/README.md says, or set VENV_DS" >&2; exit 1; }
+	$(VENV_DS)/bin/python e2e/fixtures/gen_deepspeed.py testdata
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
