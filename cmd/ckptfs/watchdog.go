@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -39,8 +40,18 @@ func startWatchdog(mnt string, m mountEntry, log *slog.Logger) *watchdog {
 		log.Warn("no unmount watchdog", "err", err)
 		return &watchdog{}
 	}
-	cmd := exec.Command(exe, watchdogCmd, absMountpoint(mnt), strconv.Itoa(os.Getpid()), strconv.Itoa(m.id), m.dev)
+	args := []string{watchdogCmd, absMountpoint(mnt), strconv.Itoa(os.Getpid()), strconv.Itoa(m.id), m.dev}
+	// The connection's control files, opened now, while the connection is
+	// certainly this mount's: mount IDs and device numbers are reused by
+	// the next mount, the open files are not (see endMount).
+	conn := openConnection(m.dev)
+	defer conn.close()
+	cmd := exec.Command(exe, args...)
 	cmd.ExtraFiles = []*os.File{r}
+	if conn.abort != nil && conn.waiting != nil {
+		cmd.Args = append(cmd.Args, withControlFiles)
+		cmd.ExtraFiles = append(cmd.ExtraFiles, conn.abort, conn.waiting)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	err = cmd.Start()
 	r.Close()
@@ -74,8 +85,12 @@ func (d *watchdog) close() {
 // FUSE connection, which ends such waits, and detach it if it is still
 // what the mount point shows.
 func runWatchdog(args []string) error {
-	if len(args) != 4 {
-		return errors.New("usage: " + watchdogCmd + " MNT PID MOUNT-ID MAJ:MIN")
+	if len(args) != 4 && (len(args) != 5 || args[4] != withControlFiles) {
+		return errors.New("usage: " + watchdogCmd + " MNT PID MOUNT-ID MAJ:MIN [" + withControlFiles + "]")
+	}
+	var conn connection
+	if len(args) == 5 {
+		conn = connection{abort: os.NewFile(4, "abort"), waiting: os.NewFile(5, "waiting")}
 	}
 	mnt, dev := args[0], args[3]
 	pid, err := strconv.Atoi(args[1])
@@ -110,13 +125,75 @@ func runWatchdog(args []string) error {
 		}
 		break
 	}
-	return endMount(mnt, id, dev)
+	return endMount(mnt, id, dev, conn)
+}
+
+// withControlFiles, the watchdog's last argument, says its file
+// descriptors 4 and 5 are the connection's abort and waiting files.
+const withControlFiles = "ctl"
+
+// connection is the control files of a FUSE connection (fusectl): abort
+// ends it; waiting reads empty once the connection is gone, whatever
+// connection has its number now.
+type connection struct{ abort, waiting *os.File }
+
+// openConnection opens the control files of the connection of the mount of
+// device dev (MAJ:MIN; the minor names the connection); none where they
+// cannot be opened (fusectl is root's). Nothing here touches the mount
+// point: stat'ing a mount whose server is dead would hang.
+func openConnection(dev string) connection {
+	_, minor, ok := strings.Cut(dev, ":")
+	if !ok {
+		return connection{}
+	}
+	const ctl = "/sys/fs/fuse/connections"
+	if _, err := os.Stat(ctl + "/" + minor); err != nil {
+		_ = syscall.Mount("fusectl", ctl, "fusectl", 0, "") // often not mounted
+	}
+	var c connection
+	c.abort, _ = os.OpenFile(ctl+"/"+minor+"/abort", os.O_WRONLY, 0)
+	c.waiting, _ = os.Open(ctl + "/" + minor + "/waiting")
+	return c
+}
+
+func (c connection) close() {
+	for _, f := range []*os.File{c.abort, c.waiting} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// alive reports whether the connection the files were opened for still
+// exists; ok is false when there are no files to tell.
+func (c connection) alive() (alive, ok bool) {
+	if c.waiting == nil {
+		return false, false
+	}
+	// Read once, from the start: the file cannot seek (no pread).
+	n, err := c.waiting.Read(make([]byte, 32))
+	return n > 0 && (err == nil || errors.Is(err, io.EOF)), true
 }
 
 // endMount aborts and detaches the mount of the given ID and device, if it
 // is still mounted; a mount stacked on it since is left alone (its
 // connection is aborted, so it no longer wedges whoever reaches it).
-func endMount(mnt string, id int, dev string) error {
+//
+// An ID and a device number say which mount only while that mount lives:
+// the kernel gives the lowest free ones to the next mount. So with the
+// connection's control files (conn), the connection decides: gone, and
+// nothing is done; alive, and its device cannot have been reused.
+// Without them (not root), a mount made since with the same numbers would
+// be taken for ours.
+func endMount(mnt string, id int, dev string, conn connection) error {
+	alive, known := conn.alive()
+	if known && !alive {
+		return nil // ended already
+	}
+	if !known {
+		conn = openConnection(dev)
+		defer conn.close()
+	}
 	entries, err := readMountinfo()
 	if err != nil {
 		return err
@@ -128,7 +205,9 @@ func endMount(mnt string, id int, dev string) error {
 	if !ours {
 		return nil // unmounted already
 	}
-	abortConnection(dev)
+	if conn.abort != nil {
+		_, _ = conn.abort.Write([]byte("1"))
+	}
 	if top, ok := topMount(entries, mnt); !ok || top.id != id {
 		return nil
 	}
@@ -144,21 +223,6 @@ func isZombie(pid int) bool {
 	// pid (comm) state ...: comm may hold spaces and parentheses.
 	rest := b[bytes.LastIndexByte(b, ')')+1:]
 	return len(rest) > 1 && rest[1] == 'Z'
-}
-
-// abortConnection aborts the FUSE connection of the mount of device dev
-// (MAJ:MIN; the minor names the connection). Stat'ing a mount whose server
-// is dead would hang, so nothing here touches the mount point.
-func abortConnection(dev string) {
-	_, minor, ok := strings.Cut(dev, ":")
-	if !ok {
-		return
-	}
-	const ctl = "/sys/fs/fuse/connections"
-	if _, err := os.Stat(ctl + "/" + minor); err != nil {
-		_ = syscall.Mount("fusectl", ctl, "fusectl", 0, "") // root only; often not mounted
-	}
-	_ = os.WriteFile(ctl+"/"+minor+"/abort", []byte("1"), 0o200)
 }
 
 // lazyUnmount detaches whatever is mounted at mnt: callers check first that
