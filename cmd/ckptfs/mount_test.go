@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -257,20 +258,50 @@ func mountSample(t *testing.T, flags ...string) (mnt string, unmount func()) {
 	return mountSampleAt(t, t.TempDir(), flags...)
 }
 
-// mountSampleAt is mountSample at the given mount point.
+// mountSampleAt is mountSample at the given mount point. The mount runs
+// in a process of its own, as a real one does (TestMain runs this binary
+// as ckptfs when it is called so): mounts made one after another in one
+// process share its file descriptor numbers, and a mount whose server
+// outlives its test could act on the next one's /dev/fuse.
 func mountSampleAt(t *testing.T, mnt string, flags ...string) (string, func()) {
 	t.Helper()
-	done := make(chan int, 1)
-	stderr := &logBuffer{}
-	args := append(append([]string{"mount"}, flags...), sample, mnt)
-	go func() { done <- run(args, io.Discard, stderr) }()
+	p := startMount(t, append(append([]string{"mount"}, flags...), sample, mnt)...)
 	t.Cleanup(func() { lazyUnmount(mnt) })
 	view := filepath.Join(mnt, "ckpt", "model.safetensors")
-	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, stderr.String())
+	require.Eventually(t, func() bool { _, err := os.Stat(view); return err == nil }, 30*time.Second, 10*time.Millisecond, p.stderr.String())
+	mountPids[mnt] = p.cmd.Process.Pid
 	return mnt, func() {
 		t.Helper()
 		code, _, errs := runCLI("umount", mnt)
 		require.Equal(t, 0, code, errs)
-		require.Equal(t, 0, <-done, stderr.String())
+		require.NoError(t, p.cmd.Wait(), p.stderr.String())
 	}
+}
+
+// mountPids are the processes serving the mounts mountSampleAt made, by
+// mount point.
+var mountPids = map[string]int{}
+
+// mountProcess is this test binary running as ckptfs.
+type mountProcess struct {
+	cmd    *exec.Cmd
+	stderr *logBuffer
+}
+
+// startMount starts this binary as `ckptfs ARGS...`, killed at the end of
+// the test if it still runs.
+func startMount(t *testing.T, args ...string) *mountProcess {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	p := &mountProcess{cmd: &exec.Cmd{Path: exe, Args: append([]string{"ckptfs"}, args...)}, stderr: &logBuffer{}}
+	p.cmd.Stderr = p.stderr
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	})
+	return p
 }

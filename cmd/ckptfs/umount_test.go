@@ -150,7 +150,7 @@ func TestHangupReopensTheLogFile(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "ckptfs.log")
 	mnt, unmount := mountSample(t, "--log-file", logFile)
 	require.NoError(t, os.Rename(logFile, logFile+".1"))
-	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+	require.NoError(t, syscall.Kill(mountPids[mnt], syscall.SIGHUP))
 	require.Eventually(t, func() bool {
 		b, _ := os.ReadFile(logFile)
 		return bytes.Contains(b, []byte("log file reopened"))
