@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -473,7 +474,7 @@ func (m *merger) assemble(g *global) (*ckpt.Tensor, error) {
 				return nil, fmt.Errorf("%w: %s: tensor %q: no piece for layer %d of TP rank %d (the file of that rank and stage does not hold it)",
 					ckpt.ErrInvalid, m.c.Dir, g.name, l, r)
 			}
-			if p.t.DType != ref.t.DType || !equal(p.t.Shape, local) {
+			if p.t.DType != ref.t.DType || !slices.Equal(p.t.Shape, local) {
 				return nil, fmt.Errorf("%w: %s: %s is %s %v, but %s is %s %v (shapes that do not add up)", ckpt.ErrInvalid,
 					p.rank.ar.File().Path, p.what, p.t.DType, p.t.Shape, ref.rank.ar.File().Path+": "+ref.what, ref.t.DType, local)
 			}
@@ -518,16 +519,4 @@ func (m *merger) addChunks(t *ckpt.Tensor, p *piece, stacked bool, l, r, dim int
 	}
 	o, s := box(offs, append([]int64(nil), local...))
 	t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: o, Sizes: s, Source: p.t.Source(t.Name, 0, p.t.Size)})
-}
-
-func equal(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -413,23 +414,11 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 // bytes of the same storage, dtype and shape.
 func aliasOf(kept []stored, s stored) string {
 	for _, k := range kept {
-		if k.key == s.key && k.start == s.start && k.size == s.size && k.dtype == s.dtype && equalShape(k.shape, s.shape) {
+		if k.key == s.key && k.start == s.start && k.size == s.size && k.dtype == s.dtype && slices.Equal(k.shape, s.shape) {
 			return k.name
 		}
 	}
 	return ""
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // storage returns the data entry of a persistent storage, checked against
