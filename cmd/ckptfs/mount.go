@@ -177,8 +177,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	signal.Notify(hup, syscall.SIGHUP)
 	defer func() { signal.Stop(hup); close(hup) }()
 	go reopenOnHangup(hup, logFile, log)
-	before, err := checkMountpoint(mnt, f.nonEmpty)
-	if err != nil {
+	if err := checkMountpoint(mnt, f.nonEmpty); err != nil {
 		return err
 	}
 	if real, err := filepath.EvalSymlinks(mnt); err == nil {
@@ -275,9 +274,11 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		wd = startWatchdog(mnt, own, log)
 	}
 	defer wd.close()
-	if err == nil {
-		err = waitAnswers(mnt, before)
-	}
+	// vfs.Mount returns once go-fuse has opened a file through mnt: the
+	// mount answers, and readiness can be reported. (A stat of mnt here,
+	// waiting for the root to change, was seen under concurrent test mounts
+	// to find the directory under the mount for 30 s while other processes
+	// used the mount.)
 	if err != nil {
 		if server.Unmount() != nil {
 			syscall.Unmount(mnt, syscall.MNT_DETACH) // the mount just made, still on top
@@ -330,23 +331,6 @@ func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *
 	return func() {
 		signal.Stop(sigs)
 		close(sigs) // ends the goroutine; no signal is sent after Stop
-	}
-}
-
-// waitAnswers returns once the mount at mnt answers a stat of its root (a
-// different device than the directory before), so readiness is never
-// reported for a mount that is not usable yet.
-func waitAnswers(mnt string, before os.FileInfo) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		fi, err := os.Stat(mnt)
-		if err == nil && !os.SameFile(fi, before) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("mount %s does not answer (stat: %v)", mnt, err)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -475,28 +459,27 @@ func reopenOnHangup(hup <-chan os.Signal, lf *logFile, log *slog.Logger) {
 
 // checkMountpoint refuses a mount point that is no directory, or one with
 // files unless nonEmpty, before anything is mounted on it (a FUSE mount on a
-// regular file succeeds, and then nothing can use it). It returns what the
-// mount point is before the mount.
-func checkMountpoint(mnt string, nonEmpty bool) (os.FileInfo, error) {
+// regular file succeeds, and then nothing can use it).
+func checkMountpoint(mnt string, nonEmpty bool) error {
 	fi, err := os.Stat(mnt)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if !fi.IsDir() {
-		return nil, fmt.Errorf("mount point %s is not a directory", mnt)
+		return fmt.Errorf("mount point %s is not a directory", mnt)
 	}
 	if !nonEmpty {
 		d, err := os.Open(mnt)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		names, _ := d.Readdirnames(1)
 		d.Close()
 		if len(names) > 0 {
-			return nil, fmt.Errorf("mount point %s is not empty (--allow-non-empty, -o nonempty, to mount over its files)", mnt)
+			return fmt.Errorf("mount point %s is not empty (--allow-non-empty, -o nonempty, to mount over its files)", mnt)
 		}
 	}
-	return fi, nil
+	return nil
 }
 
 // serveMetrics serves m at addr until stop is called. The address is bound
