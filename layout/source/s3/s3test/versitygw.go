@@ -140,15 +140,6 @@ func (s *Server) Kill(t testing.TB) {
 	s.cmd.Wait()
 }
 
-// Restart starts a killed gateway again on the same port and data.
-func (s *Server) Restart(t *testing.T) {
-	t.Helper()
-	if s.bin == "" {
-		t.Fatal("Restart: not a gateway")
-	}
-	s.start(t, s.bin, s.port)
-}
-
 // PublicRead lets anonymous clients list bucket and read its objects (a
 // bucket policy with Principal "*", as a public dataset bucket has).
 func (s *Server) PublicRead(t testing.TB, bucket string) {
