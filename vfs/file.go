@@ -176,9 +176,8 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if h.fsys.direct {
 		// Straight from the shards into dest: the kernel keeps what it is
 		// sent in the view's page cache, so a block cache in between only
-		// adds its own memory, fresh for every new mount (a cold load
-		// through a fresh mount: 4.54 → 3.90 s, mount RSS 480 → 62 MiB,
-		// BENCHMARKS.md).
+		// adds its own memory, fresh for every new mount (BENCHMARKS.md,
+		// "direct reads").
 		n, err := h.src.ReadAt(dest, off)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, h.failed(err)

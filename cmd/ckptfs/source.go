@@ -18,7 +18,7 @@ import (
 // Defaults for an s3:// source, whose every block is a request with tens of
 // milliseconds of latency: larger blocks, more of them in flight.
 const (
-	s3BlockSize = 16 << 20 // measured: 1.1-1.3× a boto3 download where 8 MiB gave 0.8 (BENCHMARKS.md)
+	s3BlockSize = 16 << 20 // faster than 8 MiB against a boto3 download (BENCHMARKS.md, s3://)
 	s3Prefetch  = 8
 	s3Workers   = 8
 )
@@ -27,8 +27,7 @@ const (
 // The cache keeps a quarter of its blocks as the staging ring and a quarter
 // for fills; read-ahead workers must leave ristretto at least another
 // quarter, or blocks read ahead are evicted before they are read and fetched
-// twice (measured: 1.75 bytes fetched per byte read with 16 MiB blocks and 8
-// workers in a 256 MiB cache; with 4, 1.0). Fewer blocks in flight cost less
+// twice (BENCHMARKS.md, s3://). Fewer blocks in flight cost less
 // than smaller blocks (more requests): only a cache under 8 blocks gets 8 MiB
 // ones.
 // A blockSize given (not 0) is kept.
