@@ -135,7 +135,10 @@ type Object struct {
 	Name   string
 	Path   []string
 	Size   int64
-	Source string
+	Source string // where it is stored, for messages and inspect
+	// Bytes are its pickled bytes as stored, Size of them; nil when it is
+	// stored transformed (compressed).
+	Bytes io.ReaderAt `json:"-"`
 }
 
 // Skipped is a tensor left out of every view, with the reason.

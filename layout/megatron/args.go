@@ -4,7 +4,6 @@ import (
 	"archive/zip"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -76,42 +75,17 @@ func commonStateOf(c *ckpt.Checkpoint) (common, error) {
 			continue
 		}
 		where := fmt.Sprintf("%s: %s (%s)", c.Dir, o.Name, o.Source)
-		rel, off, n, err := objectPlace(o.Source)
-		if err != nil {
-			return common{}, fmt.Errorf("megatron: %s: %w", where, err)
+		if o.Bytes == nil { // Megatron writes none compressed
+			return common{}, fmt.Errorf("megatron: %s: stored compressed, not a plain item", where)
 		}
 		// torchdcp has bounds-checked the item against the file.
-		f, err := c.Files.Get(rel)
-		if err != nil {
-			return common{}, fmt.Errorf("megatron: %s: %w", where, err)
-		}
-		cs, err := decodeCommon(io.NewSectionReader(f, off, n), n, true)
+		cs, err := decodeCommon(o.Bytes, o.Size, true)
 		if err != nil {
 			return common{}, fmt.Errorf("megatron: %s: %w", where, err)
 		}
 		return cs, nil
 	}
 	return common{}, nil
-}
-
-// objectPlace parses where torchdcp says a BYTE_IO item is stored:
-// "<file>@<offset>+<length>". A compressed item is not supported (Megatron
-// writes none).
-// TODO: read file/offset/length from fields of ckpt.Object once it has
-// them, instead of this string.
-func objectPlace(src string) (rel string, off, n int64, err error) {
-	at := strings.LastIndexByte(src, '@')
-	offs, lens, ok := strings.Cut(src[at+1:], "+")
-	if at < 0 || !ok {
-		return "", 0, 0, fmt.Errorf("stored as %q, not a plain item", src)
-	}
-	if off, err = strconv.ParseInt(offs, 10, 64); err == nil {
-		n, err = strconv.ParseInt(lens, 10, 64)
-	}
-	if err != nil {
-		return "", 0, 0, fmt.Errorf("stored as %q, not a plain item", src)
-	}
-	return src[:at], off, n, nil
 }
 
 // common is what ckptfs reads of the common state.

@@ -199,13 +199,14 @@ func (b *builder) object(fqn string) error {
 	if err != nil {
 		return err
 	}
-	src := fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length)
+	o := ckpt.Object{Name: fqn, Path: b.m.PlannerData[fqn], Size: info.Length,
+		Source: fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length)}
 	if len(info.TransformDescriptors) > 0 {
-		src += " (zstd)"
+		o.Source += " (zstd)"
+	} else {
+		o.Bytes = &ckpt.Section{File: f, Offset: info.Offset, Length: info.Length}
 	}
-	b.c.Objects = append(b.c.Objects, ckpt.Object{
-		Name: fqn, Path: b.m.PlannerData[fqn], Size: info.Length, Source: src,
-	})
+	b.c.Objects = append(b.c.Objects, o)
 	return nil
 }
 
