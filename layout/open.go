@@ -57,12 +57,21 @@ func Detect(dir source.Tree) (ckpt.Reader, bool) {
 
 // OpenTree opens the checkpoint in the directory tree dir.
 func OpenTree(dir source.Tree) (*Checkpoint, error) {
+	return OpenAs(nil, dir)
+}
+
+// OpenAs opens the checkpoint in the directory tree dir as format f, which
+// Detect found there; nil detects it.
+func OpenAs(f ckpt.Reader, dir source.Tree) (*Checkpoint, error) {
 	info, err := dir.Stat(".")
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
 	}
 	if !info.IsDir() {
 		return nil, fmt.Errorf("layout: %s is not a directory", dir.Path("."))
+	}
+	if f != nil {
+		return f.Open(dir)
 	}
 	f, ok := Detect(dir)
 	if !ok {

@@ -123,7 +123,7 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 		var e *viewEntry
 		err := d.brokenErr()
 		if err == nil {
-			e = d.fsys.view(d.name())
+			e = d.fsys.view(d.name(), f)
 			err = d.fsys.viewErr(e)
 		}
 		switch {

@@ -134,7 +134,7 @@ func TestHandleKeepsEvictedViewOpen(t *testing.T) {
 	head := make([]byte, 16)
 	_, err = held.ReadAt(head, 0)
 	require.NoError(t, err)
-	e := fsys.view(step(0))
+	e := fsys.view(step(0), nil)
 	fsys.mu.Lock()
 	inst := e.inst
 	fsys.mu.Unlock()
@@ -171,7 +171,7 @@ func TestChangedWhileEvictedGivesEIO(t *testing.T) {
 			for i := 1; i < n; i++ {
 				requireSameFiles(t, ref, filepath.Join(mnt, step(i)))
 			}
-			e := fsys.view(step(0))
+			e := fsys.view(step(0), nil)
 			fsys.mu.Lock()
 			require.Nil(t, e.inst, "step_00 was evicted and closed")
 			fsys.mu.Unlock()

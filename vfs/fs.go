@@ -255,7 +255,8 @@ var errClosed = errors.New("vfs: view closed")
 // viewEntry is one checkpoint directory of the source, for the life of the
 // mount.
 type viewEntry struct {
-	dir string // the directory's name in the source, for stats and logs
+	dir    string      // the directory's name in the source, for stats and logs
+	reader ckpt.Reader // its format, as the lookup that found it detected it
 
 	// build is held while the view is opened, so that one caller opens it
 	// and the others wait for that view. Lock order: build, then FS.mu.
@@ -322,7 +323,7 @@ func (i *viewInst) close() {
 // view returns the entry of the checkpoint in the source directory dir,
 // after opening its view once. Paths to one directory (a `latest` symlink
 // and the step it names) share one entry, and so one set of cached blocks.
-func (f *FS) view(dir string) *viewEntry {
+func (f *FS) view(dir string, format ckpt.Reader) *viewEntry {
 	key := dir
 	if info, err := f.tree.Stat(dir); err == nil && info.ID != "" {
 		key = info.ID
@@ -330,7 +331,7 @@ func (f *FS) view(dir string) *viewEntry {
 	f.mu.Lock()
 	e, ok := f.views[key]
 	if !ok {
-		e = &viewEntry{dir: dir}
+		e = &viewEntry{dir: dir, reader: format}
 		f.views[key] = e
 	}
 	f.mu.Unlock()
@@ -400,7 +401,7 @@ func (f *FS) resident(e *viewEntry) (*viewInst, error) {
 // LRU. The first open that succeeds fills e's listing; a later one must
 // give the same view (reopened). Called with e.build held.
 func (f *FS) open(e *viewEntry) (*viewInst, error) {
-	view, err := f.openView(e.dir)
+	view, err := f.openView(e.dir, e.reader)
 	if err != nil {
 		if !e.shown {
 			f.mu.Lock()
@@ -584,13 +585,14 @@ func viewDigest(seed maphash.Seed, v *layout.View) uint64 {
 }
 
 // openView opens the checkpoint in the source directory dir and plans its
-// view: for a checkpoint of the source, and for a write target after each
-// change. A view that leaves out tensors which are not optimizer state gets
+// view: for a checkpoint of the source (as format, which its lookup
+// detected; nil detects it), and for a write target after each change. A
+// view that leaves out tensors which are not optimizer state gets
 // one log line: a loader would get them freshly initialised.
 //
 // A panic while opening (a format reader meeting input it did not expect)
 // is this view's error, "internal error: ...", not the end of the mount.
-func (f *FS) openView(dir string) (view *layout.View, err error) {
+func (f *FS) openView(dir string, format ckpt.Reader) (view *layout.View, err error) {
 	var c *layout.Checkpoint
 	defer func() {
 		if r := recover(); r != nil {
@@ -606,7 +608,7 @@ func (f *FS) openView(dir string) (view *layout.View, err error) {
 	}
 	sub, err := source.Sub(f.tree, dir)
 	if err == nil {
-		c, err = layout.OpenTree(sub)
+		c, err = layout.OpenAs(format, sub)
 	}
 	if err == nil {
 		view, err = layout.Plan(c, f.opts.Plan)

@@ -268,7 +268,7 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	}
 	s, err := hfwrite.Create(real, hfwrite.Options{
 		Target:   d.fsys.opts.Target,
-		View:     func() (*layout.View, error) { return d.fsys.openView(rel) },
+		View:     func() (*layout.View, error) { return d.fsys.openView(rel, nil) },
 		OnCommit: d.fsys.reportCommit,
 	})
 	if err != nil {
