@@ -2,10 +2,9 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // ckptfsType is the filesystem type of a ckptfs mount in mountinfo.
@@ -20,33 +19,16 @@ type mountEntry struct {
 	source     string
 }
 
-// readMountinfo parses /proc/self/mountinfo.
+// readMountinfo reads /proc/self/mountinfo.
 func readMountinfo() ([]mountEntry, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil, err
 	}
-	var entries []mountEntry
-	for _, line := range strings.Split(string(b), "\n") {
-		// ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER
-		f := strings.Fields(line)
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+2 >= len(f) {
-			continue
-		}
-		id, err1 := strconv.Atoi(f[0])
-		parent, err2 := strconv.Atoi(f[1])
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		entries = append(entries, mountEntry{id: id, parent: parent, dev: f[2], point: unescapeOctal(f[4]),
-			fstype: f[sep+1], source: unescapeOctal(f[sep+2])})
+	entries := make([]mountEntry, len(infos))
+	for i, m := range infos {
+		entries[i] = mountEntry{id: m.ID, parent: m.Parent, dev: fmt.Sprintf("%d:%d", m.Major, m.Minor),
+			point: m.Mountpoint, fstype: m.FSType, source: m.Source}
 	}
 	return entries, nil
 }
@@ -103,20 +85,4 @@ func findCkptfsMount(mnt string) (mountEntry, error) {
 		return e, fmt.Errorf("%s: not a ckptfs mount (%s)", mnt, e.fstype)
 	}
 	return e, nil
-}
-
-// unescapeOctal undoes mountinfo's \ooo escapes (of spaces, tabs, ...).
-func unescapeOctal(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
