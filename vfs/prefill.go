@@ -1,17 +1,14 @@
 package vfs
 
 import (
-	"bufio"
 	"errors"
 	"io"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/prometheus/procfs"
 )
 
 // A loader (safetensors, transformers) maps a view file and faults its pages
@@ -138,19 +135,15 @@ func (p *prefiller) fill(job prefillJob) {
 	}
 }
 
-// memAvailable reads MemAvailable from /proc/meminfo, in bytes.
+// memAvailable is the kernel's MemAvailable, in bytes.
 func memAvailable() (int64, bool) {
-	f, err := os.Open("/proc/meminfo")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0, false
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb << 10, err == nil
-		}
+	mi, err := fs.Meminfo()
+	if err != nil || mi.MemAvailableBytes == nil {
+		return 0, false
 	}
-	return 0, false
+	return int64(*mi.MemAvailableBytes), true
 }

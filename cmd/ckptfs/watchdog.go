@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 const watchdogCmd = "__unmount-on-exit"
@@ -214,15 +215,15 @@ func endMount(mnt string, id int, dev string, conn connection) error {
 	return lazyUnmount(mnt)
 }
 
-// isZombie reports whether process pid has exited but not been reaped.
+// isZombie reports whether process pid has exited but not been reaped
+// (or is gone).
 func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return true // gone
 	}
-	// pid (comm) state ...: comm may hold spaces and parentheses.
-	rest := b[bytes.LastIndexByte(b, ')')+1:]
-	return len(rest) > 1 && rest[1] == 'Z'
+	st, err := p.Stat()
+	return err != nil || st.State == "Z"
 }
 
 // lazyUnmount detaches whatever is mounted at mnt: callers check first that
