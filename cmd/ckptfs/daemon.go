@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/coreos/go-systemd/v22/daemon"
 )
 
 // readyFDEnv names the descriptor on which a daemonised mount reports to the
@@ -116,20 +117,10 @@ func (r *readiness) report(line string) {
 }
 
 // sdNotify sends state ("READY=1") to the service manager's socket in
-// $NOTIFY_SOCKET, if set: the sd_notify(3) protocol, one datagram on a unix
-// socket, "@" for the abstract namespace (which Go's net maps).
+// $NOTIFY_SOCKET, if set (sd_notify(3)).
 func sdNotify(state string) error {
-	addr := os.Getenv("NOTIFY_SOCKET")
-	if addr == "" {
-		return nil
-	}
-	conn, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: addr, Net: "unixgram"})
-	if err != nil {
-		return fmt.Errorf("sd_notify %s: %w", addr, err)
-	}
-	defer conn.Close()
-	if _, err := conn.Write([]byte(state)); err != nil {
-		return fmt.Errorf("sd_notify %s: %w", addr, err)
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		return fmt.Errorf("sd_notify %s: %w", os.Getenv("NOTIFY_SOCKET"), err)
 	}
 	return nil
 }
