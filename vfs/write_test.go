@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
@@ -66,7 +67,7 @@ func TestWriteRoundTrip(t *testing.T) {
 			back := filepath.Join(src, "imported")
 			require.Empty(t, spoolFiles(t, back))
 			require.NotContains(t, listDir(t, back), ".metadata.tmp")
-			c, err := torchdcp.Open(back)
+			c, err := ckpt.OpenLocal(back, torchdcp.Reader.Open)
 			require.NoError(t, err)
 			defer c.Close()
 			require.Len(t, c.Tensors, len(want))

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -386,7 +387,7 @@ func rawPlanner(t *testing.T, b []byte) map[string]any {
 // readAllChunks reads every chunk of every tensor of dir.
 func readAllChunks(t *testing.T, dir string) map[string][]byte {
 	t.Helper()
-	c, err := torchdcp.Open(dir)
+	c, err := ckpt.OpenLocal(dir, torchdcp.Reader.Open)
 	require.NoError(t, err)
 	defer c.Close()
 	out := map[string][]byte{}

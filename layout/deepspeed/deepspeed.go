@@ -66,9 +66,6 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 // Internal: the model and optimizer states files.
 func (reader) Internal(name string) bool { return internalName.MatchString(name) }
 
-// Open opens the checkpoint in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
-
 func optimFile(prefix string, rank int) string {
 	return fmt.Sprintf("%szero_pp_rank_%d_mp_rank_00_optim_states.pt", prefix, rank)
 }

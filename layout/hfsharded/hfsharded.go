@@ -81,9 +81,6 @@ func shardFiles(dir source.Tree) ([]string, error) {
 	return names, nil
 }
 
-// Open opens the checkpoint in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
-
 // OpenTree reads every shard header of dir and builds the checkpoint. No
 // tensor data is read.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -128,7 +129,7 @@ func TestSessionCommits(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dir, SpoolDir))
 	require.True(t, errors.Is(err, os.ErrNotExist))
 
-	c, err := torchdcp.Open(dir)
+	c, err := ckpt.OpenLocal(dir, torchdcp.Reader.Open)
 	require.NoError(t, err)
 	defer c.Close()
 	var names []string

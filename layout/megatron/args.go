@@ -26,16 +26,9 @@ const (
 	maxCommonItems  = 1 << 22
 )
 
-// ReadArgs returns the training arguments a Megatron-LM checkpoint stores
-// in common.pt (its "args" argparse.Namespace): the scalar ones (int64,
-// float64, bool, string, nil) by name. A checkpoint without common.pt has
-// none (nil, nil). Nothing is executed: the pickle is decoded by the
+// readCommonFile reads the common state from common.pt; none (and no
+// error) without it. Nothing is executed: the pickle is decoded by the
 // restricted VM and tensors in it are never read.
-func ReadArgs(dir source.Tree) (map[string]any, error) {
-	cs, err := readCommonFile(dir)
-	return cs.args, err
-}
-
 func readCommonFile(dir source.Tree) (common, error) {
 	if !source.Exists(dir, CommonFile) {
 		return common{}, nil
@@ -60,13 +53,6 @@ func readCommon(dir source.Tree, c *ckpt.Checkpoint) (common, error) {
 		return readCommonFile(dir)
 	}
 	return commonStateOf(c)
-}
-
-// CommonStateArgs returns the arguments stored in c's common_state object,
-// as ReadArgs does for common.pt; none (nil, nil) without that object.
-func CommonStateArgs(c *ckpt.Checkpoint) (map[string]any, error) {
-	cs, err := commonStateOf(c)
-	return cs.args, err
 }
 
 func commonStateOf(c *ckpt.Checkpoint) (common, error) {
@@ -95,12 +81,6 @@ type common struct {
 	// singleton says keys were saved per layer and per expert (the
 	// content_metadata flag singleton_local_shards): see stackSingletons.
 	singleton bool
-}
-
-// commonArgs is decodeCommon's args.
-func commonArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, error) {
-	cs, err := decodeCommon(r, size, inList)
-	return cs.args, err
 }
 
 // decodeCommon decodes a torch.save archive of the common state: the dict

@@ -70,9 +70,6 @@ func (reader) Internal(name string) bool {
 	return torchdcp.IsInternal(name) || name == CommonFile || name == ConfigFile
 }
 
-// Open opens the checkpoint in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
-
 // OpenTree opens the checkpoint in the directory tree dir: the DCP reader
 // with Format ckpt.FormatMegatron. Keys stay as stored. Megatron writes
 // optimizer state under "optimizer." keys (dist_checkpointing/optimizer.py);

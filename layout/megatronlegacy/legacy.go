@@ -78,9 +78,6 @@ func (reader) Internal(name string) bool { return IsInternal(name) }
 // IsInternal reports whether name is a rank directory.
 func IsInternal(name string) bool { return rankDir.MatchString(name) }
 
-// Open opens the checkpoint in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
-
 // OpenTree opens the checkpoint in dir: every rank file's zip directory and
 // data.pkl, no tensor bytes.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {

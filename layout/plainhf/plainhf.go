@@ -40,9 +40,6 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 // Internal: nothing; the directory's own files are its view.
 func (reader) Internal(string) bool { return false }
 
-// Open opens the model in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
-
 // index is the part of model.safetensors.index.json that is read.
 // OpenTree opens the model in the directory tree dir.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {

@@ -54,9 +54,6 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 // IsInternal reports whether name is a stage directory.
 func IsInternal(name string) bool { return stageName.MatchString(name) }
 
-// Open opens the stages in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
-
 // OpenTree opens every stage of dir and merges them.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	names, err := stageDirs(dir)

@@ -58,14 +58,6 @@ func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(
 // outside the source counts, so that Open reports it).
 func Detect(dir source.Tree) bool { return source.Exists(dir, MetadataFile) }
 
-// Open opens the DCP checkpoint in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return OpenWith(dir, Options{}) }
-
-// OpenWith opens the DCP checkpoint in the local directory dir with options.
-func OpenWith(dir string, opts Options) (*ckpt.Checkpoint, error) {
-	return ckpt.OpenLocal(dir, func(t source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(t, opts) })
-}
-
 // OpenTree opens the DCP checkpoint in the directory tree dir.
 //
 // Rank-local checkpoints (dcp.save(use_collectives=False): one

@@ -78,9 +78,6 @@ func IsInternal(name string) bool {
 	return name == SingleFile || name == IndexFile || shardName.MatchString(name)
 }
 
-// Open opens the model in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
-
 // OpenTree opens the model in the directory tree dir: the index, each
 // file's zip directory and data.pkl; no tensor bytes.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
