@@ -35,9 +35,8 @@ type Server struct {
 	Client *awss3.Client
 	cmd    *exec.Cmd
 
-	// versitygw only (StartGateway): what Restart needs.
-	bin, dir, region string
-	port             int
+	// versitygw only (StartGateway): its data directory and region.
+	dir, region string
 }
 
 // Python finds a Python that has moto's server: $CKPTFS_PYTHON, else the
@@ -54,39 +53,10 @@ func Python(t testing.TB) string {
 func Start(t *testing.T) *Server {
 	t.Helper()
 	py := Python(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	port := freePort(t)
 	cmd := exec.Command(py, "-m", "moto.server", "-H", "127.0.0.1", "-p", fmt.Sprint(port))
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), cmd: cmd}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("moto server log:\n%s", tail(log.Bytes(), 4000))
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(s.Endpoint + "/moto-api/")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("moto server at %s did not answer: %v", s.Endpoint, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	serve(t, "moto server", cmd, s.Endpoint+"/moto-api/")
 	for k, v := range map[string]string{
 		"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
 		"AWS_ENDPOINT_URL": s.Endpoint, "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
@@ -161,4 +131,48 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// freePort is a TCP port of 127.0.0.1 that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// serve starts cmd, a server of what (for messages), killed at the end of
+// the test (and with the test process), and waits until url gets an HTTP
+// answer (any status: a 403 to an anonymous request is a server up). Its
+// output is logged when the test failed.
+func serve(t testing.TB, what string, cmd *exec.Cmd, url string) {
+	t.Helper()
+	log := new(bytes.Buffer)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s log:\n%s", what, tail(log.Bytes(), 4000))
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s at %s did not answer: %v", what, url, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -1,18 +1,13 @@
 package s3test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -72,7 +67,7 @@ func StartGateway(t *testing.T, o GatewayOptions) *Server {
 		o.Region = "us-east-1"
 	}
 	s := &Server{dir: t.TempDir(), region: o.Region}
-	s.start(t, bin, 0)
+	s.start(t, bin)
 	for k, v := range map[string]string{
 		"AWS_ACCESS_KEY_ID": GatewayAccessKey, "AWS_SECRET_ACCESS_KEY": GatewaySecretKey, "AWS_REGION": o.Region,
 		"AWS_ENDPOINT_URL": s.Endpoint, "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
@@ -89,48 +84,15 @@ func StartGateway(t *testing.T, o GatewayOptions) *Server {
 	return s
 }
 
-// start runs the gateway on port (0: a free one) and waits for it to answer.
-func (s *Server) start(t *testing.T, bin string, port int) {
+// start runs the gateway on a free port and waits for it to answer.
+func (s *Server) start(t *testing.T, bin string) {
 	t.Helper()
-	if port == 0 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-	}
-	s.bin, s.port = bin, port
+	port := freePort(t)
 	cmd := exec.Command(bin, "--access", GatewayAccessKey, "--secret", GatewaySecretKey, "--region", s.region,
 		"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", s.dir)
-	log := new(bytes.Buffer)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	s.cmd = cmd
 	s.Endpoint = fmt.Sprintf("http://127.0.0.1:%d", port)
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("versitygw log:\n%s", tail(log.Bytes(), 4000))
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		// Any HTTP answer (403 to an anonymous request) is a gateway up.
-		resp, err := http.Get(s.Endpoint + "/")
-		if err == nil {
-			resp.Body.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("versitygw at %s did not answer: %v", s.Endpoint, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	serve(t, "versitygw", cmd, s.Endpoint+"/")
 }
 
 // Kill stops the gateway for good (connections are then refused).
