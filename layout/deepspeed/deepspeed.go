@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchsave"
@@ -315,28 +316,14 @@ func paramShapes(path string, v any) ([][]param, error) {
 }
 
 func sizeOf(v any) ([]int64, error) {
-	if o, ok := v.(*pickle.Object); ok && o.Is("torch", "Size") && len(o.Args) == 1 {
-		v = o.Args[0]
-	}
-	var items []any
-	switch x := v.(type) {
-	case pickle.Tuple:
-		items = x
-	case *pickle.List:
-		items = x.Items
-	default:
+	out, err := torchzip.Ints(v)
+	if err != nil || len(out) > 64 {
 		return nil, fmt.Errorf("not a shape")
 	}
-	if len(items) > 64 {
-		return nil, fmt.Errorf("rank %d", len(items))
-	}
-	out := make([]int64, len(items))
-	for i, it := range items {
-		n, ok := pickle.Int(it)
-		if !ok || n < 0 {
+	for _, n := range out {
+		if n < 0 {
 			return nil, fmt.Errorf("not a shape")
 		}
-		out[i] = n
 	}
 	return out, nil
 }

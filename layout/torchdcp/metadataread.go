@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 )
 
@@ -324,22 +325,9 @@ func decodeSize(field string, v any) ([]int64, error) {
 }
 
 func decodeInts(field string, v any) ([]int64, error) {
-	var items []any
-	switch x := v.(type) {
-	case pickle.Tuple:
-		items = x
-	case *pickle.List:
-		items = x.Items
-	default:
-		return nil, fieldErr(field, "expected a tuple of ints, got %s", pickle.TypeName(v))
-	}
-	out := make([]int64, len(items))
-	for i, it := range items {
-		n, ok := pickle.Int(it)
-		if !ok {
-			return nil, fieldErr(field, "element %d is %s, not an int that fits in 64 bits", i, pickle.TypeName(it))
-		}
-		out[i] = n
+	out, err := torchzip.Ints(v)
+	if err != nil {
+		return nil, fieldErr(field, "%v", err)
 	}
 	return out, nil
 }

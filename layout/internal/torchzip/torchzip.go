@@ -131,21 +131,41 @@ const maxRank = 64
 // ints decodes a size or stride: a tuple (or torch.Size) of non-negative
 // ints.
 func ints(field string, v any) ([]int64, error) {
+	out, err := Ints(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	if len(out) > maxRank {
+		return nil, fmt.Errorf("%s: %d dimensions, more than %d", field, len(out), maxRank)
+	}
+	for i, n := range out {
+		if n < 0 {
+			return nil, fmt.Errorf("%s: element %d is %d, not a non-negative int", field, i, n)
+		}
+	}
+	return out, nil
+}
+
+// Ints decodes what torch pickles for a shape, a stride or an offset: a
+// torch.Size, a tuple or a list of ints that fit in 64 bits.
+func Ints(v any) ([]int64, error) {
 	if obj, ok := v.(*pickle.Object); ok && obj.Is("torch", "Size") && len(obj.Args) == 1 {
 		v = obj.Args[0]
 	}
-	t, ok := v.(pickle.Tuple)
-	if !ok {
-		return nil, fmt.Errorf("%s: expected a tuple of ints, got %s", field, pickle.TypeName(v))
+	var items []any
+	switch x := v.(type) {
+	case pickle.Tuple:
+		items = x
+	case *pickle.List:
+		items = x.Items
+	default:
+		return nil, fmt.Errorf("expected a tuple of ints, got %s", pickle.TypeName(v))
 	}
-	if len(t) > maxRank {
-		return nil, fmt.Errorf("%s: %d dimensions, more than %d", field, len(t), maxRank)
-	}
-	out := make([]int64, len(t))
-	for i, it := range t {
+	out := make([]int64, len(items))
+	for i, it := range items {
 		n, ok := pickle.Int(it)
-		if !ok || n < 0 {
-			return nil, fmt.Errorf("%s: element %d is %s, not a non-negative int", field, i, pickle.Repr(it))
+		if !ok {
+			return nil, fmt.Errorf("element %d is %s, not an int that fits in 64 bits", i, pickle.TypeName(it))
 		}
 		out[i] = n
 	}
