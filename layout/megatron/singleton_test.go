@@ -1,6 +1,7 @@
 package megatron
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -69,4 +70,35 @@ func TestStackSingletons(t *testing.T) {
 			assert.ErrorContains(t, err, tc.err)
 		})
 	}
+}
+
+// FuzzStackSingletons: any set of saved names (one per line, each a [2, 3]
+// tensor, a line starting with "s" a [3] one) stacks into tensors that
+// tile their shapes, or is an error; never a panic.
+func FuzzStackSingletons(f *testing.F) {
+	f.Add("decoder.layers.0.mlp.experts.experts.0.linear_fc1.weight_w\ndecoder.layers.0.mlp.experts.experts.0.linear_fc1.weight_v\ndecoder.layers.1.x")
+	f.Add("decoder.layers.999999.x\ndecoder.layers.0.x")
+	f.Add("decoder.layers.0.experts.experts.1.experts.experts.2.y")
+	f.Fuzz(func(t *testing.T, names string) {
+		var ts []*ckpt.Tensor
+		seen := map[string]bool{}
+		for i, n := range strings.Split(names, "\n") {
+			if seen[n] || i > 64 {
+				continue
+			}
+			seen[n] = true
+			shape := []int64{2, 3}
+			if strings.HasPrefix(n, "s") {
+				shape = []int64{3}
+			}
+			ts = append(ts, whole(n, shape...))
+		}
+		c := &ckpt.Checkpoint{Dir: "d", Tensors: ts}
+		if err := stackSingletons(c); err != nil {
+			return
+		}
+		for _, tn := range c.Tensors {
+			require.NoError(t, tn.Validate(), tn.Name)
+		}
+	})
 }
