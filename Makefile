@@ -71,9 +71,11 @@ test: deps vet build test-go test-e2e
 # through a block after its last release show as wrong bytes in any test.
 test-go test-e2e: export CKPTFS_DEBUG_POISON = 1
 
-# Tests that drive real Python (torch, safetensors) or versitygw fail
-# instead of skipping when it is missing.
+# Tests that drive real Python (torch, safetensors), versitygw, or need
+# root, util-linux and fuse3 (mount -a, tmpfs) fail instead of skipping
+# when it is missing.
 test-go: export CKPTFS_REQUIRE_PYTHON = 1
+test-go: export CKPTFS_REQUIRE_SYSTEM = 1
 test-go: export CKPTFS_VERSITYGW = $(abspath $(VERSITYGW))
 test-go: venv tools
 	$(GO) test -race -count=1 ./...

@@ -29,17 +29,13 @@ func TestMountSourceIsAsGiven(t *testing.T) {
 // directory holding a `ckptfs` link to this test binary (TestMain runs it
 // as the command) at /usr/local/sbin.
 func TestMountAllMountsOnce(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root: mount(8) and a mount namespace")
-	}
+	requireSystem(t, os.Getuid() == 0, "root (mount(8) and a mount namespace)")
 	for _, tool := range []string{"unshare", "mount", "umount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s (util-linux) is needed", tool)
-		}
+		_, err := exec.LookPath(tool)
+		requireSystem(t, err == nil, tool+" (util-linux)")
 	}
-	if _, err := os.Stat("/sbin/mount.fuse3"); err != nil {
-		t.Skip("fuse3's /sbin/mount.fuse3 is needed")
-	}
+	_, err := os.Stat("/sbin/mount.fuse3")
+	requireSystem(t, err == nil, "fuse3's /sbin/mount.fuse3")
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	tmp := t.TempDir()
@@ -73,4 +69,18 @@ while umount "$3" 2>/dev/null; do :; done`
 	}
 	require.Len(t, mounts, 1, "%s\nlog:\n%s", strings.Join(mounts, "\n"), log)
 	require.Contains(t, mounts[0], " - fuse.ckptfs "+src+" ")
+}
+
+// requireSystem fails the test when the system lacks what it needs (ok
+// false) where make test runs it (CKPTFS_REQUIRE_SYSTEM=1, as root on a
+// machine with util-linux and fuse3), and skips it elsewhere.
+func requireSystem(t *testing.T, ok bool, what string) {
+	t.Helper()
+	switch {
+	case ok:
+	case os.Getenv("CKPTFS_REQUIRE_SYSTEM") == "1":
+		t.Fatalf("CKPTFS_REQUIRE_SYSTEM=1 but %s is missing", what)
+	default:
+		t.Skipf("%s is needed (CKPTFS_REQUIRE_SYSTEM=1 turns this skip into a failure)", what)
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,9 +16,8 @@ import (
 // mountTmpfs mounts a tmpfs at dir (root only) until the test ends.
 func mountTmpfs(t *testing.T, dir string) {
 	t.Helper()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
-		t.Skipf("cannot mount a tmpfs: %v", err)
-	}
+	err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m")
+	requireSystem(t, err == nil, fmt.Sprintf("mounting a tmpfs (%v)", err))
 	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
 }
 

@@ -13,12 +13,14 @@ import (
 // allocate past the files' sizes.
 func FuzzOpen(f *testing.F) {
 	fixture := filepath.Join("..", "..", "testdata", "megatron_legacy_llama_tp2", "ckpt", "iter_0000010")
-	if b, err := os.ReadFile(filepath.Join(fixture, "mp_rank_00", "model_optim_rng.pt")); err == nil {
-		f.Add(b)
+	rank0, err := os.ReadFile(filepath.Join(fixture, "mp_rank_00", "model_optim_rng.pt"))
+	if err != nil {
+		f.Fatal(err) // committed with the code
 	}
+	f.Add(rank0)
 	rank1, err := os.ReadFile(filepath.Join(fixture, "mp_rank_01", "model_optim_rng.pt"))
 	if err != nil {
-		f.Skip("no fixture")
+		f.Fatal(err) // committed with the code
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		dir := t.TempDir()

@@ -44,7 +44,7 @@ func GatewayBinary(t testing.TB) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Skip("versitygw: no go.mod above the test's directory")
+			t.Fatal("versitygw: no go.mod above the test's directory")
 		}
 		dir = parent
 	}
@@ -58,8 +58,8 @@ type GatewayOptions struct {
 
 // StartGateway starts versitygw on 127.0.0.1 over a temporary directory,
 // stopped at the end of the test, and sets the AWS_* environment (its root
-// credentials, AWS_ENDPOINT_URL, no config files) as Start does. Signal,
-// Kill and Restart act on its process.
+// credentials, AWS_ENDPOINT_URL, no config files) as Start does. Signal
+// and Kill act on its process.
 func StartGateway(t *testing.T, o GatewayOptions) *Server {
 	t.Helper()
 	bin := GatewayBinary(t)
