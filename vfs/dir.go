@@ -12,6 +12,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -203,12 +204,9 @@ func (d *Dir) sourceEntries(only string) ([]source.Info, syscall.Errno) {
 	return ents, 0
 }
 
-// nameMax is NAME_MAX: the longest name of a directory entry.
-const nameMax = 255
-
 func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	// No name of a source or a view is longer; the kernel does not check.
-	if len(name) > nameMax {
+	if len(name) > unix.NAME_MAX {
 		return nil, syscall.ENAMETOOLONG
 	}
 	kids, errno := d.children(name)

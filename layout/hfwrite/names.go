@@ -5,6 +5,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
@@ -21,11 +23,6 @@ const (
 	IndexFile
 )
 
-// nameMax is NAME_MAX, the longest name in bytes that a directory entry
-// takes: a longer name has to fail where it is created, not when a commit
-// renames the file into place at close.
-const nameMax = 255
-
 // CheckName returns an error for a name that cannot be an entry of a
 // directory: empty, "." or "..", with a slash or NUL, or longer than
 // NAME_MAX (wrapping syscall.ENAMETOOLONG). It is the one check of names
@@ -34,7 +31,7 @@ func CheckName(name string) error {
 	switch {
 	case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00"):
 		return fmt.Errorf("hfwrite: invalid file name %q", name)
-	case len(name) > nameMax:
+	case len(name) > unix.NAME_MAX: // fails where created, not when a commit renames it into place
 		return fmt.Errorf("hfwrite: %.32q... (%d bytes): %w", name, len(name), syscall.ENAMETOOLONG)
 	}
 	return nil
