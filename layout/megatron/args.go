@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
@@ -107,7 +108,7 @@ func decodeArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, *pickle
 	if size > maxCommonBytes {
 		return nil, nil, fmt.Errorf("larger than %d bytes", maxCommonBytes)
 	}
-	zr, err := zip.NewReader(r, size)
+	zr, err := torchzip.NewReader(r, size)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -21,10 +21,8 @@ package torchsave
 
 import (
 	"archive/zip"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"slices"
 	"strings"
@@ -50,10 +48,6 @@ var shardName = regexp.MustCompile(`^pytorch_model-\d+-of-\d+\.bin$`)
 const (
 	// MaxDataPkl bounds a file's data.pkl (about 200 bytes per tensor).
 	MaxDataPkl = 256 << 20
-	// MaxEntries bounds the entries of one archive (one per storage).
-	MaxEntries = 1 << 18
-	// eocdSearch is how far from the end the zip end record may be.
-	eocdSearch = 22 + 1<<16
 )
 
 // Reader is the HF PyTorch weights format.
@@ -160,56 +154,11 @@ func (o *opener) addFile(name string, index int) error {
 	return nil
 }
 
-// entryCount reads the number of entries the zip end record (or its zip64
-// record) claims, so that a directory claiming millions is refused before
-// anything is allocated for it.
-func entryCount(r io.ReaderAt, size int64) (uint64, error) {
-	n := min(size, eocdSearch)
-	buf := make([]byte, n)
-	if _, err := r.ReadAt(buf, size-n); err != nil && err != io.EOF {
-		return 0, err
-	}
-	at := -1
-	for i := len(buf) - 22; i >= 0; i-- {
-		if binary.LittleEndian.Uint32(buf[i:]) == 0x06054b50 {
-			at = i
-			break
-		}
-	}
-	if at < 0 {
-		return 0, errors.New("not a zip archive (no end of central directory record)")
-	}
-	count := uint64(binary.LittleEndian.Uint16(buf[at+10:]))
-	if count != 0xffff || at < 20 || binary.LittleEndian.Uint32(buf[at-20:]) != 0x07064b50 {
-		return count, nil
-	}
-	// zip64: the locator before the end record gives the zip64 end record.
-	off := int64(binary.LittleEndian.Uint64(buf[at-20+8:]))
-	if off < 0 || off > size-56 {
-		return 0, fmt.Errorf("zip64 end record at %d is outside the %d-byte file", off, size)
-	}
-	rec := make([]byte, 56)
-	if _, err := r.ReadAt(rec, off); err != nil {
-		return 0, err
-	}
-	if binary.LittleEndian.Uint32(rec) != 0x06064b50 {
-		return 0, errors.New("bad zip64 end of central directory record")
-	}
-	return binary.LittleEndian.Uint64(rec[32:]), nil
-}
-
 // openArchive reads f's zip directory and checks that every entry is
 // stored uncompressed inside the file, the entries together no larger than
 // the file (so none can be read twice over: no overlapping or huge entries).
 func openArchive(f *ckpt.File) (*archive, error) {
 	size := f.Size()
-	count, err := entryCount(f, size)
-	if err != nil {
-		return nil, err
-	}
-	if count > MaxEntries {
-		return nil, fmt.Errorf("zip directory claims %d entries, more than the %d allowed", count, MaxEntries)
-	}
 	zr, err := torchzip.NewReader(f, size)
 	if err != nil {
 		return nil, err
