@@ -23,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/prometheus/procfs"
 
 	"github.com/ckptfs/ckptfs/layout/internal/torchpy"
 )
@@ -77,6 +78,25 @@ func (s *Server) Signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
+	}
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	// A stop takes each thread as it next leaves the kernel: wait until the
+	// whole process is stopped, or a request sent now may still be served.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p, err := procfs.NewProc(s.cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := p.Stat(); err == nil && st.State == "T" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not stop")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
