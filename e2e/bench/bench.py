@@ -24,6 +24,12 @@ mount before each timed run. Sections:
           run) serving a file of the same size; mount CPU seconds per GB; 8 processes
           reading disjoint ranges of the view vs one; a mapped (RoPE-permuted) view vs
           the same bytes unmapped
+  large   what a user of a GPU node sees, at Llama 3 sizes (--preset llama3-3b | llama3-8b, bf16,
+          saved by dcp.save from 8 gloo ranks; not in the default set): cold
+          from_pretrained(dtype=bf16, device_map="cuda" where there is a GPU) through the mount vs
+          from a physical copy (ckptfs export) vs torch's dcp.load into a model, logits compared
+          bitwise; cold cat of the view vs the shards; 8 processes reading disjoint ranges of the
+          view vs the copy; each mount case also with --fetch-ahead 0, the lever it measures
 """
 
 import argparse
@@ -513,6 +519,113 @@ def bench_tmpfs(binary, work, repeat):
                 runs=runs)
 
 
+# The large section's loads: from_pretrained onto the GPU where there is one
+# (what a user of a GPU node runs), or torch's own dcp.load into a model
+# built from the config (what one runs without ckptfs); the logits of a
+# fixed input go to OUT for the bitwise comparison. Imports are not timed.
+LOAD_LARGE = """
+import sys, time, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+kind, src, out = sys.argv[1:4]
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+t = time.perf_counter()
+if kind == "hf":
+    m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, **({"device_map": dev} if dev == "cuda" else {}))
+else:
+    import torch.distributed.checkpoint as dcp
+    with torch.device(dev):
+        m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.bfloat16)
+    dcp.load(m.state_dict(), checkpoint_id=src, no_dist=True)
+if dev == "cuda":
+    torch.cuda.synchronize()
+secs = time.perf_counter() - t
+ids = (torch.arange(64, device=dev).unsqueeze(0) * 7919) % m.config.vocab_size
+with torch.no_grad():
+    torch.save(m(ids).logits.float().cpu(), out)
+print(dev)
+print(secs)
+"""
+
+SAME_LOGITS = """
+import sys, torch
+ref = torch.load(sys.argv[1])
+print(all(torch.equal(torch.load(f), ref) for f in sys.argv[2:]))
+"""
+
+
+def bench_large(binary, work, repeat, preset):
+    """The large-model table of ../shared/bench-gpu, with the fetch-ahead lever beside it."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    src = gen(work, preset, "gen_llama.py", "--preset", preset, "--world", "8")
+    copy = os.path.join(work, f"copy-{preset}")
+    if not os.path.exists(os.path.join(copy, "config.json")):
+        drop_caches()
+        t = time.perf_counter()
+        subprocess.run([binary, "export", "--quiet", src, copy], check=True)
+        export_s = time.perf_counter() - t
+    else:
+        export_s = None
+    mnt = os.path.join(work, "mnt")
+    logits = os.path.join(work, "logits")
+    shutil.rmtree(logits, ignore_errors=True)
+    os.makedirs(logits)
+    device = []
+
+    def mounted(flags, fn):
+        """fn(view dir) on a fresh mount with flags, after dropping the page cache."""
+        def go():
+            drop_caches()
+            m = Mount(binary, os.path.dirname(src), mnt, *flags)
+            try:
+                return fn(os.path.join(mnt, os.path.basename(src)))
+            finally:
+                m.close()
+        return go
+
+    def load(kind, name):
+        def go(d):
+            lines = python_lines(LOAD_LARGE, kind, d, os.path.join(logits, f"{name}-{time.time_ns()}.pt"))
+            device.append(lines[-2])
+            return float(lines[-1])
+        return go
+
+    def cold(fn, *args):
+        def go():
+            drop_caches()
+            return fn(*args)
+        return go
+
+    view_files = lambda d: files(d, "*.safetensors")
+    fa0 = ["--fetch-ahead", "0"]
+    med, runs = interleaved({
+        "load_mount": mounted([], load("hf", "mount")),
+        "load_mount_fa0": mounted(fa0, load("hf", "mount_fa0")),
+        "load_copy": cold(load("hf", "copy"), copy),
+        "load_dcp": cold(load("dcp", "dcp"), src),
+        "cat_view": mounted([], lambda d: read_all(view_files(d))),
+        "cat_view_fa0": mounted(fa0, lambda d: read_all(view_files(d))),
+        "cat_shards": cold(read_all, files(src, "*.distcp")),
+        "par8_view": mounted([], lambda d: read_ranges(view_files(d), 8)),
+        "par8_view_fa0": mounted(fa0, lambda d: read_ranges(view_files(d), 8)),
+        "par8_copy": cold(read_ranges, view_files(copy), 8),
+    }, repeat)
+    ref = sorted(glob.glob(os.path.join(logits, "dcp-*.pt")))
+    equal = python_lines(SAME_LOGITS, ref[0], *sorted(glob.glob(os.path.join(logits, "*.pt"))))[-1] == "True"
+    gb = size_of(view_files(copy)) / 1e9
+    r = lambda a, b: round(med[a] / med[b], 2)
+    return dict(preset=preset, model_GB=round(gb, 2), device=sorted(set(device)), export_s=export_s and round(export_s, 2),
+                seconds={k: round(v, 2) for k, v in med.items()},
+                load_mount_over_copy=r("load_mount", "load_copy"), load_mount_fa0_over_copy=r("load_mount_fa0", "load_copy"),
+                load_dcp_over_copy=r("load_dcp", "load_copy"),
+                cat_view_over_shards=r("cat_shards", "cat_view"), cat_view_fa0_over_shards=r("cat_shards", "cat_view_fa0"),
+                par8_view_over_copy=r("par8_copy", "par8_view"), par8_view_fa0_over_copy=r("par8_copy", "par8_view_fa0"),
+                cat_view_GBps=round(gb / med["cat_view"], 2), cat_shards_GBps=round(gb / med["cat_shards"], 2),
+                logits_bitwise_equal=equal,
+                targets="cold cat >= 0.9 x the shards; cold from_pretrained <= 1.1 x the copy",
+                runs=runs)
+
+
 def machine():
     with open("/proc/cpuinfo") as f:
         cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
@@ -531,7 +644,7 @@ def print_table(results):
               f"--direct-reads=false (cache {r['cache_MiB']} MiB + 64 target); "
               f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1; "
               f"a load of the physical copy grows it {r['copy_page_cache_growth_x_model']} x)")
-    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs"):
+    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs", "large"):
         if k in results:
             print(f"\n{k}: {json.dumps(results[k])}")
 
@@ -543,7 +656,9 @@ def main():
     ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs")
+    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,large")
+    ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
+                    help="the large section's model (tiny: to try the section out)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: cold runs drop the page cache (/proc/sys/vm/drop_caches): run as root")
@@ -567,6 +682,8 @@ def main():
         results["write"] = json.loads(r.stdout)
     if "tmpfs" in only:
         results["tmpfs"] = bench_tmpfs(binary, work, a.repeat)
+    if "large" in only:
+        results["large"] = bench_large(binary, work, a.repeat, a.preset)
     if "rss" in only:
         r = subprocess.run([PY, os.path.join(HERE, "rss_readers.py"), "--bin", binary, "--work", work, "--gib", str(a.gib)],
                            check=True, stdout=subprocess.PIPE, text=True)

@@ -5,6 +5,7 @@ HuggingFaceStorageWriter(save_distributed=True), what torch's
 consolidate_safetensors_files takes). The same seed gives the same tensors.
 
     python e2e/bench/gen_llama.py OUT [--world 4] [--layers 8] [--format dcp|hf]
+    python e2e/bench/gen_llama.py OUT --preset llama3-8b --world 8     (bf16, Llama 3 shapes)
 
 The model is built on the meta device for names and shapes only; every rank
 fills just its own shards, so no process ever holds the whole model."""
@@ -21,15 +22,30 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402  (e2e/models.py: the gloo rendezvous)
 
 
-def config(layers):
+# Llama 3 shapes in bf16 (16 GB and 7.2 GB), for the large-model section of bench.py.
+PRESETS = {
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8),
+    "llama3-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                      num_attention_heads=24, num_key_value_heads=8),
+    "tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),  # to try the section out
+}
+
+
+def config(layers, preset=None):
     from transformers import LlamaConfig
 
+    if preset:
+        return LlamaConfig(**PRESETS[preset], max_position_embeddings=512, tie_word_embeddings=False,
+                           torch_dtype="bfloat16")
     return LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
                        num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=512,
                        tie_word_embeddings=False, torch_dtype="float32")
 
 
-def worker(rank, world, init_method, out, layers, fmt):
+def worker(rank, world, init_method, out, layers, fmt, preset):
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     models.join(rank, world, init_method)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
@@ -37,7 +53,7 @@ def worker(rank, world, init_method, out, layers, fmt):
 
     mesh = init_device_mesh("cpu", (world,))
     with torch.device("meta"):
-        model = LlamaForCausalLM(config(layers))
+        model = LlamaForCausalLM(config(layers, preset))
     g = torch.Generator().manual_seed(rank)
     state = {}
     for name, p in model.state_dict().items():
@@ -45,6 +61,8 @@ def worker(rank, world, init_method, out, layers, fmt):
         per = -(-rows // world)  # torch.chunk: ceil division
         lo, hi = min(rank * per, rows), min((rank + 1) * per, rows)
         local = (torch.rand((hi - lo, *p.shape[1:]), generator=g) - 0.5) * 0.05
+        if preset:
+            local = local.to(torch.bfloat16)
         state[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride())
     if fmt == "hf":
         from torch.distributed.checkpoint import HuggingFaceStorageWriter
@@ -55,7 +73,7 @@ def worker(rank, world, init_method, out, layers, fmt):
         dcp.save(state, checkpoint_id=out)
     dist.barrier()
     if rank == 0:
-        config(layers).save_pretrained(out)
+        config(layers, preset).save_pretrained(out)
     models.leave()
 
 
@@ -65,8 +83,9 @@ def main():
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--format", choices=["dcp", "hf"], default="dcp")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="Llama 3 shapes in bf16 (--layers is ignored)")
     a = ap.parse_args()
-    models.spawn(worker, a.world, a.out, a.layers, a.format)
+    models.spawn(worker, a.world, a.out, a.layers, a.format, a.preset)
 
 
 if __name__ == "__main__":
