@@ -95,6 +95,13 @@ demo: build venv
 bench: build venv
 	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
 
+# What a user of a GPU node sees at Llama 3 sizes (PRESET=llama3-3b or
+# llama3-8b; 2x the model's size free under .bench/; see BENCHMARKS.md).
+# On a GPU host whose python3 has torch and transformers: PY=python3.
+PRESET ?= llama3-3b
+bench-large: build
+	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN)) --only large --preset $(PRESET) --repeat 2
+
 # s3:// sources against a local S3-compatible server (moto), as a ratio to a
 # boto3 download of the same objects.
 bench-s3: build venv

@@ -17,10 +17,6 @@ type content interface {
 	readAt(dst []byte, pos int64) error
 	// backing lists the checkpoint files the bytes come from.
 	backing() []*ckpt.File
-	// hint tells add where the bytes [pos, end) lie in the checkpoint's
-	// files, as ranges that hold them (and may hold more), for fetching
-	// ahead; it reads nothing but record headers not yet located.
-	hint(pos, end int64, add func(f *ckpt.File, at, n int64))
 	origin() Origin
 }
 

@@ -153,31 +153,26 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (f *File) readTensors(p []byte, off int64) error {
+	end := off + int64(len(p))
 	if off < int64(len(f.header)) {
-		copy(p, f.header[off:])
+		n := copy(p, f.header[off:])
+		p, off = p[n:], off+int64(n)
 	}
-	return f.tensorsIn(off, off+int64(len(p)), func(pl *Placement, lo, hi int64) error {
-		at := pl.Offset + lo - off
-		return pl.content.readAt(p[at:at+hi-lo], lo)
-	})
-}
-
-// tensorsIn calls fn, in file order, for each tensor with bytes in the view
-// file's [off, end): its placement and its own bytes [lo, hi) in the range.
-// It stops at fn's first error.
-func (f *File) tensorsIn(off, end int64, fn func(pl *Placement, lo, hi int64) error) error {
 	i := sort.Search(len(f.placements), func(i int) bool {
 		pl := f.placements[i]
 		return pl.Offset+pl.Size > off
 	})
-	for ; i < len(f.placements) && f.placements[i].Offset < end; i++ {
-		pl := &f.placements[i]
+	for ; i < len(f.placements) && off < end; i++ {
+		pl := f.placements[i]
 		if pl.Size == 0 {
 			continue
 		}
-		if err := fn(pl, max(off, pl.Offset)-pl.Offset, min(end, pl.Offset+pl.Size)-pl.Offset); err != nil {
+		lo := off - pl.Offset
+		n := min(pl.Size-lo, end-off)
+		if err := pl.content.readAt(p[:n], lo); err != nil {
 			return err
 		}
+		p, off = p[n:], off+n
 	}
 	return nil
 }

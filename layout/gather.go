@@ -104,22 +104,6 @@ func (g *geometry) readAt(dst []byte, pos int64) error {
 	return nil
 }
 
-// hint: each chunk's bytes in a window are one range of its source.
-func (g *geometry) hint(pos, end int64, add func(f *ckpt.File, at, n int64)) {
-	for i := range g.chunks {
-		c := &g.chunks[i]
-		l0, l1 := c.box.CountBefore(pos), c.box.CountBefore(end)
-		if l0 == l1 {
-			continue
-		}
-		if l, ok := c.src.(ckpt.Locator); ok {
-			if f, at, ok := l.Locate(l0); ok {
-				add(f, at, l1-l0)
-			}
-		}
-	}
-}
-
 func (g *geometry) chunkError(c *chunkGeometry, err error) error {
 	return fmt.Errorf("tensor %q chunk at %v from %s: %w", g.tensor.Name, c.at, c.src, err)
 }

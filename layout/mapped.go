@@ -104,31 +104,6 @@ func (m *mapped) backing() []*ckpt.File {
 	return out
 }
 
-// hint: each piece's source bytes in the window lie within one range of
-// its source tensor (rows permuted within a head, a column slice's rows);
-// a piece whose range would be far more than its bytes is left to its reads.
-func (m *mapped) hint(pos, end int64, add func(f *ckpt.File, at, n int64)) {
-	in, out := int64(m.from.Size()), int64(m.to.Size())
-	for i := range m.pieces {
-		p := &m.pieces[i]
-		if p.end <= pos || p.start >= end {
-			continue
-		}
-		a, b := (max(pos, p.start)-p.start)/out*in, (min(end, p.end)-p.start+out-1)/out*in
-		if p.rows != nil {
-			lo, hi := p.rows[a/p.rowLen], p.rows[a/p.rowLen]
-			for _, r := range p.rows[a/p.rowLen : (b+p.rowLen-1)/p.rowLen] {
-				lo, hi = min(lo, r), max(hi, r)
-			}
-			a, b = lo*p.rowLen, (hi+1)*p.rowLen
-		}
-		start, stop := p.box.Extent(a, b)
-		if stop-start <= 4*(b-a)+coalesceSlack {
-			p.src.hint(start, stop, add)
-		}
-	}
-}
-
 // readAt fills dst with view bytes from pos: for each piece in the window,
 // its source bytes, converted when the types differ.
 func (m *mapped) readAt(dst []byte, pos int64) error {

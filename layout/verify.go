@@ -49,11 +49,3 @@ func (v *verifying) Backing() *ckpt.File {
 	}
 	return nil
 }
-
-// Locate is the verified source's: fetching ahead reads nothing it serves.
-func (v *verifying) Locate(off int64) (*ckpt.File, int64, bool) {
-	if l, ok := v.Verifier.(ckpt.Locator); ok {
-		return l.Locate(off)
-	}
-	return nil, 0, false
-}

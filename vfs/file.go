@@ -100,9 +100,6 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	}
 	src := &viewReader{fsys: f.fsys, file: file, inst: inst}
 	h := &viewHandle{fsys: f.fsys, file: file, src: src, h: f.fsys.opts.Cache.Open(id, src, file.Size), node: f, id: id, inst: inst}
-	if f.fsys.direct && f.fsys.opts.FetchAhead > 0 {
-		h.ahead = layout.NewReadAhead(src, file.Size, f.fsys.opts.FetchAhead)
-	}
 	// The bytes never change for the life of the mount: let the kernel keep
 	// its page cache across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
@@ -120,40 +117,21 @@ type viewReader struct {
 }
 
 func (r *viewReader) ReadAt(p []byte, off int64) (n int, err error) {
-	err = r.holding("read", func() error {
-		n, err = r.file.ReadAt(p, off)
-		return err
-	})
-	return n, err
-}
-
-// Prefetch is the file's, for layout.ReadAhead: held like a read, and a
-// hint, so it reports nothing.
-func (r *viewReader) Prefetch(off, n int64) {
-	_ = r.holding("fetch ahead in", func() error {
-		r.file.Prefetch(off, n)
-		return nil
-	})
-}
-
-// holding runs fn with a reference to the view held; a panic in fn is its
-// error (internalError).
-func (r *viewReader) holding(what string, fn func() error) (err error) {
 	if i := r.inst; i != nil {
 		if !i.ref() {
-			return errClosed
+			return 0, errClosed
 		}
 		defer r.fsys.unref(i)
 		if i.dead.Load() {
-			return errClosed
+			return 0, errClosed
 		}
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			err = r.fsys.internalError(what+" "+r.file.Name, v)
+			n, err = 0, r.fsys.internalError("read "+r.file.Name, v)
 		}
 	}()
-	return fn()
+	return r.file.ReadAt(p, off)
 }
 
 // Lseek: view files have no holes.
@@ -183,10 +161,6 @@ type viewHandle struct {
 	node *ViewFile
 	id   uint64    // cache id
 	inst *viewInst // the view it holds a reference to; nil for a write target's
-	// ahead fetches the source bytes ahead of sequential direct reads; nil
-	// when reads go through the cache (which reads ahead itself) or
-	// FetchAhead is 0.
-	ahead *layout.ReadAhead
 }
 
 var (
@@ -204,9 +178,6 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		// sent in the view's page cache, so a block cache in between only
 		// adds its own memory, fresh for every new mount (BENCHMARKS.md,
 		// "direct reads").
-		if h.ahead != nil {
-			h.ahead.Reading(off, int64(len(dest)))
-		}
 		n, err := h.src.ReadAt(dest, off)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, h.failed(err)

@@ -33,10 +33,6 @@ import (
 )
 
 // Options configure a ckptfs tree.
-// DefaultFetchAhead is Options.FetchAhead's default: enough view bytes in
-// flight to keep a disk busy behind one reader (BENCHMARKS.md, run P).
-const DefaultFetchAhead = 32 << 20
-
 type Options struct {
 	// Source is the local directory shown at the mount root.
 	Source string
@@ -56,10 +52,6 @@ type Options struct {
 	// bytes straight into each reply instead of through Cache (see
 	// viewHandle.Read). A remote source is always read through Cache.
 	DirectReads bool
-	// FetchAhead, with DirectReads, is how many view bytes ahead of each
-	// sequential reader the source bytes are asked for (layout.ReadAhead);
-	// 0 asks for none.
-	FetchAhead int64
 	// ViewTimeout is how long the kernel may cache view entries and attrs
 	// (views are immutable). Other entries use a short timeout so new
 	// checkpoints show up promptly.

@@ -36,7 +36,6 @@ var limits = map[string]limit{
 	"block-size":     {4 << 10, 64 << 20, sizeLimit, ""},
 	"prefetch":       {0, cache.MaxReadAhead, intLimit, ""},
 	"read-ahead":     {0, 1 << 30, sizeLimit, ""},
-	"fetch-ahead":    {0, 1 << 30, sizeLimit, ""},
 	"max-shard-size": {1 << 10, 1 << 50, sizeLimit, ""},
 	"cache-dir-size": {64 << 20, 1 << 50, sizeLimit, ""},
 	"max-attempts":   {1, 100, intLimit, ""},

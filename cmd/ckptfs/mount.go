@@ -46,7 +46,6 @@ type mountFlags struct {
 	cacheSize   *byteSize
 	blockSize   *byteSize
 	readAhead   *byteSize
-	fetchAhead  *byteSize
 	prefetch    int
 	prefill     bool
 	directReads bool
@@ -68,13 +67,11 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
 	f.readAhead = newByteSize(1<<20, true)
-	f.fetchAhead = newByteSize(vfs.DefaultFetchAhead, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for s3:// sources, --prefill and --direct-reads=false; peak RSS stays near this plus ~64 MiB")
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (s3:// sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; s3:// sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (see BENCHMARKS.md: on a 2-core VM, a small, noisy gain for loads and 10% slower for cat)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as s3:// sources always are (see README)")
-	fs.Var(f.fetchAhead, "fetch-ahead", "with direct reads: how far ahead of each sequential reader of a view the shards are asked for (read into the page cache in the background; 0 disables)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
 	fs.BoolVar(&f.nonEmpty, "allow-non-empty", false, "mount over a directory that has files, hiding them (-o nonempty too)")
@@ -193,7 +190,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
-		DirectReads: f.directReads, FetchAhead: f.fetchAhead.Int64()}
+		DirectReads: f.directReads}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
 		m = metrics.New()

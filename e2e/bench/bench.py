@@ -29,7 +29,7 @@ mount before each timed run. Sections:
           from_pretrained(dtype=bf16, device_map="cuda" where there is a GPU) through the mount vs
           from a physical copy (ckptfs export) vs torch's dcp.load into a model, logits compared
           bitwise; cold cat of the view vs the shards; 8 processes reading disjoint ranges of the
-          view vs the copy; each mount case also with --fetch-ahead 0, the lever it measures
+          view vs the copy; with --lever FLAGS, each mount case also with those mount flags
 """
 
 import argparse
@@ -553,8 +553,8 @@ print(all(torch.equal(torch.load(f), ref) for f in sys.argv[2:]))
 """
 
 
-def bench_large(binary, work, repeat, preset):
-    """The large-model table of ../shared/bench-gpu, with the fetch-ahead lever beside it."""
+def bench_large(binary, work, repeat, preset, lever):
+    """The large-model table of ../shared/bench-gpu, with a lever (mount flags) beside it."""
     import warnings
     warnings.filterwarnings("ignore")
     src = gen(work, preset, "gen_llama.py", "--preset", preset, "--world", "8")
@@ -597,33 +597,36 @@ def bench_large(binary, work, repeat, preset):
         return go
 
     view_files = lambda d: files(d, "*.safetensors")
-    fa0 = ["--fetch-ahead", "0"]
-    med, runs = interleaved({
+    cases = {
         "load_mount": mounted([], load("hf", "mount")),
-        "load_mount_fa0": mounted(fa0, load("hf", "mount_fa0")),
         "load_copy": cold(load("hf", "copy"), copy),
         "load_dcp": cold(load("dcp", "dcp"), src),
         "cat_view": mounted([], lambda d: read_all(view_files(d))),
-        "cat_view_fa0": mounted(fa0, lambda d: read_all(view_files(d))),
         "cat_shards": cold(read_all, files(src, "*.distcp")),
         "par8_view": mounted([], lambda d: read_ranges(view_files(d), 8)),
-        "par8_view_fa0": mounted(fa0, lambda d: read_ranges(view_files(d), 8)),
         "par8_copy": cold(read_ranges, view_files(copy), 8),
-    }, repeat)
+    }
+    if lever:
+        cases.update({
+            "load_mount_lever": mounted(lever, load("hf", "mount_lever")),
+            "cat_view_lever": mounted(lever, lambda d: read_all(view_files(d))),
+            "par8_view_lever": mounted(lever, lambda d: read_ranges(view_files(d), 8)),
+        })
+    med, runs = interleaved(cases, repeat)
     ref = sorted(glob.glob(os.path.join(logits, "dcp-*.pt")))
     equal = python_lines(SAME_LOGITS, ref[0], *sorted(glob.glob(os.path.join(logits, "*.pt"))))[-1] == "True"
     gb = size_of(view_files(copy)) / 1e9
-    r = lambda a, b: round(med[a] / med[b], 2)
-    return dict(preset=preset, model_GB=round(gb, 2), device=sorted(set(device)), export_s=export_s and round(export_s, 2),
-                seconds={k: round(v, 2) for k, v in med.items()},
-                load_mount_over_copy=r("load_mount", "load_copy"), load_mount_fa0_over_copy=r("load_mount_fa0", "load_copy"),
-                load_dcp_over_copy=r("load_dcp", "load_copy"),
-                cat_view_over_shards=r("cat_shards", "cat_view"), cat_view_fa0_over_shards=r("cat_shards", "cat_view_fa0"),
-                par8_view_over_copy=r("par8_copy", "par8_view"), par8_view_fa0_over_copy=r("par8_copy", "par8_view_fa0"),
-                cat_view_GBps=round(gb / med["cat_view"], 2), cat_shards_GBps=round(gb / med["cat_shards"], 2),
-                logits_bitwise_equal=equal,
-                targets="cold cat >= 0.9 x the shards; cold from_pretrained <= 1.1 x the copy",
-                runs=runs)
+    out = dict(preset=preset, model_GB=round(gb, 2), device=sorted(set(device)), export_s=export_s and round(export_s, 2),
+               seconds={k: round(v, 2) for k, v in med.items()}, lever=" ".join(lever),
+               cat_view_GBps=round(gb / med["cat_view"], 2), cat_shards_GBps=round(gb / med["cat_shards"], 2),
+               logits_bitwise_equal=equal,
+               targets="cold cat >= 0.9 x the shards; cold from_pretrained <= 1.1 x the copy", runs=runs)
+    for suffix in ["", "_lever"] if lever else [""]:
+        out["load_mount_over_copy" + suffix] = round(med["load_mount" + suffix] / med["load_copy"], 2)
+        out["cat_view_over_shards" + suffix] = round(med["cat_shards"] / med["cat_view" + suffix], 2)
+        out["par8_view_over_copy" + suffix] = round(med["par8_copy"] / med["par8_view" + suffix], 2)
+    out["load_dcp_over_copy"] = round(med["load_dcp"] / med["load_copy"], 2)
+    return out
 
 
 def machine():
@@ -659,6 +662,8 @@ def main():
     ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,large")
     ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
                     help="the large section's model (tiny: to try the section out)")
+    ap.add_argument("--lever", default="", help="the large section: mount flags measured beside the defaults "
+                                                  "(e.g. '--read-ahead 8MiB')")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: cold runs drop the page cache (/proc/sys/vm/drop_caches): run as root")
@@ -683,7 +688,7 @@ def main():
     if "tmpfs" in only:
         results["tmpfs"] = bench_tmpfs(binary, work, a.repeat)
     if "large" in only:
-        results["large"] = bench_large(binary, work, a.repeat, a.preset)
+        results["large"] = bench_large(binary, work, a.repeat, a.preset, a.lever.split())
     if "rss" in only:
         r = subprocess.run([PY, os.path.join(HERE, "rss_readers.py"), "--bin", binary, "--work", work, "--gib", str(a.gib)],
                            check=True, stdout=subprocess.PIPE, text=True)

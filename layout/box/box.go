@@ -106,14 +106,6 @@ func (g *Geometry) End() int64 {
 	return g.RunStart(g.Runs()-1) + g.runLen
 }
 
-// Extent is the tensor byte range [start, end) that holds the box's bytes
-// [l0, l1) (l0 < l1): from the first of them to just past the last, with
-// what lies between outside the box too.
-func (g *Geometry) Extent(l0, l1 int64) (start, end int64) {
-	last := l1 - 1
-	return g.RunStart(l0/g.runLen) + l0%g.runLen, g.RunStart(last/g.runLen) + last%g.runLen + 1
-}
-
 // CountBefore returns how many of the box's bytes lie at tensor byte
 // positions below pos (0 <= pos <= the tensor's size): the box's own byte
 // position of the first of its bytes at or after pos.

@@ -242,33 +242,6 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-// Prefetch asks the file's source to start fetching [off, off+n) for a read
-// soon to come; a hint, so it does nothing where the source cannot (an
-// object store) and reports nothing.
-func (f *File) Prefetch(off, n int64) {
-	off, end := max(off, 0), min(off+n, f.info.Size)
-	if off >= end {
-		return
-	}
-	fd, err := f.handle()
-	if err != nil {
-		return // the read will say why
-	}
-	if p, ok := fd.(source.Prefetcher); ok {
-		p.Prefetch(off, end-off)
-	}
-}
-
-// Locator is a Source whose bytes are stored as they are in one range of a
-// checkpoint file, so that where a read of them lands can be told without
-// reading them (to fetch it ahead).
-type Locator interface {
-	// Locate says where the source's byte off lies: its file and offset
-	// there; false when that is not known without a read that fails, or the
-	// bytes are not stored as they are (compressed).
-	Locate(off int64) (*File, int64, bool)
-}
-
 // OutOfFileOrder reports whether reading the tensors in order, each
 // chunk in turn, goes back in some file: a section that begins before the
 // end of the one read before it in the same file.
@@ -312,9 +285,6 @@ func (s *Section) ReadAt(p []byte, off int64) (int, error) {
 	}
 	return n, err
 }
-
-// Locate: a section is a plain range.
-func (s *Section) Locate(off int64) (*File, int64, bool) { return s.File, s.Offset + off, true }
 
 // Backing is the file the section lies in.
 func (s *Section) Backing() *File { return s.File }

@@ -235,16 +235,6 @@ func (f *localFile) drop(spans []span) {
 // (FADV_RANDOM).
 func (f *localFile) ReadRandomly() { _ = unix.Fadvise(int(f.f.Fd()), 0, 0, unix.FADV_RANDOM) }
 
-// Prefetch starts the kernel reading the range into the page cache
-// (FADV_WILLNEED) and returns without waiting: a read of it a moment later
-// is a copy from memory, however few reads the FUSE client has in flight.
-// Files in memory are there already.
-func (f *localFile) Prefetch(off, n int64) {
-	if !f.inMemory {
-		_ = unix.Fadvise(int(f.f.Fd()), off, n, unix.FADV_WILLNEED)
-	}
-}
-
 // inMemory reports whether f is on a filesystem whose files are their
 // pages (tmpfs, ramfs).
 func inMemory(f *os.File) bool {

@@ -66,13 +66,6 @@ type RandomReader interface {
 	ReadRandomly()
 }
 
-// Prefetcher is a File that can start fetching a range in the background
-// for a reader that will want it soon, so that the read finds it ready.
-type Prefetcher interface {
-	File
-	Prefetch(off, n int64)
-}
-
 // ErrChanged is returned when a file's content may differ from when it was
 // first seen: serving it could mix old and new bytes.
 var ErrChanged = errors.New("source: file changed")

@@ -73,14 +73,12 @@ type chunkBytes struct {
 	entry *io.SectionReader // the data entry
 	name  string            // the entry's name in the record
 	crc   uint32
-	whole bool  // the chunk is the whole entry
-	at    int64 // where the chunk's first byte is in the shard; -1 if not there as it is (zstd)
+	whole bool // the chunk is the whole entry
 }
 
 var (
 	_ ckpt.Source   = (*recordSource)(nil)
 	_ ckpt.Verifier = (*recordSource)(nil)
-	_ ckpt.Locator  = (*recordSource)(nil)
 )
 
 // Backing is the shard file holding the record.
@@ -92,16 +90,6 @@ func (s *recordSource) String() string {
 		z = " (zstd)"
 	}
 	return fmt.Sprintf("%s@%d+%d%s", s.file.Path, s.off, s.length, z)
-}
-
-// Locate finds the chunk in its record (a small read of the record's
-// headers, which its first read makes anyway) and says where byte off is.
-func (s *recordSource) Locate(off int64) (*ckpt.File, int64, bool) {
-	loc, err := s.located()
-	if err != nil || loc.at < 0 {
-		return nil, 0, false
-	}
-	return s.file, loc.at + off, true
 }
 
 // ReadAt reads the chunk's raw bytes at off. A read that ends past the chunk
@@ -176,11 +164,9 @@ func (s *recordSource) located() (*chunkBytes, error) {
 	var loc *chunkBytes
 	var err error
 	if s.zstd {
-		if loc, err = s.resolveZstd(); err == nil {
-			loc.at = -1
-		}
-	} else if loc, err = s.resolve(io.NewSectionReader(s.file, s.off, s.length), s.length); err == nil {
-		loc.at += s.off
+		loc, err = s.resolveZstd()
+	} else {
+		loc, err = s.resolve(io.NewSectionReader(s.file, s.off, s.length), s.length)
 	}
 	if err == nil {
 		s.loc = loc
@@ -212,7 +198,6 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 		name:  at.entry,
 		crc:   at.crc,
 		whole: at.off == at.entryOff && s.nbytes == at.entrySize,
-		at:    at.off,
 	}, nil
 }
 

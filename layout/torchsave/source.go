@@ -74,7 +74,6 @@ var (
 	_ ckpt.Source   = (*tensorSource)(nil)
 	_ ckpt.Verifier = (*tensorSource)(nil)
 	_ ckpt.Backed   = (*tensorSource)(nil)
-	_ ckpt.Locator  = (*tensorSource)(nil)
 )
 
 // Backing is the weights file holding the tensor.
@@ -82,15 +81,6 @@ func (s *tensorSource) Backing() *ckpt.File { return s.st.file }
 
 func (s *tensorSource) String() string {
 	return fmt.Sprintf("%s:%s+%d+%d", s.st.file.Rel, s.st.entry.Name, s.start, s.n)
-}
-
-// Locate says where the tensor's byte off is in its weights file.
-func (s *tensorSource) Locate(off int64) (*ckpt.File, int64, bool) {
-	base, err := s.st.located()
-	if err != nil {
-		return nil, 0, false
-	}
-	return s.st.file, base + s.start + off, true
 }
 
 // ReadAt reads the tensor's bytes at off. A read that ends past the tensor
