@@ -17,6 +17,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// maxBackground is the mount's FUSE max_background.
+const maxBackground = 64
+
+// DefaultReadAhead is the default MountOptions.ReadAheadKB, in bytes: as far
+// as a disk's own read-ahead commonly goes, so that an mmap load faults a
+// view in windows as large as it would fault a copy's (BENCHMARKS.md, run Q).
+const DefaultReadAhead = 8 << 20
+
 // MountOptions are the kernel-facing settings of a mount.
 type MountOptions struct {
 	// ReadAheadKB, when > 0, is written to the mount's
@@ -66,11 +74,15 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			Name:         "ckptfs",
 			MaxWrite:     1 << 20,
 			MaxReadAhead: 1 << 20,
-			DirectMount:  true,
-			AllowOther:   mo.AllowOther,
-			Debug:        mo.Debug,
-			Logger:       fuseLog,
-			Options:      mo.Options,
+			// The kernel's read-ahead of a view is sent as background requests,
+			// at most this many at once: go-fuse's 12 stalls a read-ahead
+			// window past 12 MiB (BENCHMARKS.md, run Q).
+			MaxBackground: maxBackground,
+			DirectMount:   true,
+			AllowOther:    mo.AllowOther,
+			Debug:         mo.Debug,
+			Logger:        fuseLog,
+			Options:       mo.Options,
 			// Views are immutable; the kernel may cache everything it reads.
 			ExplicitDataCacheControl: false,
 			// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -458,4 +460,36 @@ func TestMountStaysInsideSource(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(mnt, "step_1", "model.safetensors"))
 	require.NoError(t, err)
 	require.Equal(t, a, b)
+}
+
+// The kernel may read a view as far ahead as asked (read_ahead_kb) with as
+// many requests in the background as that takes (max_background): at
+// go-fuse's 12, a read-ahead window past 12 MiB stalled every reader.
+func TestMountReadAheadAndBackground(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CKPTFS_REQUIRE_SYSTEM") == "1" {
+			t.Fatal("CKPTFS_REQUIRE_SYSTEM=1 but not root: read_ahead_kb and fusectl are root's")
+		}
+		t.Skip("read_ahead_kb and fusectl are root's (CKPTFS_REQUIRE_SYSTEM=1 turns this skip into a failure)")
+	}
+	mnt := t.TempDir()
+	server, err := Mount(mnt, newFS(t, fixture(t, "sample")), MountOptions{ReadAheadKB: DefaultReadAhead >> 10})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, server.Unmount()) })
+
+	ra, err := bdiReadAhead(mnt)
+	require.NoError(t, err)
+	got, err := os.ReadFile(ra)
+	require.NoError(t, err)
+	assert.Equal(t, "8192", strings.TrimSpace(string(got)))
+
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(mnt, &st))
+	ctl := fmt.Sprintf("/sys/fs/fuse/connections/%d", unix.Minor(st.Dev))
+	if _, err := os.Stat(ctl); err != nil {
+		_ = unix.Mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, "")
+	}
+	got, err = os.ReadFile(ctl + "/max_background")
+	require.NoError(t, err)
+	assert.Equal(t, strconv.Itoa(maxBackground), strings.TrimSpace(string(got)))
 }

@@ -66,7 +66,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.source.register(fs, true)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
-	f.readAhead = newByteSize(1<<20, true)
+	f.readAhead = newByteSize(vfs.DefaultReadAhead, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for s3:// sources, --prefill and --direct-reads=false; peak RSS stays near this plus ~64 MiB")
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (s3:// sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; s3:// sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
