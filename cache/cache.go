@@ -228,6 +228,9 @@ type Cache struct {
 	pcond   *sync.Cond
 	pending int // GUARDED_BY(pmu)
 
+	// failed remembers the blocks whose foreground fill failed lately.
+	failed failures
+
 	fgFills   atomic.Int64  // foreground-led fills in flight
 	fillSlots chan struct{} // one token per foreground fill in flight (MaxFills)
 	bufs      *buffers      // block buffers: reused, and the bytes being filled
@@ -454,7 +457,14 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 			// rare, and nothing then has to trust that a failing Source
 			// stopped writing into it.
 			c.fillErrors.Add(1)
-			return nil, &FillError{ID: f.id, Block: idx, Off: off, Len: n, Err: err}
+			ferr := &FillError{ID: f.id, Block: idx, Off: off, Len: n, Err: err}
+			if !prefetch {
+				c.failed.add(c.keyFn(f.id, idx), ferr)
+			}
+			return nil, ferr
+		}
+		if !prefetch {
+			c.failed.forget(c.keyFn(f.id, idx))
 		}
 		b := &block{id: f.id, idx: idx, data: buf}
 		if recycle {
@@ -487,6 +497,9 @@ func (c *Cache) getBlock(f *file, idx int64) (*block, error) {
 			return c.used(b), nil
 		}
 		c.misses.Add(1)
+		if err := c.failed.recent(c.keyFn(f.id, idx), f.id, idx); err != nil {
+			return nil, err
+		}
 		b, led, err := c.fill(f, idx, false)
 		if err != nil {
 			return nil, err

@@ -409,6 +409,8 @@ func TestConcurrentMissesShareOneFill(t *testing.T) {
 }
 
 func TestFailedFillCachesNothing(t *testing.T) {
+	defer func(d time.Duration) { failMemory = d }(failMemory)
+	failMemory = 20 * time.Millisecond
 	const size = 4*testBS + 5
 	src := newMemSource(size, 5)
 	boom := errors.New("boom")
@@ -455,11 +457,50 @@ func TestFailedFillCachesNothing(t *testing.T) {
 	_, _, ok := c.lookup(&h.f, 4)
 	assert.False(t, ok, "a failed fill caches nothing")
 
-	// A later read retries and succeeds.
+	// A later read (once the failure is no longer recent) retries and
+	// succeeds.
 	src.setFail(4, nil)
+	time.Sleep(failMemory)
 	before := src.calls[4].Load()
 	checkRead(t, h, src.data, 4*testBS-5, 10)
 	assert.Equal(t, before+1, src.calls[4].Load())
+}
+
+// The kernel reads a page again at once when the read-ahead that held it
+// failed: that read fails without asking the Source again (a store that is
+// down would otherwise take twice its retry budget to fail a read), and
+// once the failure is failMemory old the Source is asked again. A failure
+// of ckptfs's own read-ahead fails no foreground read.
+func TestFailedFillFailsAgainBriefly(t *testing.T) {
+	defer func(d time.Duration) { failMemory = d }(failMemory)
+	failMemory = 200 * time.Millisecond
+	const size = 4 * testBS
+	src := newMemSource(size, 6)
+	boom := errors.New("boom")
+	src.setFail(1, boom)
+	c := newTestCache(t, Options{})
+	h := c.Open(3, src, size)
+
+	_, err := h.ReadAt(make([]byte, 10), testBS)
+	require.ErrorIs(t, err, boom)
+	require.EqualValues(t, 1, src.calls[1].Load())
+	src.setFail(1, nil) // the store is back, but the failure is recent
+	_, err = h.ReadAt(make([]byte, 10), testBS)
+	require.ErrorIs(t, err, boom)
+	assert.EqualValues(t, 1, src.calls[1].Load(), "the recent failure is served, the Source not asked")
+	other := c.Open(4, src, size) // another file's block 1 is not that block
+	checkRead(t, other, src.data, testBS, 10)
+
+	time.Sleep(failMemory)
+	checkRead(t, h, src.data, testBS, 10)
+	assert.EqualValues(t, 3, src.calls[1].Load())
+
+	// A read-ahead fill that fails is not remembered.
+	src.setFail(2, boom)
+	_, _, err = c.fill(&h.f, 2, true)
+	require.ErrorIs(t, err, boom)
+	src.setFail(2, nil)
+	checkRead(t, h, src.data, 2*testBS, 10)
 }
 
 // shortSource returns fewer bytes than asked with a nil error.
