@@ -35,6 +35,7 @@
 package cache
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -489,12 +490,8 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 // Caller holds c.mu.RLock.
 func (c *Cache) getBlock(f *file, idx int64) (*block, error) {
 	for {
-		if b, staged, ok := c.lookup(f, idx); ok && b.acquire() {
-			c.hits.Add(1)
-			if staged {
-				c.stagingHits.Add(1)
-			}
-			return c.used(b), nil
+		if b, ok := c.hit(f, idx); ok {
+			return b, nil
 		}
 		c.misses.Add(1)
 		if err := c.failed.recent(c.keyFn(f.id, idx), f.id, idx); err != nil {
@@ -509,6 +506,61 @@ func (c *Cache) getBlock(f *file, idx int64) (*block, error) {
 		}
 		// Filled by another reader and dropped by every holder before
 		// this one could take it: look again.
+	}
+}
+
+// hit returns the block, acquired, if the cache holds it.
+func (c *Cache) hit(f *file, idx int64) (*block, bool) {
+	b, staged, ok := c.lookup(f, idx)
+	if !ok || !b.acquire() {
+		return nil, false
+	}
+	c.hits.Add(1)
+	if staged {
+		c.stagingHits.Add(1)
+	}
+	return c.used(b), true
+}
+
+// getBlockCtx is getBlock for a reader that stops waiting once ctx is done,
+// returning context.Cause(ctx). A miss is then waited for on a goroutine
+// of its own, which holds its own read lock, so that Close still waits for
+// the fill; the block it gets once abandoned is released.
+func (c *Cache) getBlockCtx(ctx context.Context, f *file, idx int64) (*block, error) {
+	if ctx.Done() == nil {
+		return c.getBlock(f, idx)
+	}
+	if b, ok := c.hit(f, idx); ok {
+		return b, nil
+	}
+	if err := context.Cause(ctx); err != nil {
+		return nil, err
+	}
+	// Not RLock: a second read lock waits behind a Close that is waiting
+	// for the first. Then Close is under way: wait for the fill here.
+	if !c.mu.TryRLock() {
+		return c.getBlock(f, idx)
+	}
+	type got struct {
+		b   *block
+		err error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		defer c.mu.RUnlock()
+		b, err := c.getBlock(f, idx)
+		ch <- got{b, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.b, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.b != nil {
+				r.b.release()
+			}
+		}()
+		return nil, context.Cause(ctx)
 	}
 }
 

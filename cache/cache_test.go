@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -193,7 +194,7 @@ func TestSlicesMatchReadAt(t *testing.T) {
 		off, n := tc[0], int(tc[1])
 		buf := make([]byte, n)
 		wn, werr := want(src.data, buf, off)
-		pinned, err := h.Slices(off, n)
+		pinned, err := h.Slices(context.Background(), off, n)
 		require.Equal(t, werr, err, "err at off=%d len=%d", off, n)
 		require.True(t, bytes.Equal(buf[:wn], bytes.Join(pinned.Parts, nil)), "bytes at off=%d len=%d", off, n)
 		require.Equal(t, wn, pinned.Len())
@@ -203,7 +204,7 @@ func TestSlicesMatchReadAt(t *testing.T) {
 		pinned.Release()
 		pinned.Release() // idempotent
 	}
-	_, err := h.Slices(-1, 4)
+	_, err := h.Slices(context.Background(), -1, 4)
 	assert.Error(t, err)
 }
 
@@ -222,7 +223,7 @@ func TestPinnedBytesSurviveEviction(t *testing.T) {
 	c := newTestCache(t, Options{Size: 4 * testBS, Staging: 1, MaxFills: 2})
 	h := c.Open(1, src, size)
 	defer h.Close()
-	pinned, err := h.Slices(testBS/2, 2*testBS)
+	pinned, err := h.Slices(context.Background(), testBS/2, 2*testBS)
 	require.NoError(t, err)
 	for off := int64(3 * testBS); off < size; off += testBS {
 		checkRead(t, h, src.data, off, testBS) // evicts and refills, reusing buffers
@@ -308,7 +309,7 @@ func TestPinnedReadersUnderChurn(t *testing.T) {
 				}
 				continue
 			}
-			pinned, err := h.Slices(off, n)
+			pinned, err := h.Slices(context.Background(), off, n)
 			if err != nil && !errors.Is(err, io.EOF) {
 				t.Errorf("reader %d: Slices(%d, %d): %v", g, off, n, err)
 				return
@@ -868,4 +869,40 @@ func BenchmarkRandomRead(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A read stops waiting for a fill once its context is done (a FUSE
+// INTERRUPT, its deadline) and returns the context's cause; the fill goes on
+// and serves the next reader, and Close still waits for it.
+func TestSlicesStopWaitingWhenContextDone(t *testing.T) {
+	const size = 4 * testBS
+	src := newMemSource(size, 7)
+	release := src.hold(1)
+	c := newTestCache(t, Options{})
+	h := c.Open(5, src, size)
+
+	late := errors.New("the read's deadline")
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 50*time.Millisecond, late)
+	defer cancel()
+	start := time.Now()
+	_, err := h.Slices(ctx, testBS, 10)
+	require.ErrorIs(t, err, late)
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	ctx, cancel = context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.Slices(ctx, testBS, 10)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // waiting on the fill the first read left running
+	cancel()                          // an INTERRUPT
+	require.ErrorIs(t, <-done, context.Canceled)
+
+	release()
+	pinned, err := h.Slices(context.Background(), testBS, 10)
+	require.NoError(t, err)
+	assert.Equal(t, src.data[testBS:testBS+10], pinned.Parts[0])
+	pinned.Release()
+	assert.EqualValues(t, 1, src.calls[1].Load(), "the abandoned fill served the next reader")
 }

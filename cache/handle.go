@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -79,7 +80,7 @@ func (h *Handle) Close() {
 // the bytes there are and io.EOF; an empty p returns 0, nil.
 func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
 	n := 0
-	err := h.blocks(off, len(p), func(b *block, part []byte) {
+	err := h.blocks(context.Background(), off, len(p), func(b *block, part []byte) {
 		n += copy(p[n:], part)
 		b.release()
 	})
@@ -124,10 +125,14 @@ func (p *Pinned) Release() {
 // to the end of the file; on any other error, nil. The caller releases the
 // result once it is done with the bytes (a FUSE reply, once written); the
 // cache's bound does not count them once their blocks left the cache.
-func (h *Handle) Slices(off int64, n int) (*Pinned, error) {
+//
+// Once ctx is done (a FUSE INTERRUPT, the request's deadline) Slices stops
+// waiting for fills and returns context.Cause(ctx); the fills go on for the
+// readers that come next.
+func (h *Handle) Slices(ctx context.Context, off int64, n int) (*Pinned, error) {
 	p := &Pinned{}
 	p.Parts, p.blocks = p.partsBuf[:0], p.blocksBuf[:0]
-	err := h.blocks(off, n, func(b *block, part []byte) {
+	err := h.blocks(ctx, off, n, func(b *block, part []byte) {
 		p.Parts = append(p.Parts, part)
 		p.blocks = append(p.blocks, b)
 	})
@@ -141,7 +146,7 @@ func (h *Handle) Slices(off int64, n int) (*Pinned, error) {
 // blocks passes the parts of the blocks covering [off, off+n), in order, to
 // use, each block acquired: use releases it when done with the part. It
 // returns io.EOF when the range runs past the end of the file.
-func (h *Handle) blocks(off int64, n int, use func(*block, []byte)) error {
+func (h *Handle) blocks(ctx context.Context, off int64, n int, use func(*block, []byte)) error {
 	if off < 0 {
 		return errNegativeOffset
 	}
@@ -167,7 +172,7 @@ func (h *Handle) blocks(off int64, n int, use func(*block, []byte)) error {
 	bs := c.opts.BlockSize
 	for cur := off; cur < end; {
 		idx := cur / bs
-		b, err := c.getBlock(&h.f, idx)
+		b, err := c.getBlockCtx(ctx, &h.f, idx)
 		if err != nil {
 			c.bytesServed.Add(cur - off)
 			return err

@@ -10,7 +10,9 @@ import errno
 import filecmp
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -163,6 +165,41 @@ def test_server_stopped_mid_read(s3, tmp_path, mount):
     assert "s3://ckpts/run/big/" in m.output()
 
 
+def test_interrupted_read_of_a_frozen_store_ends_at_once(s3, tmp_path, mount):
+    """A reader interrupted while its read waits on a store that stopped
+    answering gets control back at once: the kernel sends FUSE INTERRUPT, and
+    the read answers it (EINTR) instead of waiting out the fill's retry
+    budget, which goes on for whoever reads next."""
+    m = mount("s3://ckpts/run", "--read-timeout", "5s", "--max-attempts", "2", "--block-size", "1MiB",
+              "--prefetch", "0")
+    view = m.mnt / "big" / "model.safetensors"
+    fd = os.open(view, os.O_RDONLY)  # the view is opened (its records located) and read from
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    assert len(os.pread(fd, 4096, 0)) == 4096
+    os.close(fd)
+    s3.stop()
+    try:
+        start = time.time()
+        # O_DIRECT: a read the reader waits on as a FUSE request of its own.
+        # (A buffered read waits for its pages, which a fatal signal ends and
+        # the kernel sends no INTERRUPT for.)
+        reader = subprocess.Popen([sys.executable, "-c", f"import mmap, os; fd = os.open({str(view)!r}, os.O_RDONLY | os.O_DIRECT); "
+                                   "os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 20 << 20)"])
+        time.sleep(1)  # blocked in read(2) on a block the store does not send
+        assert reader.poll() is None
+        # SIGINT, which Python handles: not a fatal signal, so only an answer
+        # to the kernel's INTERRUPT ends the read before the fill does.
+        reader.send_signal(signal.SIGINT)
+        reader.wait(timeout=60)
+        took = time.time() - start
+        # The fill's own budget is 2 attempts of 5 s (and the bytes at
+        # --min-rate) plus a backoff: over 10 s.
+        assert took < 4, f"an interrupted reader of a frozen store ended after {took:.1f} s"
+    finally:
+        s3.cont()
+    assert "INTERRUPT" not in m.output()
+
+
 def test_fault_proxy_retries(s3, tmp_path, mount):
     ref = reference(s3, tmp_path)
     proxy = FaultProxy(("127.0.0.1", s3.port), every=4)
@@ -192,6 +229,9 @@ def test_fault_proxy_retries(s3, tmp_path, mount):
                 f.read(1 << 20)
             assert e.value.errno == errno.EIO
             proxy.up()
+            # A block that failed fails again for a second without a request.
+            wait_for(lambda: stats(m2)["cache"]["filling_bytes"] == 0, "the fills of the outage ended")
+            time.sleep(1)
             f.seek(16 << 20)
             assert f.read() == want[16 << 20:]
     finally:

@@ -29,6 +29,10 @@ const (
 	infoName = "CKPTFS_INFO.txt"
 )
 
+// ErrReadDeadline is the error of a read that got no bytes from its source
+// within Options.ReadDeadline.
+var ErrReadDeadline = errors.New("vfs: no answer from the source within the read's deadline")
+
 // ViewFile is a file of an HF view, served through the block cache. A
 // checkpoint's view file (e set) names its file in the entry: the view may
 // be evicted while the kernel holds the node, so each open takes the view
@@ -187,8 +191,14 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	}
 	// The reply is written from the cache's blocks (writev), not copied
 	// into dest first: a cold read of a view spent a tenth of its CPU on
-	// that copy.
-	pinned, err := h.h.Slices(off, len(dest))
+	// that copy. The read stops waiting for fills at a FUSE INTERRUPT
+	// (EINTR) and at its deadline (EIO), whatever the fills do.
+	if d := h.fsys.opts.ReadDeadline; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, d, fmt.Errorf("%w (%s)", ErrReadDeadline, d))
+		defer cancel()
+	}
+	pinned, err := h.h.Slices(ctx, off, len(dest))
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, h.failed(err)
 	}

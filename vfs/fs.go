@@ -52,6 +52,11 @@ type Options struct {
 	// bytes straight into each reply instead of through Cache (see
 	// viewHandle.Read). A remote source is always read through Cache.
 	DirectReads bool
+	// ReadDeadline bounds each read served through Cache (a remote
+	// source's): past it the read fails with EIO, while the fills it waited
+	// for go on for the reads that follow; 0 leaves reads to the source's
+	// own bounds. Reads also end at a FUSE INTERRUPT, with EINTR.
+	ReadDeadline time.Duration
 	// ViewTimeout is how long the kernel may cache view entries and attrs
 	// (views are immutable). Other entries use a short timeout so new
 	// checkpoints show up promptly.

@@ -1,6 +1,7 @@
 package vfs
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -104,7 +105,7 @@ func (p *prefiller) fill(job prefillJob) {
 	defer h.Close()
 	nextCheck := int64(64 << 20) // memory is checked again every 64 MiB
 	for off := int64(0); off < job.size; {
-		pinned, err := h.Slices(off, prefillPiece)
+		pinned, err := h.Slices(context.Background(), off, prefillPiece)
 		if err != nil && !errors.Is(err, io.EOF) {
 			log.Debug("prefill stopped", "err", err)
 			return

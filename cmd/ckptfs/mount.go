@@ -216,6 +216,9 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		}
 		defer closer.Close() // after the vfs is closed
 		vopts.Tree = tree
+		// One deadline per read: what one block's request may take, its
+		// retries included; a read waits for at most two blocks.
+		vopts.ReadDeadline = f.source.s3Options().Budget(copts.BlockSize)
 		cancelRequests = func() { closer.Close() }
 		interruptRequests = store.Drain
 	}

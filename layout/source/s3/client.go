@@ -101,6 +101,20 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// Budget is the longest a ranged GET of n bytes takes to fail: MaxAttempts
+// attempts, each failing by its deadline (ReadTimeout plus the bytes at
+// MinRate), and the retryer's backoff between them (exponential from 1 s,
+// jittered below its cap).
+func (o Options) Budget(n int64) time.Duration {
+	o = o.withDefaults()
+	attempt := o.attemptTimeout(n)
+	var backoff time.Duration
+	for i := 1; i < o.MaxAttempts; i++ {
+		backoff += min(time.Second<<min(i-1, 30), retry.DefaultMaxBackoff)
+	}
+	return time.Duration(o.MaxAttempts)*attempt + backoff
+}
+
 // counters are a tree's traffic; see source.Stats.
 type counters struct {
 	requests, bytes, retries, errors atomic.Int64
