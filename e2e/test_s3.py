@@ -200,6 +200,29 @@ def test_interrupted_read_of_a_frozen_store_ends_at_once(s3, tmp_path, mount):
     assert "INTERRUPT" not in m.output()
 
 
+def test_interrupted_lookup_of_a_frozen_store_ends_at_once(s3, tmp_path, mount):
+    """timeout(1) or Ctrl-C on a stat or ls that waits on a store that stopped
+    answering: the kernel sends FUSE INTERRUPT and gets EINTR at once."""
+    m = mount("s3://ckpts/run", "--read-timeout", "5s", "--max-attempts", "2")
+    assert "big" in os.listdir(m.mnt)
+    s3.stop()
+    time.sleep(1.5)  # listings are kept a second
+    try:
+        for call in (f"os.stat({str(m.mnt / 'not-seen-before')!r})", f"os.listdir({str(m.mnt / 'hf_step')!r})"):
+            start = time.time()
+            p = subprocess.Popen([sys.executable, "-c", f"import os; {call}"], stderr=subprocess.PIPE, text=True)
+            time.sleep(1)
+            assert p.poll() is None, f"the call did not wait on the store: {p.communicate()}"
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=60)
+            took = time.time() - start
+            assert "KeyboardInterrupt" in err, err
+            assert took < 4, f"{call} interrupted ended after {took:.1f} s"
+    finally:
+        s3.cont()
+    assert os.listdir(m.mnt / "hf_step"), "the mount answers once the store is back"
+
+
 def test_fault_proxy_retries(s3, tmp_path, mount):
     ref = reference(s3, tmp_path)
     proxy = FaultProxy(("127.0.0.1", s3.port), every=4)

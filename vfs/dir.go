@@ -179,6 +179,40 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	return out, 0
 }
 
+// interruptibly runs fn, which asks the source, so that a FUSE INTERRUPT
+// (ctx done) ends the caller's wait with EINTR when the source is remote:
+// the kernel sends one for a lookup or listing interrupted by a signal
+// (timeout(1), Ctrl-C), which would otherwise wait out the store's retry
+// budget. fn runs on, bounded by that budget, and its answer is dropped. A
+// local source answers inline.
+func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errno)) (T, syscall.Errno) {
+	if f.local != nil || ctx.Done() == nil {
+		return fn()
+	}
+	type answer struct {
+		v     T
+		errno syscall.Errno
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		var a answer
+		defer func() {
+			if v := recover(); v != nil {
+				a.errno = toErrno(f.log, "lookup", f.internalError("lookup", v))
+			}
+			ch <- a
+		}()
+		a.v, a.errno = fn()
+	}()
+	select {
+	case a := <-ch:
+		return a.v, a.errno
+	case <-ctx.Done():
+		var zero T
+		return zero, syscall.EINTR
+	}
+}
+
 // sourceEntries lists the source directory, or with only != "" just that
 // entry (a lookup costs one stat, not a listing). Symlinks show as what
 // they point to; links that leave the source, and FIFOs, sockets and
@@ -209,7 +243,7 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.
 	if len(name) > unix.NAME_MAX {
 		return nil, syscall.ENAMETOOLONG
 	}
-	kids, errno := d.children(name)
+	kids, errno := interruptibly(ctx, d.fsys, func() ([]entry, syscall.Errno) { return d.children(name) })
 	if errno != 0 {
 		return nil, errno
 	}
@@ -249,7 +283,7 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.
 }
 
 func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	kids, errno := d.children("")
+	kids, errno := interruptibly(ctx, d.fsys, func() ([]entry, syscall.Errno) { return d.children("") })
 	if errno != 0 {
 		return nil, errno
 	}
@@ -271,9 +305,12 @@ func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	mtime := d.fsys.started
 	if d.rel != "" {
-		info, err := d.fsys.tree.Stat(d.name())
-		if err != nil {
-			return d.fsys.sourceErrno("stat", d.name(), err)
+		info, errno := interruptibly(ctx, d.fsys, func() (source.Info, syscall.Errno) {
+			info, err := d.fsys.tree.Stat(d.name())
+			return info, d.fsys.sourceErrno("stat", d.name(), err)
+		})
+		if errno != 0 {
+			return errno
 		}
 		mtime = info.ModTime
 	}
