@@ -30,3 +30,16 @@ def test_install_destdir_default_prefix(tmp_path):
     assert r.returncode == 0, r.stderr
     assert os.access(tmp_path / "usr" / "local" / "bin" / "ckptfs", os.X_OK)
     assert "link" not in r.stderr
+
+
+def test_make_demo_without_torch():
+    """The README's first command: its venv holds safetensors and numpy
+    only, so a fresh clone runs it in seconds once Go is there."""
+    r = subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "demo"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "loaded 21 tensors through the mount with safetensors; identical to the export" in r.stdout
+    assert "unmounted" in r.stdout
+    pkgs = subprocess.run([str(REPO / ".demo-venv" / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "torch" not in pkgs, pkgs
