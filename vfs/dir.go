@@ -47,17 +47,19 @@ func (d *Dir) name() string {
 // timeout), so the lookups of one `ls -l` do not each re-examine the
 // directory. A directory whose format could not be told (a Detect that
 // panicked) is a checkpoint with no format: see brokenErr.
-func (d *Dir) detect() (ckpt.Reader, bool) {
+func (d *Dir) detect() (ckpt.Reader, bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.format != nil || d.broken != nil {
-		return d.format, true
+		return d.format, true, nil
 	}
 	if time.Since(d.checked) < time.Second {
-		return nil, false
+		return nil, false, nil
 	}
-	format, ok, err := d.fsys.detect(d.name())
+	format, ok, err, failed := d.fsys.detect(d.name())
 	switch {
+	case failed != nil: // nothing learnt: asked again next time
+		return nil, false, failed
 	case err != nil:
 		d.broken = err
 	case ok:
@@ -65,7 +67,7 @@ func (d *Dir) detect() (ckpt.Reader, bool) {
 	default:
 		d.checked = time.Now()
 	}
-	return format, ok
+	return format, ok, nil
 }
 
 // brokenErr is why d's format could not be told, or nil.
@@ -119,7 +121,11 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 		return out, 0
 	}
 	var format ckpt.Reader // hides its internals
-	if f, ok := d.detect(); ok {
+	f, ok, err := d.detect()
+	if err != nil {
+		return nil, d.fsys.sourceErrno("detect", d.name(), err)
+	}
+	if ok {
 		format = f
 		var e *viewEntry
 		err := d.brokenErr()

@@ -193,8 +193,10 @@ func (f *FS) Root() *Dir {
 
 // detect returns the format of the checkpoint in the source directory dir.
 // A format's Detect that panics makes dir a checkpoint that cannot be shown
-// (err), not a crash of the mount.
-func (f *FS) detect(dir string) (format ckpt.Reader, ok bool, err error) {
+// (err), not a crash of the mount. A source that fails while the formats
+// look (a store that does not answer) is failed: then nothing is known of
+// dir, and the caller reports the failure.
+func (f *FS) detect(dir string) (format ckpt.Reader, ok bool, err, failed error) {
 	defer func() {
 		if r := recover(); r != nil {
 			format, ok, err = nil, true, f.internalError("detect "+f.tree.Path(dir), r)
@@ -206,10 +208,55 @@ func (f *FS) detect(dir string) (format ckpt.Reader, ok bool, err error) {
 	}
 	sub, err := source.Sub(f.tree, dir)
 	if err != nil {
-		return nil, false, nil
+		return nil, false, nil, nil
 	}
-	format, ok = layout.Detect(sub)
-	return format, ok, nil
+	tree := &stopAtFailure{Tree: sub}
+	format, ok = layout.Detect(tree)
+	if tree.failed != nil {
+		return nil, false, nil, tree.failed
+	}
+	return format, ok, nil, nil
+}
+
+// stopAtFailure is a tree that, once a call failed (source.IsFailure),
+// fails every later call with that error at once: each
+// format's Detect asks for a few names and takes a failure for "not mine",
+// so against a store that does not answer, a lookup would otherwise wait
+// out the store's retry budget once per format.
+type stopAtFailure struct {
+	source.Tree
+	failed error
+}
+
+func (t *stopAtFailure) check(err error) error {
+	if source.IsFailure(err) && t.failed == nil {
+		t.failed = err
+	}
+	return err
+}
+
+func (t *stopAtFailure) Open(name string) (source.File, error) {
+	if t.failed != nil {
+		return nil, t.failed
+	}
+	f, err := t.Tree.Open(name)
+	return f, t.check(err)
+}
+
+func (t *stopAtFailure) Stat(name string) (source.Info, error) {
+	if t.failed != nil {
+		return source.Info{}, t.failed
+	}
+	info, err := t.Tree.Stat(name)
+	return info, t.check(err)
+}
+
+func (t *stopAtFailure) ReadDir(name string) ([]source.Info, error) {
+	if t.failed != nil {
+		return nil, t.failed
+	}
+	ents, err := t.Tree.ReadDir(name)
+	return ents, t.check(err)
 }
 
 // internalError turns a recovered panic into the error of the one thing

@@ -94,3 +94,42 @@ func TestTreeReadOnly(t *testing.T) {
 	defer fsys.Close()
 	require.Nil(t, fsys.Stats().SourceIO, "a local tree counts no traffic")
 }
+
+// TestTreeMountGatewayFrozen: a real S3-compatible server (s3test) frozen (SIGSTOP)
+// under a mount. A read of a view file opened before fails with EIO within
+// one block's retry budget (not twice it: the kernel's second read of the
+// failed page is answered from the failure), and a lookup of a name not
+// seen before fails with EIO (never ENOENT) within a listing's budget.
+func TestTreeMountGatewayFrozen(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Bucket(t, "ckpts")
+	srv.Upload(t, "ckpts", "run/step", filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt"))
+	opts := s3.Options{MaxAttempts: 2, ReadTimeout: time.Second, MinRate: 1 << 30}
+	tree, err := s3.Open(context.Background(), "s3://ckpts/run", opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { tree.Close() })
+	fsys := newFS(t, "", func(o *Options) { o.Tree = tree; o.ReadDeadline = opts.Budget(1 << 20) })
+	mnt := testMount(t, fsys)
+	f, err := os.Open(filepath.Join(mnt, "step", "model.safetensors"))
+	require.NoError(t, err)
+	defer f.Close()
+
+	srv.Signal(t, syscall.SIGSTOP)
+	defer srv.Signal(t, syscall.SIGCONT)
+	budget := opts.Budget(1 << 20)
+	start := time.Now()
+	_, err = f.ReadAt(make([]byte, 4096), 0)
+	took := time.Since(start)
+	require.True(t, errors.Is(err, syscall.EIO), "read of a frozen gateway: %v", err)
+	require.Less(t, took, budget+time.Second, "the read failed within one block's budget (%v)", budget)
+
+	time.Sleep(s3.DefaultListTTL) // past the listing the open was answered from
+	start = time.Now()
+	_, err = os.Stat(filepath.Join(mnt, "not-seen-before"))
+	took = time.Since(start)
+	require.True(t, errors.Is(err, syscall.EIO), "lookup at a frozen gateway: %v", err)
+	// One listing's budget: the formats' detection stops at the first
+	// failure instead of waiting it out once per format (11 times before).
+	require.Less(t, took, opts.Budget(1<<20)+time.Second, "the lookup failed within one request's budget")
+	require.Positive(t, fsys.Stats().LookupErrors)
+}

@@ -156,8 +156,8 @@ func (d *Dir) writable() bool {
 	if d.fsys.targetOf(d.real) != nil {
 		return true
 	}
-	_, isCkpt := d.detect()
-	return !isCkpt
+	_, isCkpt, err := d.detect()
+	return err == nil && !isCkpt
 }
 
 // targetChildren lists a write target (see Dir.children): the files being

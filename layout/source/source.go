@@ -223,6 +223,14 @@ func IsMissing(err error) bool {
 		errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP)
 }
 
+// IsFailure reports whether err says the tree failed to answer (a store
+// that does not answer, auth, a local EACCES or EIO), not something about
+// the name: neither missing (IsMissing) nor a file that is there but cannot
+// be read as one (not regular, too large).
+func IsFailure(err error) bool {
+	return err != nil && !IsMissing(err) && !errors.Is(err, ErrNotRegular) && !errors.Is(err, ErrTooLarge)
+}
+
 // Stats count the traffic of a tree that fetches over a network (an object
 // store), and of a disk cache in front of one. A local tree has none.
 type Stats struct {
