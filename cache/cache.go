@@ -102,16 +102,6 @@ type Options struct {
 	MaxFills int
 }
 
-// DefaultOptions returns the documented defaults, read-ahead included.
-func DefaultOptions() Options {
-	return Options{
-		Size:      DefaultSize,
-		BlockSize: DefaultBlockSize,
-		ReadAhead: DefaultReadAhead,
-		Workers:   DefaultWorkers,
-	}
-}
-
 func (o Options) withDefaults() (Options, error) {
 	if o.Size < 0 || o.BlockSize < 0 || o.ReadAhead < 0 || o.Workers < 0 ||
 		o.QueueSize < 0 || o.BusyFills < 0 || o.Staging < 0 || o.MaxFills < 0 {

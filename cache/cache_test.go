@@ -781,7 +781,7 @@ func TestOptions(t *testing.T) {
 	assert.EqualValues(t, DefaultBlockSize, o.BlockSize)
 	assert.Zero(t, o.ReadAhead, "zero ReadAhead disables read-ahead")
 	assert.Equal(t, DefaultWorkers, o.Workers)
-	d := DefaultOptions()
+	d := defaultOptions()
 	assert.EqualValues(t, DefaultBlockSize, d.BlockSize)
 	assert.Equal(t, DefaultReadAhead, d.ReadAhead)
 	_, err = New(Options{Size: -1})
@@ -821,7 +821,7 @@ func BenchmarkSequentialRead(b *testing.B) {
 		size int64
 	}{{"cached", 128 << 20}, {"streaming", 16 << 20}} {
 		b.Run(bc.name, func(b *testing.B) {
-			o := DefaultOptions()
+			o := defaultOptions()
 			o.Size = bc.size
 			c := newTestCache(b, o)
 			buf := make([]byte, req)
@@ -852,7 +852,7 @@ func BenchmarkSequentialRead(b *testing.B) {
 func BenchmarkRandomRead(b *testing.B) {
 	const size, req = 64 << 20, 128 << 10
 	src := benchData(size)
-	o := DefaultOptions()
+	o := defaultOptions()
 	c := newTestCache(b, o)
 	b.SetBytes(req)
 	var seed atomic.Uint64
@@ -905,4 +905,9 @@ func TestSlicesStopWaitingWhenContextDone(t *testing.T) {
 	assert.Equal(t, src.data[testBS:testBS+10], pinned.Parts[0])
 	pinned.Release()
 	assert.EqualValues(t, 1, src.calls[1].Load(), "the abandoned fill served the next reader")
+}
+
+// defaultOptions are the documented defaults, read-ahead included.
+func defaultOptions() Options {
+	return Options{Size: DefaultSize, BlockSize: DefaultBlockSize, ReadAhead: DefaultReadAhead, Workers: DefaultWorkers}
 }

@@ -130,9 +130,6 @@ type Dict struct {
 	node
 }
 
-// NewDict returns an empty dict.
-func NewDict() *Dict { return &Dict{} }
-
 // Len is the number of items.
 func (d *Dict) Len() int {
 	if d == nil {

@@ -169,9 +169,9 @@ func TestSubStaysInBase(t *testing.T) {
 	assert.Error(t, err, "names in a subtree are local to it")
 	_, err = Sub(tree, "../outside")
 	assert.Error(t, err)
-	base, dir := Base(snap)
-	assert.Same(t, tree, base)
-	assert.Equal(t, "snap", dir)
+	s := snap.(*sub)
+	assert.Same(t, tree, s.base)
+	assert.Equal(t, "snap", s.dir)
 }
 
 // An in-place rewrite of the same size with the mtime put back (rsync

@@ -143,15 +143,6 @@ func Sub(t Tree, dir string) (Tree, error) {
 	return &sub{base: t, dir: dir}, nil
 }
 
-// Base returns the tree t is a subtree of and the directory it is rooted at
-// ("." when t is not a subtree).
-func Base(t Tree) (Tree, string) {
-	if s, ok := t.(*sub); ok {
-		return s.base, s.dir
-	}
-	return t, "."
-}
-
 type sub struct {
 	base Tree
 	dir  string
