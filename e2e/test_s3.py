@@ -135,7 +135,9 @@ def reference(s3, tmp_path, name="big"):
 
 def test_server_stopped_mid_read(s3, tmp_path, mount):
     ref = reference(s3, tmp_path)
-    m = mount("s3://ckpts/run", "--read-timeout", "1s", "--max-attempts", "2", "--block-size", "1MiB", "--prefetch", "0")
+    # One attempt of 2 s, no backoff: a failed read takes 2 s, twice that
+    # if asked again.
+    m = mount("s3://ckpts/run", "--read-timeout", "2s", "--max-attempts", "1", "--block-size", "1MiB", "--prefetch", "0")
     view = m.mnt / "big" / "model.safetensors"
     want = (ref / "model.safetensors").read_bytes()
     with open(view, "rb", buffering=0) as f:
@@ -147,9 +149,9 @@ def test_server_stopped_mid_read(s3, tmp_path, mount):
                 while f.read(1 << 20):  # past what the kernel read ahead
                     pass
             assert e.value.errno == errno.EIO
-            # Within the retry budget (2 attempts of 1 s), not twice it: the
-            # kernel reads a page whose read-ahead failed again at once, and
-            # that read fails without asking the store again.
+            # Within the retry budget, not twice it: the kernel reads a page
+            # whose read-ahead failed again at once, and that read fails
+            # without asking the store again.
             took = time.time() - start
             assert took < 3, f"a stopped server fails reads within the retry budget: {took:.1f} s"
         finally:
