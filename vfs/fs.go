@@ -4,6 +4,28 @@
 // writable mount, directories created with mkdir are write targets whose
 // files are spooled and committed into DCP checkpoints (write.go). It holds
 // no format or plan logic; that lives in layout.
+//
+// How a read of a view file flows. The kernel keeps a view file's pages
+// (views never change) and reads ahead of a reader up to the mount's
+// read_ahead_kb, with up to 64 requests in the background (mount.go). Each
+// READ reaches viewHandle.Read, which takes one of two paths, fixed by the
+// source:
+//   - a local source (direct reads, the default): layout.File.ReadAt
+//     assembles the range in the reply buffer from the shards, one pread per
+//     chunk it touches (layout has the geometry of stored, sharded, mapped
+//     and cast tensors); each shard read is checked afterwards (an in-place
+//     rewrite reads as EIO), and the shard pages read are dropped in batches
+//     (layout/source/local.go), so the bytes are cached once, in the view's
+//     pages;
+//   - an object store (or --direct-reads=false): the block cache (package
+//     cache) fills each block once however many readers wait for it, reads
+//     ahead of sequential handles, and the reply is written from its blocks
+//     without a copy; a read stops at a FUSE INTERRUPT (EINTR) or at its
+//     deadline (EIO), and a block whose fill just failed fails again for a
+//     second without a request.
+//
+// With --prefill, a view file is streamed into the page cache once a loader
+// reads its tensors (prefill.go).
 package vfs
 
 import (
