@@ -11,9 +11,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
-	"github.com/ckptfs/ckptfs/layout/megatron"
 	"github.com/ckptfs/ckptfs/layout/source"
-	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -313,22 +311,13 @@ func splitFiles(c *ckpt.Checkpoint, ts []viewTensor, maxSize int64) [][]viewTens
 	return groups
 }
 
-// newestModTime is the view's mtime: that of the checkpoint's index file,
-// else of its directory.
+// newestModTime is the view's mtime: the checkpoint's (its index file's),
+// else its directory's.
 func newestModTime(c *ckpt.Checkpoint) time.Time {
-	tree := c.Files.Tree()
-	var newest time.Time
-	for _, name := range []string{torchdcp.MetadataFile, megatron.ConfigFile} {
-		if info, err := tree.Stat(name); err == nil && info.ModTime.After(newest) {
-			newest = info.ModTime
-		}
+	if !c.ModTime.IsZero() {
+		return c.ModTime
 	}
-	if newest.IsZero() {
-		if info, err := tree.Stat("."); err == nil {
-			newest = info.ModTime
-		}
-	}
-	return newest
+	return source.ModTime(c.Files.Tree(), ".")
 }
 
 // findSidecars finds HF sidecar files in the checkpoint directory, in its

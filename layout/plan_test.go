@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -212,4 +214,53 @@ func TestHFConfigFallback(t *testing.T) {
 	require.NotNil(t, v.Lookup("config.json"))
 	require.NotNil(t, v.Lookup("tokenizer.json"))
 	require.Nil(t, v.Lookup("train_state.pt"))
+}
+
+// A view's files carry the time the checkpoint was written: that of its
+// index file (DCP's .metadata; for Megatron, the newer of that and
+// metadata.json), which each format reader reports, else its directory's.
+func TestViewModTimeIsTheIndexFiles(t *testing.T) {
+	at := func(s int64) time.Time { return time.Unix(1_700_000_000+s, 0) }
+	mtimes := func(t *testing.T, dir string) []time.Time {
+		c, err := Open(dir)
+		require.NoError(t, err)
+		defer c.Close()
+		v, err := Plan(c, PlanOptions{})
+		require.NoError(t, err)
+		defer v.closeExtra()
+		var out []time.Time
+		for _, f := range v.Files {
+			if f.Kind != KindPassthrough {
+				out = append(out, f.ModTime.UTC())
+			}
+		}
+		require.NotEmpty(t, out)
+		return out
+	}
+	t.Run("dcp", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "ck")
+		copyFixture(t, "sample", dir)
+		require.NoError(t, os.Chtimes(filepath.Join(dir, ".metadata"), at(1), at(1)))
+		require.NoError(t, os.Chtimes(dir, at(9), at(9)))
+		for _, m := range mtimes(t, dir) {
+			assert.Equal(t, at(1).UTC(), m)
+		}
+	})
+	t.Run("megatron", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "ck")
+		require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("..", "testdata", "megatron_gpt_llama_tp2", "ckpt", "iter_0000010"))))
+		require.NoError(t, os.Chtimes(filepath.Join(dir, ".metadata"), at(1), at(1)))
+		require.NoError(t, os.Chtimes(filepath.Join(dir, "metadata.json"), at(2), at(2)))
+		for _, m := range mtimes(t, dir) {
+			assert.Equal(t, at(2).UTC(), m)
+		}
+	})
+	t.Run("no index file", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "ck")
+		require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("..", "testdata", "hf_sharded", "ckpt"))))
+		require.NoError(t, os.Chtimes(dir, at(5), at(5)))
+		for _, m := range mtimes(t, dir) {
+			assert.Equal(t, at(5).UTC(), m)
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -74,6 +75,10 @@ type Checkpoint struct {
 	Passthrough []string
 	// Parts are checkpoints this one merges (pipeline stages), closed with it.
 	Parts []*Checkpoint
+	// ModTime is when the checkpoint was written, where its format keeps an
+	// index file that says so (DCP's .metadata, Megatron's metadata.json: the
+	// newest); zero otherwise, and a view takes its directory's.
+	ModTime time.Time
 	// Args are the training arguments the checkpoint records (Megatron-LM's
 	// common.pt args): scalar values by name.
 	Args map[string]any

@@ -97,6 +97,9 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 		ck.Warnings = append(ck.Warnings, err.Error())
 	}
 	ck.Args = cs.args
+	if t := source.ModTime(dir, ConfigFile); t.After(ck.ModTime) {
+		ck.ModTime = t
+	}
 	if cs.singleton {
 		if err := stackSingletons(ck); err != nil {
 			ck.Close()

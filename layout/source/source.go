@@ -104,6 +104,16 @@ func Exists(t Tree, name string) bool {
 	return err == nil || errors.Is(err, ErrEscapes)
 }
 
+// ModTime is the modification time of name in t; zero when it cannot be
+// told.
+func ModTime(t Tree, name string) time.Time {
+	info, err := t.Stat(name)
+	if err != nil {
+		return time.Time{}
+	}
+	return info.ModTime
+}
+
 // ReadFile reads the whole regular file name, refusing files larger than
 // limit bytes. Small documents (JSON sidecars, .metadata) are read with it.
 func ReadFile(t Tree, name string, limit int64) ([]byte, error) {

@@ -78,7 +78,11 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 	}
-	return build(dir, m, opts)
+	c, err := build(dir, m, opts)
+	if err == nil {
+		c.ModTime = source.ModTime(dir, MetadataFile)
+	}
+	return c, err
 }
 
 // build turns decoded metadata into a checkpoint, checking it against the
