@@ -190,9 +190,16 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 // the kernel sends one for a lookup or listing interrupted by a signal
 // (timeout(1), Ctrl-C), which would otherwise wait out the store's retry
 // budget. fn runs on, bounded by that budget, and its answer is dropped. A
-// local source answers inline.
+// local source answers inline, and so does every call while maxDetached
+// calls run on (interrupted calls repeated against a store that does not
+// answer would otherwise add a goroutine each).
 func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errno)) (T, syscall.Errno) {
 	if f.local != nil || ctx.Done() == nil {
+		return fn()
+	}
+	select {
+	case detached <- struct{}{}:
+	default:
 		return fn()
 	}
 	type answer struct {
@@ -206,6 +213,7 @@ func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errn
 			if v := recover(); v != nil {
 				a.errno = toErrno(f.log, "lookup", f.internalError("lookup", v))
 			}
+			<-detached
 			ch <- a
 		}()
 		a.v, a.errno = fn()
@@ -218,6 +226,12 @@ func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errn
 		return zero, syscall.EINTR
 	}
 }
+
+// detached bounds the source calls of interruptibly running on their own
+// goroutines, process-wide.
+var detached = make(chan struct{}, maxDetached)
+
+const maxDetached = 64
 
 // sourceEntries lists the source directory, or with only != "" just that
 // entry (a lookup costs one stat, not a listing). Symlinks show as what

@@ -1,6 +1,7 @@
 package vfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -188,4 +189,23 @@ func TestStatsFileWithoutTheSource(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(mnt, statsName))
 	require.NoError(t, err)
 	require.Contains(t, string(b), `"lookup_errors": 0`)
+}
+
+// A source call is left running on its own goroutine at an INTERRUPT, but
+// no more than maxDetached at once: past that the caller waits for it.
+func TestInterruptiblyBoundsDetachedCalls(t *testing.T) {
+	f := &FS{log: discard} // a remote source: no local tree
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // interrupted before it starts
+	release := make(chan struct{})
+	_, errno := interruptibly(ctx, f, func() (int, syscall.Errno) { <-release; return 1, 0 })
+	require.Equal(t, syscall.EINTR, errno, "an interrupted call answers EINTR at once")
+	for range maxDetached - 1 {
+		interruptibly(ctx, f, func() (int, syscall.Errno) { <-release; return 1, 0 })
+	}
+	v, errno := interruptibly(ctx, f, func() (int, syscall.Errno) { return 2, 0 })
+	require.Equal(t, syscall.Errno(0), errno, "with maxDetached calls running on, a call runs in the caller")
+	require.Equal(t, 2, v)
+	close(release)
+	require.Eventually(t, func() bool { return len(detached) == 0 }, 5*time.Second, time.Millisecond)
 }
