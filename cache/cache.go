@@ -221,6 +221,9 @@ type Cache struct {
 
 	// failed remembers the blocks whose foreground fill failed lately.
 	failed failures
+	// detached holds a token per wait for a fill that runs on after its
+	// reader stopped waiting (getBlockCtx).
+	detached chan struct{}
 
 	fgFills   atomic.Int64  // foreground-led fills in flight
 	fillSlots chan struct{} // one token per foreground fill in flight (MaxFills)
@@ -260,6 +263,7 @@ func New(opts Options) (*Cache, error) {
 		keyFn:     blockKey,
 		stop:      make(chan struct{}),
 		fillSlots: make(chan struct{}, o.MaxFills),
+		detached:  make(chan struct{}, maxDetached),
 		bufs:      &buffers{size: o.BlockSize, limit: int64(o.MaxFills+o.readAheadWorkers()) * o.BlockSize},
 	}
 	c.pcond = sync.NewCond(&c.pmu)
@@ -512,6 +516,10 @@ func (c *Cache) hit(f *file, idx int64) (*block, bool) {
 	return c.used(b), true
 }
 
+// maxDetached bounds the waits for fills that run on after their reader
+// left (getBlockCtx).
+const maxDetached = 64
+
 // getBlockCtx is getBlock for a reader that stops waiting once ctx is done,
 // returning context.Cause(ctx). A miss is then waited for on a goroutine
 // of its own, which holds its own read lock, so that Close still waits for
@@ -526,9 +534,18 @@ func (c *Cache) getBlockCtx(ctx context.Context, f *file, idx int64) (*block, er
 	if err := context.Cause(ctx); err != nil {
 		return nil, err
 	}
-	// Not RLock: a second read lock waits behind a Close that is waiting
-	// for the first. Then Close is under way: wait for the fill here.
+	// At most maxDetached waits run on after their reader left (interrupted
+	// reads repeated at a store that does not answer would add one each);
+	// past that a reader waits for its fill. Not RLock: a second read lock
+	// waits behind a Close that is waiting for the first; then Close is
+	// under way: wait for the fill here.
+	select {
+	case c.detached <- struct{}{}:
+	default:
+		return c.getBlock(f, idx)
+	}
 	if !c.mu.TryRLock() {
+		<-c.detached
 		return c.getBlock(f, idx)
 	}
 	type got struct {
@@ -537,6 +554,7 @@ func (c *Cache) getBlockCtx(ctx context.Context, f *file, idx int64) (*block, er
 	}
 	ch := make(chan got, 1)
 	go func() {
+		defer func() { <-c.detached }()
 		defer c.mu.RUnlock()
 		b, err := c.getBlock(f, idx)
 		ch <- got{b, err}

@@ -911,3 +911,39 @@ func TestSlicesStopWaitingWhenContextDone(t *testing.T) {
 func defaultOptions() Options {
 	return Options{Size: DefaultSize, BlockSize: DefaultBlockSize, ReadAhead: DefaultReadAhead, Workers: DefaultWorkers}
 }
+
+// No more than maxDetached waits run on after their readers left: past
+// that, a reader waits for its fill whatever its context says.
+func TestDetachedWaitsAreBounded(t *testing.T) {
+	const size = 4 * testBS
+	src := newMemSource(size, 8)
+	release := src.hold(1)
+	c := newTestCache(t, Options{})
+	h := c.Open(6, src, size)
+	soon := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	for range maxDetached {
+		_, err := h.Slices(soon(), testBS, 10)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
+	require.Len(t, c.detached, maxDetached)
+	done := make(chan error, 1)
+	go func() {
+		p, err := h.Slices(soon(), testBS, 10)
+		if err == nil {
+			p.Release()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("returned before the fill: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	require.NoError(t, <-done, "with maxDetached waits running on, the reader waited for its fill")
+	require.Eventually(t, func() bool { return len(c.detached) == 0 }, 5*time.Second, time.Millisecond)
+}
