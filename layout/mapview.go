@@ -80,8 +80,9 @@ func (v *View) mapTensors(selected []named, sidecars []*File, opts PlanOptions) 
 // model: the config wins where both say something.
 func (v *View) model(sidecars []*File) (mapping.Model, error) {
 	var m mapping.Model
-	if args := v.Checkpoint.Args; args != nil {
-		m = mapping.FromMegatronArgs(args)
+	if r := v.Checkpoint.Record; r != nil {
+		p, tied, notes := r.Params()
+		m = mapping.Model{Params: p, Tied: tied, From: r.Source(), Notes: notes}
 	}
 	for _, f := range sidecars {
 		if f.Name != configName {
@@ -116,7 +117,8 @@ func (v *View) generatedConfig(sidecars []*File, mtime time.Time) *File {
 			return newBytesFile(InfoName, []byte(w+"\n"), mtime)
 		}
 	}
-	if v.Mapping == "" || v.Checkpoint.Args == nil {
+	r := v.Checkpoint.Record
+	if v.Mapping == "" || r == nil {
 		return nil
 	}
 	for _, f := range sidecars {
@@ -124,8 +126,7 @@ func (v *View) generatedConfig(sidecars []*File, mtime time.Time) *File {
 			return nil
 		}
 	}
-	m := mapping.FromMegatronArgs(v.Checkpoint.Args)
-	b, err := mapping.MegatronHFConfig(v.Checkpoint.Args, m.Params["vocab"], v.Mapping)
+	b, err := r.HFConfig(v.Mapping)
 	if err != nil {
 		v.Warnings = append(v.Warnings, "no config.json for the view: "+err.Error()+" (pass --hf-config DIR)")
 		return nil

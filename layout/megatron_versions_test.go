@@ -45,7 +45,7 @@ func TestMegatronCore019ViewEqualsMegatronCore016(t *testing.T) {
 	assert.Equal(t, "megatron-gpt", vOld.Mapping)
 	assert.Equal(t, "megatron-gpt", vCur.Mapping)
 	assert.Equal(t, vOld.Warnings, vCur.Warnings)
-	assert.Equal(t, vOld.Checkpoint.Args, vCur.Checkpoint.Args)
+	assert.Equal(t, vOld.Checkpoint.Record, vCur.Checkpoint.Record)
 	require.NotNil(t, cur["config.json"], "0.19.2 view has a config.json made from the args")
 	require.Equal(t, sortedKeys(old), sortedKeys(cur))
 	for name, b := range old {

@@ -654,7 +654,7 @@ func viewDigest(seed maphash.Seed, v *layout.View) uint64 {
 			}
 		}
 	}
-	str(fmt.Sprint(c.Args)) // maps print sorted
+	str(fmt.Sprint(c.Record)) // Megatron args: a map, printed sorted
 	return h.Sum64()
 }
 

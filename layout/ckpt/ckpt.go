@@ -79,12 +79,29 @@ type Checkpoint struct {
 	// index file that says so (DCP's .metadata, Megatron's metadata.json: the
 	// newest); zero otherwise, and a view takes its directory's.
 	ModTime time.Time
-	// Args are the training arguments the checkpoint records (Megatron-LM's
-	// common.pt args): scalar values by name.
-	Args map[string]any
+	// Record is what the checkpoint records of its model beside its tensors
+	// (Megatron-LM's training arguments), as its format reads it; nil when
+	// it records nothing.
+	Record ModelRecord
 	// Warnings are problems that do not stop the checkpoint from being
 	// shown (an unreadable common.pt, say), one line each.
 	Warnings []string
+}
+
+// ModelRecord is what a checkpoint records of its model beside its
+// tensors, read by its format: the sizes a mapping needs and the HF
+// config.json of the model.
+type ModelRecord interface {
+	// Params are the model's sizes by the mapping language's names (heads,
+	// kv_heads, head_dim, hidden, vocab, layers, ffn; a name missing is not
+	// known), whether the output projection is tied to the input
+	// embeddings, and what was assumed, one line each.
+	Params() (params map[string]int64, tied bool, notes []string)
+	// HFConfig writes the HF config.json of the model as the built-in
+	// mapping named spec shows it; an error says what HF cannot express.
+	HFConfig(spec string) ([]byte, error)
+	// Source says where it was read from, for inspect.
+	Source() string
 }
 
 // Close releases every open shard file.

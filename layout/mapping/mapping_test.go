@@ -332,20 +332,4 @@ func TestDetectMoE(t *testing.T) {
 	assert.Len(t, res.Tensors, 1+2*(1+3+1+1+1+1+1+3*3)+1) // embed, per layer: norm, q/k/v, q/k norms, o, norm, gate, 3 experts × 3; norm
 	assert.Equal(t, "model.layers.1.mlp.experts.2.down_proj.weight", res.Tensors[len(res.Tensors)-2].Name)
 
-	args := map[string]any{"swiglu": true, "normalization": "RMSNorm", "position_embedding_type": "rope",
-		"num_attention_heads": int64(2), "hidden_size": int64(4), "num_layers": int64(2), "ffn_hidden_size": int64(6),
-		"kv_channels": int64(2), "num_experts": int64(3), "moe_router_topk": int64(2), "moe_ffn_hidden_size": int64(3)}
-	b, err := MegatronHFConfig(args, 8, "megatron-mixtral")
-	require.NoError(t, err)
-	assert.Contains(t, string(b), `"MixtralForCausalLM"`)
-	assert.Contains(t, string(b), `"num_local_experts": 3`)
-	assert.Contains(t, string(b), `"intermediate_size": 3`)
-	args["qk_layernorm"] = true
-	b, err = MegatronHFConfig(args, 8, "megatron-qwen-moe")
-	require.NoError(t, err)
-	assert.Contains(t, string(b), `"Qwen3MoeForCausalLM"`)
-	assert.Contains(t, string(b), `"norm_topk_prob": true`)
-	args["moe_router_score_function"] = "sigmoid"
-	_, err = MegatronHFConfig(args, 8, "megatron-qwen-moe")
-	assert.ErrorContains(t, err, "scores by sigmoid")
 }

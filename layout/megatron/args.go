@@ -78,7 +78,7 @@ func commonStateOf(c *ckpt.Checkpoint) (common, error) {
 // common is what ckptfs reads of the common state.
 type common struct {
 	// args are the scalar training arguments, by name.
-	args map[string]any
+	args Args
 	// singleton says keys were saved per layer and per expert (the
 	// content_metadata flag singleton_local_shards): see stackSingletons.
 	singleton bool

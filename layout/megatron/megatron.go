@@ -96,7 +96,9 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	if err != nil {
 		ck.Warnings = append(ck.Warnings, err.Error())
 	}
-	ck.Args = cs.args
+	if cs.args != nil {
+		ck.Record = cs.args
+	}
 	if t := source.ModTime(dir, ConfigFile); t.After(ck.ModTime) {
 		ck.ModTime = t
 	}

@@ -158,9 +158,9 @@ func TestCommonStateArgs(t *testing.T) {
 	require.NoError(t, err)
 	defer cur.Close()
 	assert.Empty(t, cur.Warnings)
-	require.NotEmpty(t, old.Args)
-	assert.Equal(t, old.Args, cur.Args)
-	assert.Equal(t, int64(4), cur.Args["num_attention_heads"])
+	require.NotEmpty(t, old.Record)
+	assert.Equal(t, old.Record, cur.Record)
+	assert.Equal(t, int64(4), cur.Record.(Args)["num_attention_heads"])
 
 	args, err := CommonStateArgs(old)
 	require.NoError(t, err)

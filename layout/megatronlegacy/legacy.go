@@ -133,7 +133,7 @@ func build(c *ckpt.Checkpoint, dir source.Tree) error {
 	if r0.args == nil {
 		return fmt.Errorf("%s: no args (the parallel sizes come from them)", dir.Path(r0.rel))
 	}
-	c.Args = r0.args
+	c.Record = megatron.Args(r0.args)
 	tp, err1 := argInt(r0.args, "tensor_model_parallel_size", 1)
 	pp, err2 := argInt(r0.args, "pipeline_model_parallel_size", 1)
 	layers, err3 := argInt(r0.args, "num_layers", -1)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/megatron"
 )
 
 // copyCase copies testdata/<name>/ckpt/iter_0000010 to a temp dir.
@@ -34,7 +35,7 @@ func TestOpenFixtures(t *testing.T) {
 		require.Equal(t, []int64{tc.layers, 192, 48}, byName["decoder.layers.mlp.linear_fc1.weight"].Shape)
 		require.Equal(t, []int64{tc.layers, 48, 48}, byName["decoder.layers.self_attention.linear_proj.weight"].Shape)
 		require.Equal(t, []int64{128, 48}, byName["embedding.word_embeddings.weight"].Shape)
-		require.EqualValues(t, 2, c.Args["tensor_model_parallel_size"])
+		require.EqualValues(t, 2, c.Record.(megatron.Args)["tensor_model_parallel_size"])
 		var skipped []string
 		for _, s := range c.Skipped {
 			skipped = append(skipped, s.Name)

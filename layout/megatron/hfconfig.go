@@ -1,19 +1,19 @@
-package mapping
+package megatron
 
 import (
 	"encoding/json"
 	"fmt"
 )
 
-// MegatronHFConfig writes the HF config.json of a Megatron-Core GPT model
-// from the arguments its checkpoint stores, for the view the built-in
-// mapping named spec made: LlamaForCausalLM, or Qwen2ForCausalLM when
+// HFConfig writes the HF config.json of a Megatron-Core GPT model from the
+// arguments its checkpoint stores, for the view the built-in mapping named
+// spec made: LlamaForCausalLM, or Qwen2ForCausalLM when
 // Q/K/V have biases, or Qwen3ForCausalLM with QK norms; with MoE layers
 // MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM. It
 // refuses (with the reason) what those classes cannot express exactly:
 // another activation or norm, learned positions, RoPE scaling, biases on
 // other linears, routing HF does not do.
-func MegatronHFConfig(args map[string]any, vocab int64, spec string) ([]byte, error) {
+func (args Args) HFConfig(spec string) ([]byte, error) {
 	str := func(k string) string { s, _ := args[k].(string); return s }
 	flag := func(k string) bool { b, _ := args[k].(bool); return b }
 	num := func(k string) (int64, bool) { v, ok := args[k].(int64); return v, ok && v > 0 }
@@ -34,17 +34,17 @@ func MegatronHFConfig(args map[string]any, vocab int64, spec string) ([]byte, er
 	if p, ok := args["rotary_percent"].(float64); ok && p != 1 {
 		return nil, fmt.Errorf("rotary_percent %g is not 1", p)
 	}
-	m := FromMegatronArgs(args)
+	p, tied, _ := args.Params()
 	cfg := map[string]any{
-		"hidden_size":           m.Params["hidden"],
-		"intermediate_size":     m.Params["ffn"],
-		"num_hidden_layers":     m.Params["layers"],
-		"num_attention_heads":   m.Params["heads"],
-		"num_key_value_heads":   m.Params["kv_heads"],
-		"head_dim":              m.Params["head_dim"],
-		"vocab_size":            vocab,
+		"hidden_size":           p["hidden"],
+		"intermediate_size":     p["ffn"],
+		"num_hidden_layers":     p["layers"],
+		"num_attention_heads":   p["heads"],
+		"num_key_value_heads":   p["kv_heads"],
+		"head_dim":              p["head_dim"],
+		"vocab_size":            p["vocab"],
 		"hidden_act":            "silu",
-		"tie_word_embeddings":   m.Tied,
+		"tie_word_embeddings":   tied,
 		"torch_dtype":           "float32",
 		"attention_dropout":     0.0,
 		"use_cache":             true,
@@ -56,7 +56,7 @@ func MegatronHFConfig(args map[string]any, vocab int64, spec string) ([]byte, er
 		}
 	}
 	for _, k := range []string{"hidden", "ffn", "layers", "heads", "kv_heads", "head_dim"} {
-		if _, ok := m.Params[k]; !ok {
+		if _, ok := p[k]; !ok {
 			return nil, fmt.Errorf("%s is not recorded", k)
 		}
 	}
