@@ -144,8 +144,9 @@ func TestHandleKeepsEvictedViewOpen(t *testing.T) {
 		requireSameFiles(t, ref, filepath.Join(mnt, step(i)))
 	}
 	fsys.mu.Lock()
-	require.Nil(t, inst.elem, "evicted from the LRU")
+	elem := inst.elem
 	fsys.mu.Unlock()
+	require.Nil(t, elem, "evicted from the LRU")
 	require.False(t, inst.dead.Load(), "but not closed: a handle holds it")
 
 	require.True(t, bytes.Equal(want, readAll(t, held)))
@@ -172,9 +173,13 @@ func TestChangedWhileEvictedGivesEIO(t *testing.T) {
 				requireSameFiles(t, ref, filepath.Join(mnt, step(i)))
 			}
 			e := fsys.view(step(0), nil)
-			fsys.mu.Lock()
-			require.Nil(t, e.inst, "step_00 was evicted and closed")
-			fsys.mu.Unlock()
+			// Closed once the kernel's RELEASE of its last handle, which
+			// comes after close(2) returns, has arrived.
+			require.Eventually(t, func() bool {
+				fsys.mu.Lock()
+				defer fsys.mu.Unlock()
+				return e.inst == nil
+			}, 5*time.Second, 5*time.Millisecond, "step_00 was evicted and closed")
 
 			shards, err := filepath.Glob(filepath.Join(root, step(0), "*.distcp"))
 			require.NoError(t, err)
