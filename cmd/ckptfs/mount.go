@@ -271,7 +271,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	}
 	// Mounted: from here every way out ends the mount, and the watchdog
 	// ends it (this one only) if the process dies first.
-	own, err := findCkptfsMount(mnt)
+	own, err := findOwnMount(mnt)
 	wd := &watchdog{}
 	if err == nil {
 		wd = startWatchdog(mnt, own, log)

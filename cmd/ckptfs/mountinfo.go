@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 )
@@ -85,4 +86,20 @@ func findCkptfsMount(mnt string) (mountEntry, error) {
 		return e, fmt.Errorf("%s: not a ckptfs mount (%s)", mnt, e.fstype)
 	}
 	return e, nil
+}
+
+// findOwnMount finds the mount this process has just made at mnt. The
+// kernel hands out mountinfo a page at a time, and an entry can be missed
+// while other mounts come and go between the pages (seen under the tests'
+// concurrent mounts): not finding a mount known to be there is asked again
+// for a while before it is an error.
+func findOwnMount(mnt string) (mountEntry, error) {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		e, err := findCkptfsMount(mnt)
+		if err == nil || time.Now().After(deadline) {
+			return e, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
