@@ -135,9 +135,9 @@ def reference(s3, tmp_path, name="big"):
 
 def test_server_stopped_mid_read(s3, tmp_path, mount):
     ref = reference(s3, tmp_path)
-    # One attempt of 2 s, no backoff: a failed read takes 2 s, twice that
+    # One attempt of 3 s, no backoff: a failed read takes 3 s, twice that
     # if asked again.
-    m = mount("s3://ckpts/run", "--read-timeout", "2s", "--max-attempts", "1", "--block-size", "1MiB", "--prefetch", "0")
+    m = mount("s3://ckpts/run", "--read-timeout", "3s", "--max-attempts", "1", "--block-size", "1MiB", "--prefetch", "0")
     view = m.mnt / "big" / "model.safetensors"
     want = (ref / "model.safetensors").read_bytes()
     with open(view, "rb", buffering=0) as f:
@@ -153,7 +153,7 @@ def test_server_stopped_mid_read(s3, tmp_path, mount):
             # whose read-ahead failed again at once, and that read fails
             # without asking the store again.
             took = time.time() - start
-            assert took < 3, f"a stopped server fails reads within the retry budget: {took:.1f} s"
+            assert took < 4.5, f"a stopped server fails reads within the retry budget: {took:.1f} s"
         finally:
             s3.cont()
         # Nothing failed stays failed: once the reads still in flight at the
