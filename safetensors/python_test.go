@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/internal/testenv"
 )
 
 // TestPythonFiles reads files written by the real Python safetensors library
@@ -69,29 +71,12 @@ func TestPythonFiles(t *testing.T) {
 	}
 }
 
-// pythonPath finds a Python with safetensors: $CKPTFS_PYTHON, else the e2e
-// virtual environment.
-func pythonPath(t *testing.T) string {
-	t.Helper()
-	py := os.Getenv("CKPTFS_PYTHON")
-	if py == "" {
-		py = filepath.Join("..", "e2e", ".venv", "bin", "python")
-	}
-	if err := exec.Command(py, "-c", "import safetensors").Run(); err != nil {
-		if os.Getenv("CKPTFS_REQUIRE_PYTHON") == "1" {
-			t.Fatalf("CKPTFS_REQUIRE_PYTHON=1 but %s cannot import safetensors: %v", py, err)
-		}
-		t.Skipf("no Python with safetensors at %s (set CKPTFS_PYTHON; CKPTFS_REQUIRE_PYTHON=1 makes this a failure): %v", py, err)
-	}
-	return py
-}
-
 // TestPythonAgrees runs every golden file through the real Python loader and
 // checks that it accepts exactly the files the golden table says it does:
 // everything ReadHeader accepts, plus the cases where this package is
 // deliberately stricter.
 func TestPythonAgrees(t *testing.T) {
-	py := pythonPath(t)
+	py := testenv.Python(t, "safetensors")
 	args := []string{filepath.Join("testdata", "check_python.py")}
 	want := map[string]bool{}
 	for _, g := range goldens {

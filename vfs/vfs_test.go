@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout"
 )
 
@@ -466,12 +467,7 @@ func TestMountStaysInsideSource(t *testing.T) {
 // many requests in the background as that takes (max_background): at
 // go-fuse's 12, a read-ahead window past 12 MiB stalled every reader.
 func TestMountReadAheadAndBackground(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CKPTFS_REQUIRE_SYSTEM") == "1" {
-			t.Fatal("CKPTFS_REQUIRE_SYSTEM=1 but not root: read_ahead_kb and fusectl are root's")
-		}
-		t.Skip("read_ahead_kb and fusectl are root's (CKPTFS_REQUIRE_SYSTEM=1 turns this skip into a failure)")
-	}
+	testenv.RequireSystem(t, os.Geteuid() == 0, "root (read_ahead_kb and fusectl are root's)")
 	mnt := t.TempDir()
 	server, err := Mount(mnt, newFS(t, fixture(t, "sample")), MountOptions{ReadAheadKB: DefaultReadAhead >> 10})
 	require.NoError(t, err)

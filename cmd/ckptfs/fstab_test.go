@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/internal/testenv"
 )
 
 // TestMountSourceIsAsGiven: mountinfo names a mount's source as the user
@@ -29,13 +31,13 @@ func TestMountSourceIsAsGiven(t *testing.T) {
 // directory holding a `ckptfs` link to this test binary (TestMain runs it
 // as the command) at /usr/local/sbin.
 func TestMountAllMountsOnce(t *testing.T) {
-	requireSystem(t, os.Getuid() == 0, "root (mount(8) and a mount namespace)")
+	testenv.RequireSystem(t, os.Getuid() == 0, "root (mount(8) and a mount namespace)")
 	for _, tool := range []string{"unshare", "mount", "umount"} {
 		_, err := exec.LookPath(tool)
-		requireSystem(t, err == nil, tool+" (util-linux)")
+		testenv.RequireSystem(t, err == nil, tool+" (util-linux)")
 	}
 	_, err := os.Stat("/sbin/mount.fuse3")
-	requireSystem(t, err == nil, "fuse3's /sbin/mount.fuse3")
+	testenv.RequireSystem(t, err == nil, "fuse3's /sbin/mount.fuse3")
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	tmp := t.TempDir()
@@ -69,18 +71,4 @@ while umount "$3" 2>/dev/null; do :; done`
 	}
 	require.Len(t, mounts, 1, "%s\nlog:\n%s", strings.Join(mounts, "\n"), log)
 	require.Contains(t, mounts[0], " - fuse.ckptfs "+src+" ")
-}
-
-// requireSystem fails the test when the system lacks what it needs (ok
-// false) where make test runs it (CKPTFS_REQUIRE_SYSTEM=1, as root on a
-// machine with util-linux and fuse3), and skips it elsewhere.
-func requireSystem(t *testing.T, ok bool, what string) {
-	t.Helper()
-	switch {
-	case ok:
-	case os.Getenv("CKPTFS_REQUIRE_SYSTEM") == "1":
-		t.Fatalf("CKPTFS_REQUIRE_SYSTEM=1 but %s is missing", what)
-	default:
-		t.Skipf("%s is needed (CKPTFS_REQUIRE_SYSTEM=1 turns this skip into a failure)", what)
-	}
 }

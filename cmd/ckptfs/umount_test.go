@@ -11,13 +11,15 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/internal/testenv"
 )
 
 // mountTmpfs mounts a tmpfs at dir (root only) until the test ends.
 func mountTmpfs(t *testing.T, dir string) {
 	t.Helper()
 	err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m")
-	requireSystem(t, err == nil, fmt.Sprintf("mounting a tmpfs (%v)", err))
+	testenv.RequireSystem(t, err == nil, fmt.Sprintf("mounting a tmpfs (%v)", err))
 	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
 }
 

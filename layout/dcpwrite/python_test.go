@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout/internal/torchpy"
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -18,7 +18,7 @@ import (
 // check them with testdata/check_load.py: read_metadata, dcp.load into plain
 // tensors, and dcp_to_torch_save.
 func TestTorchLoads(t *testing.T) {
-	py := torchpy.Python(t, "torch.distributed.checkpoint")
+	py := testenv.Python(t, "torch.distributed.checkpoint")
 	root := t.TempDir()
 	var dirs []string
 	for _, sc := range scenarios {

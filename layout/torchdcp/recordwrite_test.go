@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
-	"github.com/ckptfs/ckptfs/layout/internal/torchpy"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 )
 
@@ -125,7 +125,7 @@ func TestRecordWriterCounts(t *testing.T) {
 // TestRecordWriterTorchLoads has real torch load every record, ZIP64 ones
 // too, as FileSystemReader loads a chunk.
 func TestRecordWriterTorchLoads(t *testing.T) {
-	py := torchpy.Python(t, "torch")
+	py := testenv.Python(t, "torch")
 	defer func(n int64) { zip64Limit = n }(zip64Limit)
 	dir := t.TempDir()
 	type entry struct {

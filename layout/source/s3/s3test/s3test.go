@@ -25,7 +25,7 @@ import (
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/prometheus/procfs"
 
-	"github.com/ckptfs/ckptfs/layout/internal/torchpy"
+	"github.com/ckptfs/ckptfs/internal/testenv"
 )
 
 // Server is a running moto server or versitygw.
@@ -42,10 +42,10 @@ type Server struct {
 
 // Python finds a Python that has moto's server: $CKPTFS_PYTHON, else the
 // e2e virtual environment of the module (skipping or failing t as
-// torchpy.Python does).
+// testenv.Python does).
 func Python(t testing.TB) string {
 	t.Helper()
-	return torchpy.Python(t, "moto.server")
+	return testenv.Python(t, "moto.server")
 }
 
 // Start starts a server for the test, stopped at its end, and sets the

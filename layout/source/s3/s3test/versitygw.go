@@ -12,6 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/ckptfs/ckptfs/internal/testenv"
 )
 
 // Root credentials of a gateway started by StartGateway.
@@ -37,9 +39,8 @@ func GatewayBinary(t testing.TB) string {
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
 			p := filepath.Join(dir, ".tools", "bin", "versitygw")
-			if _, err := os.Stat(p); err != nil {
-				t.Skipf("versitygw not installed (%s; make tools installs it)", p)
-			}
+			_, err := os.Stat(p)
+			testenv.RequireSystem(t, err == nil, "versitygw at "+p+" (make tools installs it)")
 			return p
 		}
 		parent := filepath.Dir(dir)
