@@ -240,18 +240,13 @@ func readRank(ar *torchsave.Archive, root *pickle.Dict, key string, stage int64)
 		return nil, fmt.Errorf("%w: %s: zero_stage %s, rank 0 says %d", ckpt.ErrInvalid, path, pickle.Repr(get(osd, "zero_stage")), stage)
 	}
 	v := get(osd, key)
-	var items []any
-	switch x := v.(type) {
-	case *pickle.List:
-		items = x.Items
-	case pickle.Tuple:
-		items = x
+	items, ok := pickle.Seq(v)
+	switch {
+	case ok:
+	case stage == 3 && v != nil: // older DeepSpeed: one flat tensor
+		items = []any{v}
 	default:
-		if stage == 3 && v != nil { // older DeepSpeed: one flat tensor
-			items = []any{v}
-		} else {
-			return nil, fmt.Errorf("%w: %s: optimizer_state_dict[%q] is %s, not a list of tensors", ckpt.ErrInvalid, path, key, pickle.TypeName(v))
-		}
+		return nil, fmt.Errorf("%w: %s: optimizer_state_dict[%q] is %s, not a list of tensors", ckpt.ErrInvalid, path, key, pickle.TypeName(v))
 	}
 	r := &rank{path: path}
 	for i, it := range items {

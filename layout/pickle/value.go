@@ -277,6 +277,18 @@ func typeName(v any) string {
 // ("int", "str", "object torch.Size", ...).
 func TypeName(v any) string { return typeName(v) }
 
+// Seq returns the items of v when it is a tuple or a list (pickle writes
+// either for a Python sequence).
+func Seq(v any) ([]any, bool) {
+	switch x := v.(type) {
+	case Tuple:
+		return x, true
+	case *List:
+		return x.Items, true
+	}
+	return nil, false
+}
+
 // Int returns v as an int64 when it is an integer that fits. Bools are not
 // integers here.
 func Int(v any) (int64, bool) {

@@ -366,13 +366,8 @@ func (m *Metadata) decodePlannerData(v any) {
 // plannerPath reads the path of planner_data[fqn]: a tuple (or list) of
 // str and int.
 func plannerPath(fqn string, v any) ([]any, error) {
-	var elems []any
-	switch x := v.(type) {
-	case pickle.Tuple:
-		elems = x
-	case *pickle.List:
-		elems = x.Items
-	default:
+	elems, ok := pickle.Seq(v)
+	if !ok {
 		return nil, fmt.Errorf("planner_data[%q] is %s, not a path tuple", fqn, pickle.TypeName(v))
 	}
 	path := make([]any, len(elems))
@@ -470,13 +465,8 @@ func decodeStorageInfo(v any) (StorageInfo, error) {
 		return info, err
 	}
 	if tv, ok := st.Get("transform_descriptors"); ok && tv != nil {
-		var items []any
-		switch x := tv.(type) {
-		case pickle.Tuple:
-			items = x
-		case *pickle.List:
-			items = x.Items
-		default:
+		items, ok := pickle.Seq(tv)
+		if !ok {
 			return info, fieldErr(".transform_descriptors", "expected a list of str, got %s", pickle.TypeName(tv))
 		}
 		for i, it := range items {

@@ -152,13 +152,8 @@ func Ints(v any) ([]int64, error) {
 	if obj, ok := v.(*pickle.Object); ok && obj.Is("torch", "Size") && len(obj.Args) == 1 {
 		v = obj.Args[0]
 	}
-	var items []any
-	switch x := v.(type) {
-	case pickle.Tuple:
-		items = x
-	case *pickle.List:
-		items = x.Items
-	default:
+	items, ok := pickle.Seq(v)
+	if !ok {
 		return nil, fmt.Errorf("expected a tuple of ints, got %s", pickle.TypeName(v))
 	}
 	out := make([]int64, len(items))
