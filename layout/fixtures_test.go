@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -187,7 +188,7 @@ func testExport(t *testing.T, fc fixtureCase, fv fixtureView, opts PlanOptions, 
 		} `json:"metadata"`
 		WeightMap map[string]string `json:"weight_map"`
 	}
-	data, err := os.ReadFile(filepath.Join(out, IndexName))
+	data, err := os.ReadFile(filepath.Join(out, hfdir.SafetensorsIndex))
 	if os.IsNotExist(err) && fv.Format == "hf-safetensors" {
 		require.Equal(t, []string{filepath.Join(out, "model.safetensors")}, files,
 			"a plain HF directory without an index holds one model.safetensors")

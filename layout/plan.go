@@ -1,7 +1,6 @@
 package layout
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"path"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -17,9 +17,6 @@ import (
 
 // DefaultMaxShardSize is the HF default split (transformers v4, huggingface_hub).
 const DefaultMaxShardSize = 5_000_000_000
-
-// IndexName is the name of the HF shard index in a view.
-const IndexName = "model.safetensors.index.json"
 
 // PlanOptions choose what a view holds and how it is split into files.
 type PlanOptions struct {
@@ -219,10 +216,7 @@ func (v *View) layoutTensors(selected []viewTensor, opts PlanOptions) error {
 	weightMap := map[string]string{}
 	var total int64
 	for i, group := range groups {
-		name := "model.safetensors"
-		if len(groups) > 1 {
-			name = fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(groups))
-		}
+		name := hfdir.ShardName(i, len(groups))
 		f, err := newTensorFile(name, group, mtime)
 		if err != nil {
 			return fmt.Errorf("layout: %s: %w", c.Dir, err)
@@ -234,14 +228,11 @@ func (v *View) layoutTensors(selected []viewTensor, opts PlanOptions) error {
 			v.Tensors = append(v.Tensors, p)
 		}
 	}
-	index, err := json.MarshalIndent(map[string]any{
-		"metadata":   map[string]any{"total_size": total},
-		"weight_map": weightMap,
-	}, "", "  ")
+	index, err := hfdir.ShardIndex{TotalSize: total, WeightMap: weightMap}.Encode()
 	if err != nil {
 		return err
 	}
-	v.Files = append(v.Files, newBytesFile(IndexName, append(index, '\n'), mtime))
+	v.Files = append(v.Files, newBytesFile(hfdir.SafetensorsIndex, index, mtime))
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -169,8 +170,8 @@ func TestSplitAndIndex(t *testing.T) {
 		names = append(names, f.Name)
 	}
 	require.Equal(t, []string{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-		"model-00003-of-00003.safetensors", IndexName, "config.json"}, names)
-	data, err := io.ReadAll(io.NewSectionReader(v.Lookup(IndexName), 0, v.Lookup(IndexName).Size))
+		"model-00003-of-00003.safetensors", hfdir.SafetensorsIndex, "config.json"}, names)
+	data, err := io.ReadAll(io.NewSectionReader(v.Lookup(hfdir.SafetensorsIndex), 0, v.Lookup(hfdir.SafetensorsIndex).Size))
 	require.NoError(t, err)
 	var index struct {
 		Metadata  map[string]int64  `json:"metadata"`

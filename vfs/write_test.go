@@ -14,9 +14,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -43,10 +43,10 @@ func TestWriteRoundTrip(t *testing.T) {
 			out, err := exec.Command("cp",
 				filepath.Join(in, "config.json"), filepath.Join(in, "tokenizer.json"),
 				filepath.Join(in, "model-00001-of-00002.safetensors"), filepath.Join(in, "model-00002-of-00002.safetensors"),
-				filepath.Join(in, layout.IndexName), dir).CombinedOutput()
+				filepath.Join(in, hfdir.SafetensorsIndex), dir).CombinedOutput()
 			require.NoError(t, err, string(out))
 
-			require.Equal(t, []string{"config.json", "model.safetensors", layout.IndexName, "tokenizer.json"}, listDir(t, dir))
+			require.Equal(t, []string{"config.json", "model.safetensors", hfdir.SafetensorsIndex, "tokenizer.json"}, listDir(t, dir))
 			require.Equal(t, want, readTensors(t, dir), "tensors read back through the view")
 			for _, sc := range []string{"config.json", "tokenizer.json"} {
 				got, err := os.ReadFile(filepath.Join(dir, sc))
@@ -58,7 +58,7 @@ func TestWriteRoundTrip(t *testing.T) {
 			var idx struct {
 				WeightMap map[string]string `json:"weight_map"`
 			}
-			b, err := os.ReadFile(filepath.Join(dir, layout.IndexName))
+			b, err := os.ReadFile(filepath.Join(dir, hfdir.SafetensorsIndex))
 			require.NoError(t, err)
 			require.NoError(t, json.Unmarshal(b, &idx))
 			require.Len(t, idx.WeightMap, len(want))
@@ -119,7 +119,7 @@ func TestWriteTargetStaysWritable(t *testing.T) {
 	_, err = f.WriteAt(b[100:], 100)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
-	require.Equal(t, []string{"model.safetensors", layout.IndexName}, listDir(t, dir))
+	require.Equal(t, []string{"model.safetensors", hfdir.SafetensorsIndex}, listDir(t, dir))
 	all := readTensors(t, dir)
 	require.Len(t, all, len(llamaA)+len(llamaB))
 	for n, v := range first {
@@ -133,7 +133,7 @@ func TestWriteTargetStaysWritable(t *testing.T) {
 	require.Equal(t, "two!", string(got))
 	require.NoError(t, os.Rename(filepath.Join(dir, "notes.txt"), filepath.Join(dir, "README.md")))
 	require.NoError(t, os.Remove(filepath.Join(dir, "README.md")))
-	require.Equal(t, []string{"model.safetensors", layout.IndexName}, listDir(t, dir))
+	require.Equal(t, []string{"model.safetensors", hfdir.SafetensorsIndex}, listDir(t, dir))
 	// committed tensors cannot be removed
 	require.ErrorIs(t, os.Remove(filepath.Join(dir, "model.safetensors")), syscall.EPERM)
 }
@@ -210,8 +210,8 @@ func TestWriteBadInput(t *testing.T) {
 		{"trailing bytes", nil, "x.safetensors", append(append([]byte{}, a...), 0)},
 		{"dtype torch cannot hold", nil, "x.safetensors", f4data},
 		{"tensor written twice", a, "y.safetensors", dup},
-		{"index disagrees", a, layout.IndexName, []byte(`{"weight_map": {"model.norm.weight": "a.safetensors"}}`)},
-		{"index is not json", a, layout.IndexName, []byte(`{"weight_map": `)},
+		{"index disagrees", a, hfdir.SafetensorsIndex, []byte(`{"weight_map": {"model.norm.weight": "a.safetensors"}}`)},
+		{"index is not json", a, hfdir.SafetensorsIndex, []byte(`{"weight_map": `)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := t.TempDir()
@@ -242,7 +242,7 @@ func TestWriteBadInput(t *testing.T) {
 				require.Len(t, readTensors(t, dir), len(llamaA))
 			}
 			// the name is free again: a good file of that name commits
-			if tc.file != layout.IndexName {
+			if tc.file != hfdir.SafetensorsIndex {
 				require.NoError(t, writeFile(t, filepath.Join(dir, tc.file), good))
 				require.Contains(t, readTensors(t, dir), "good")
 			}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -161,7 +161,7 @@ func hfDir(t *testing.T) (string, map[string][]byte) {
 	}
 	idx, err := json.Marshal(map[string]any{"metadata": map[string]any{"total_size": 1}, "weight_map": wm})
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(in, layout.IndexName), idx, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(in, hfdir.SafetensorsIndex), idx, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(in, "config.json"), []byte(`{"model_type": "llama"}`+"\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(in, "tokenizer.json"), []byte(`{"version": "1.0"}`), 0o644))
 	return in, merge(a, b)

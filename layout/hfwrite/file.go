@@ -1,7 +1,6 @@
 package hfwrite
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -12,11 +11,9 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
-
-// maxIndexBytes bounds a shard index (a 1M-tensor index is ~100 MB).
-const maxIndexBytes = 256 << 20
 
 // File is one file being written: a spool file until it is committed or
 // dropped.
@@ -402,21 +399,16 @@ func commitWhole(s *Session, src *os.File, name string, kind Kind, rs *dcpwrite.
 // checkIndex checks the shard index src (size bytes) against the tensors
 // received and makes it the index later files are checked against.
 func (s *Session) checkIndex(src io.ReaderAt, size int64, name string) error {
-	if size > maxIndexBytes {
-		return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrIndex, name, size, maxIndexBytes)
+	if size > hfdir.MaxIndexBytes {
+		return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrIndex, name, size, hfdir.MaxIndexBytes)
 	}
 	b, err := io.ReadAll(io.NewSectionReader(src, 0, size))
 	if err != nil {
 		return err
 	}
-	var idx struct {
-		WeightMap map[string]string `json:"weight_map"`
-	}
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return fmt.Errorf("%w: %s is not a shard index: %v", ErrIndex, name, err)
-	}
-	if idx.WeightMap == nil {
-		return fmt.Errorf("%w: %s has no weight_map", ErrIndex, name)
+	idx, err := hfdir.ParseIndex(b, name)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrIndex, err)
 	}
 	names := make([]string, 0, len(s.received))
 	for n := range s.received {

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
@@ -45,9 +46,11 @@ func KindOf(name string) (Kind, error) {
 	switch {
 	case name == SpoolDir || torchdcp.IsInternal(name) || torchdcp.IsRankLocalMetadata(name):
 		return 0, fmt.Errorf("%w: %q", ErrReserved, name)
-	case strings.HasSuffix(name, ".safetensors.index.json"):
+	}
+	switch hfdir.KindOf(name) {
+	case hfdir.Index:
 		return IndexFile, nil
-	case strings.HasSuffix(name, ".safetensors"):
+	case hfdir.Weights:
 		return TensorFile, nil
 	}
 	return SidecarFile, nil

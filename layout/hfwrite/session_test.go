@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/hfdir"
 )
 
 // The rules of a write session, as a file system shows them, without a
@@ -105,7 +105,7 @@ func TestSessionCloseCommits(t *testing.T) {
 	require.NoError(t, h.Flush())
 	h.Release()
 	assert.Equal(t, 1, s.Tensors())
-	assert.Equal(t, names{view: []string{"model.safetensors", layout.IndexName}, dirs: []string{"sub"}}, listed(t, s, ""))
+	assert.Equal(t, names{view: []string{"model.safetensors", hfdir.SafetensorsIndex}, dirs: []string{"sub"}}, listed(t, s, ""))
 	_, err = h.File().Open(true, false)
 	assert.ErrorIs(t, err, ErrStale, "committed: look the name up again")
 	rep := reps.list()
@@ -117,7 +117,7 @@ func TestSessionCloseCommits(t *testing.T) {
 	// that wrote was flushed.
 	h = write(t, s, "config.json", []byte(`{"a": 1}`))
 	h.Release()
-	assert.Equal(t, names{view: []string{"model.safetensors", layout.IndexName, "config.json"}, dirs: []string{"sub"}}, listed(t, s, ""))
+	assert.Equal(t, names{view: []string{"model.safetensors", hfdir.SafetensorsIndex, "config.json"}, dirs: []string{"sub"}}, listed(t, s, ""))
 	assert.Len(t, reps.list(), 2)
 }
 
@@ -274,7 +274,7 @@ func TestSessionRemoveRenameTruncate(t *testing.T) {
 		err  error
 	}{
 		{"model.safetensors", ErrCommitted},
-		{layout.IndexName, ErrCommitted},
+		{hfdir.SafetensorsIndex, ErrCommitted},
 		{"a.safetensors", fs.ErrNotExist}, // committed into the view's files, not shown
 		{"missing.txt", fs.ErrNotExist},
 		{".metadata", fs.ErrNotExist}, // hidden
@@ -283,7 +283,7 @@ func TestSessionRemoveRenameTruncate(t *testing.T) {
 		assert.ErrorIs(t, s.Remove(tc.name), tc.err, "remove %s", tc.name)
 		assert.ErrorIs(t, s.Rename(tc.name, "b.txt", false), tc.err, "rename %s", tc.name)
 	}
-	assert.ErrorIs(t, s.Rename("config.json", layout.IndexName, true), fs.ErrExist)
+	assert.ErrorIs(t, s.Rename("config.json", hfdir.SafetensorsIndex, true), fs.ErrExist)
 	assert.ErrorIs(t, s.Rename("config.json", ".metadata", false), ErrReserved)
 	_, err := s.Truncate("config.json", 0)
 	assert.ErrorIs(t, err, ErrReadOnly)
@@ -311,7 +311,7 @@ func TestSessionRemoveRenameTruncate(t *testing.T) {
 	// Stored files: renamed, removed.
 	require.NoError(t, s.Rename("config.json", "config2.json", false))
 	require.NoError(t, s.Remove("config2.json"))
-	assert.Equal(t, names{view: []string{"model.safetensors", layout.IndexName}, stored: []string{"c.bin"}}, listed(t, s, ""))
+	assert.Equal(t, names{view: []string{"model.safetensors", hfdir.SafetensorsIndex}, stored: []string{"c.bin"}}, listed(t, s, ""))
 
 	// A temp file renamed when complete is committed by the rename, which
 	// reports the result; a stored file renamed to a tensor file name too.
@@ -329,7 +329,7 @@ func TestSessionRemoveRenameTruncate(t *testing.T) {
 	h.Release()
 	require.NoError(t, s.Rename("d.tmp", "d.safetensors", false))
 	assert.Equal(t, 3, s.Tensors())
-	assert.Equal(t, names{view: []string{"model.safetensors", layout.IndexName}, stored: []string{"c.bin"}}, listed(t, s, ""))
+	assert.Equal(t, names{view: []string{"model.safetensors", hfdir.SafetensorsIndex}, stored: []string{"c.bin"}}, listed(t, s, ""))
 }
 
 // TestSessionViewLifetime: a view is built once per change, and an

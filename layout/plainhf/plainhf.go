@@ -18,9 +18,9 @@ import (
 
 const (
 	// SingleFile is the weights file of an unsharded model.
-	SingleFile = "model.safetensors"
+	SingleFile = hfdir.SafetensorsFile
 	// IndexFile names the file of each tensor of a sharded model.
-	IndexFile = "model.safetensors.index.json"
+	IndexFile = hfdir.SafetensorsIndex
 )
 
 // Reader is the plain HF safetensors format.

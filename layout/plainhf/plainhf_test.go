@@ -105,7 +105,7 @@ func TestOpenBad(t *testing.T) {
 		}, "model-00002-of-00002.safetensors: safetensors: invalid header"},
 		{"index is not JSON", func(t *testing.T, dir string) {
 			require.NoError(t, os.WriteFile(filepath.Join(dir, IndexFile), []byte("{"), 0o644))
-		}, IndexFile + ": unexpected end of JSON input"},
+		}, IndexFile + " is not a shard index: unexpected end of JSON input"},
 		{"a weights file is a directory", func(t *testing.T, dir string) {
 			p := filepath.Join(dir, "model-00002-of-00002.safetensors")
 			require.NoError(t, os.Remove(p))

@@ -37,9 +37,9 @@ import (
 
 const (
 	// SingleFile is the weights file of an unsharded model.
-	SingleFile = "pytorch_model.bin"
+	SingleFile = hfdir.TorchFile
 	// IndexFile names the file of each tensor of a sharded model.
-	IndexFile = "pytorch_model.bin.index.json"
+	IndexFile = hfdir.TorchIndex
 )
 
 var shardName = regexp.MustCompile(`^pytorch_model-\d+-of-\d+\.bin$`)
