@@ -16,7 +16,6 @@
 package diskcache
 
 import (
-	"container/list"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -24,6 +23,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -32,6 +32,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -50,10 +51,12 @@ type Cache struct {
 	lock *os.File // flock'ed while open
 	sf   singleflight.Group
 
-	mu    sync.Mutex
-	lru   *list.List               // GUARDED_BY(mu); of *entry, most recent first
-	index map[string]*list.Element // GUARDED_BY(mu); by file name
-	size  int64                    // GUARDED_BY(mu); bytes of all entries
+	// simplelru bounds by entry count and blocks vary in size: lru is
+	// unbounded and trimLocked keeps size under MaxBytes (no eviction
+	// callback, which would remove files while holding mu).
+	mu   sync.Mutex
+	lru  *simplelru.LRU[string, *entry] // GUARDED_BY(mu); by file name
+	size int64                          // GUARDED_BY(mu); bytes of all entries
 
 	hits, misses, errs atomic.Int64
 }
@@ -89,7 +92,12 @@ func Open(o Options) (*Cache, error) {
 		lock.Close()
 		return nil, fmt.Errorf("diskcache: %s is in use by another process: %w", o.Dir, err)
 	}
-	c := &Cache{opts: o, lock: lock, lru: list.New(), index: map[string]*list.Element{}}
+	index, err := simplelru.NewLRU[string, *entry](math.MaxInt, nil)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("diskcache: %w", err)
+	}
+	c := &Cache{opts: o, lock: lock, lru: index}
 	if err := c.scan(); err != nil {
 		c.Close()
 		return nil, err
@@ -100,7 +108,7 @@ func Open(o Options) (*Cache, error) {
 // Close releases the directory.
 func (c *Cache) Close() error { return c.lock.Close() }
 
-// scan indexes the blocks on disk, most recently written first, and removes
+// scan indexes the blocks on disk, oldest written first, and removes
 // temporary files of writes that were interrupted.
 func (c *Cache) scan() error {
 	ents, err := os.ReadDir(c.opts.Dir)
@@ -124,11 +132,11 @@ func (c *Cache) scan() error {
 		}
 		blocks = append(blocks, found{entry{name: name, size: fi.Size()}, fi.ModTime().UnixNano()})
 	}
-	sort.Slice(blocks, func(i, j int) bool { return blocks[i].mtime > blocks[j].mtime })
+	sort.Slice(blocks, func(i, j int) bool { return blocks[i].mtime < blocks[j].mtime })
 	c.mu.Lock()
 	for _, b := range blocks {
 		e := b.entry
-		c.index[e.name] = c.lru.PushBack(&e)
+		c.lru.Add(e.name, &e)
 		c.size += e.size
 	}
 	victims := c.trimLocked()
@@ -243,11 +251,10 @@ func (c *Cache) read(f *file, idx int64, dst []byte, off int64) error {
 // one is removed.
 func (c *Cache) load(name string, want int64, dst []byte, off int64) bool {
 	c.mu.Lock()
-	el, ok := c.index[name]
+	e, ok := c.lru.Get(name)
 	var verified bool
 	if ok {
-		c.lru.MoveToFront(el)
-		verified = el.Value.(*entry).verified
+		verified = e.verified
 	}
 	c.mu.Unlock()
 	if !ok {
@@ -268,8 +275,8 @@ func (c *Cache) load(name string, want int64, dst []byte, off int64) bool {
 			binary.LittleEndian.Uint64(raw[len(magic)+4:headerSize]) == uint64(want) &&
 			binary.LittleEndian.Uint32(raw[len(magic):]) == crc32.Checksum(raw[headerSize:], castagnoli) {
 			c.mu.Lock()
-			if el, ok := c.index[name]; ok {
-				el.Value.(*entry).verified = true
+			if e, ok := c.lru.Peek(name); ok {
+				e.verified = true
 			}
 			c.mu.Unlock()
 			copy(dst, raw[int64(headerSize)+off:])
@@ -308,11 +315,10 @@ func (c *Cache) store(name string, b []byte) {
 	}
 	size := int64(headerSize + len(b))
 	c.mu.Lock()
-	if el, ok := c.index[name]; ok {
-		c.size -= el.Value.(*entry).size
-		c.lru.Remove(el)
+	if e, ok := c.lru.Peek(name); ok {
+		c.size -= e.size
 	}
-	c.index[name] = c.lru.PushFront(&entry{name: name, size: size, verified: true})
+	c.lru.Add(name, &entry{name: name, size: size, verified: true}) // replaces, most recent
 	c.size += size
 	victims := c.trimLocked()
 	c.mu.Unlock()
@@ -323,9 +329,11 @@ func (c *Cache) store(name string, b []byte) {
 // index and returns their names, to be removed from disk without the lock.
 func (c *Cache) trimLocked() []string {
 	var victims []string
-	for c.size > c.opts.MaxBytes && c.lru.Len() > 0 {
-		e := c.lru.Remove(c.lru.Back()).(*entry)
-		delete(c.index, e.name)
+	for c.size > c.opts.MaxBytes {
+		_, e, ok := c.lru.RemoveOldest()
+		if !ok {
+			break
+		}
 		c.size -= e.size
 		victims = append(victims, e.name)
 	}
@@ -334,10 +342,9 @@ func (c *Cache) trimLocked() []string {
 
 func (c *Cache) forget(name string) {
 	c.mu.Lock()
-	if el, ok := c.index[name]; ok {
-		c.size -= el.Value.(*entry).size
-		c.lru.Remove(el)
-		delete(c.index, name)
+	if e, ok := c.lru.Peek(name); ok {
+		c.size -= e.size
+		c.lru.Remove(name)
 	}
 	c.mu.Unlock()
 	c.remove([]string{name})

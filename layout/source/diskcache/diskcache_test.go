@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -183,4 +184,28 @@ func TestOneProcess(t *testing.T) {
 	_, err := Open(Options{Dir: cdir, MaxBytes: 1 << 20, BlockSize: 1000})
 	require.Error(t, err)
 	assert.True(t, strings.Contains(err.Error(), "in use"), err.Error())
+}
+
+// TestRestartKeepsNewest: a directory over its bound is trimmed oldest
+// written first.
+func TestRestartKeepsNewest(t *testing.T) {
+	_, data, base := setup(t, 5000)
+	cdir := t.TempDir()
+	c := open(t, cdir, 1<<20)
+	f, err := c.Wrap(base).Open("shard")
+	require.NoError(t, err)
+	readAll(t, f, data, 1)
+	require.NoError(t, c.Close())
+	blocks, err := filepath.Glob(filepath.Join(cdir, "*"+suffix))
+	require.NoError(t, err)
+	require.Len(t, blocks, 5)
+	now := time.Now()
+	for i, b := range blocks {
+		mtime := now.Add(time.Duration(i) * time.Minute)
+		require.NoError(t, os.Chtimes(b, mtime, mtime))
+	}
+	open(t, cdir, int64(2*(1000+headerSize)))
+	left, err := filepath.Glob(filepath.Join(cdir, "*"+suffix))
+	require.NoError(t, err)
+	assert.ElementsMatch(t, blocks[3:], left)
 }

@@ -1,10 +1,9 @@
 package s3
 
 import (
-	"container/list"
 	"fmt"
-	"sync"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -22,18 +21,15 @@ const (
 // windows are the most recently fetched windows of a tree's objects.
 type windows struct {
 	sf    singleflight.Group
-	mu    sync.Mutex
-	lru   *list.List               // GUARDED_BY(mu); of *window, most recent first
-	index map[string]*list.Element // GUARDED_BY(mu)
-}
-
-type window struct {
-	key  string
-	data []byte
+	cache *lru.Cache[string, []byte]
 }
 
 func newWindows() *windows {
-	return &windows{lru: list.New(), index: map[string]*list.Element{}}
+	c, err := lru.New[string, []byte](maxWindows)
+	if err != nil {
+		panic(err) // only for a size <= 0
+	}
+	return &windows{cache: c}
 }
 
 // read serves p at off from the window of f that holds it; ok is false when
@@ -59,26 +55,15 @@ func (ws *windows) read(f *file, p []byte, off int64) (n int, ok bool, err error
 }
 
 func (ws *windows) get(key string, fetch func() ([]byte, error)) ([]byte, error) {
-	ws.mu.Lock()
-	if el, ok := ws.index[key]; ok {
-		ws.lru.MoveToFront(el)
-		ws.mu.Unlock()
-		return el.Value.(*window).data, nil
+	if data, ok := ws.cache.Get(key); ok {
+		return data, nil
 	}
-	ws.mu.Unlock()
 	v, err, _ := ws.sf.Do(key, func() (any, error) {
 		data, err := fetch()
 		if err != nil {
 			return nil, err
 		}
-		ws.mu.Lock()
-		defer ws.mu.Unlock()
-		if _, ok := ws.index[key]; !ok {
-			ws.index[key] = ws.lru.PushFront(&window{key, data})
-			for ws.lru.Len() > maxWindows {
-				delete(ws.index, ws.lru.Remove(ws.lru.Back()).(*window).key)
-			}
-		}
+		ws.cache.ContainsOrAdd(key, data)
 		return data, nil
 	})
 	if err != nil {
