@@ -5,14 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/export"
 	"github.com/ckptfs/ckptfs/layout/hfdir"
+	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -108,10 +111,10 @@ func TestExportMatchesOriginals(t *testing.T) {
 	for _, fc := range fixtureCases(t) {
 		for _, fv := range fc.Views {
 			t.Run(fc.Name+"/"+fv.Dir+"/raw", func(t *testing.T) {
-				testExport(t, fc, fv, PlanOptions{NoMapping: true}, fc.expected(t))
+				testExport(t, fc, fv, view.Options{NoMapping: true}, fc.expected(t))
 			})
 			t.Run(fc.Name+"/"+fv.Dir+"/hf", func(t *testing.T) {
-				opts := PlanOptions{}
+				opts := view.Options{}
 				if _, err := os.Stat(filepath.Join(fc.Dir, "hf_config")); err == nil {
 					opts.HFConfigDir = filepath.Join(fc.Dir, "hf_config")
 				}
@@ -151,22 +154,24 @@ func (fc fixtureCase) expectedHF(t *testing.T) map[string]rawTensorData {
 	return renamed
 }
 
-func testExport(t *testing.T, fc fixtureCase, fv fixtureView, opts PlanOptions, want map[string]rawTensorData) {
+func testExport(t *testing.T, fc fixtureCase, fv fixtureView, opts view.Options, want map[string]rawTensorData) {
 	c, err := Open(filepath.Join(fc.Dir, fv.Dir))
 	require.NoError(t, err)
-	defer c.Close()
 	require.Equal(t, fv.Format, string(c.Format))
 	opts.MaxShardSize = 20_000 // small files: exercise the split
-	v, err := Plan(c, opts)
+	v, err := view.Plan(c, opts)
+	if err != nil {
+		c.Close()
+	}
 	require.NoError(t, err)
-	defer v.closeExtra()
+	defer v.Close()
 	out := filepath.Join(t.TempDir(), "out")
-	require.NoError(t, Export(context.Background(), v, out, ExportOptions{BlockSize: 4096, Workers: 3}))
+	require.NoError(t, export.Write(context.Background(), v, out, export.Options{BlockSize: 4096, Workers: 3}))
 
 	files, err := filepath.Glob(filepath.Join(out, "*.safetensors"))
 	require.NoError(t, err)
 	got := readSafetensors(t, files...)
-	require.Equal(t, sortedKeys(want), sortedKeys(got))
+	require.Equal(t, slices.Sorted(maps.Keys(want)), slices.Sorted(maps.Keys(got)))
 	for name, w := range want {
 		g := got[name]
 		require.Equal(t, w.dtype, g.dtype, name)
@@ -196,19 +201,10 @@ func testExport(t *testing.T, fc fixtureCase, fv fixtureView, opts PlanOptions, 
 	}
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(data, &index))
-	require.Equal(t, sortedKeys(want), sortedKeys(index.WeightMap))
+	require.Equal(t, slices.Sorted(maps.Keys(want)), slices.Sorted(maps.Keys(index.WeightMap)))
 	var total int64
 	for _, w := range want {
 		total += int64(len(w.data))
 	}
 	require.Equal(t, total, index.Metadata.TotalSize)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

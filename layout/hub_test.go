@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/export"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 const (
@@ -63,11 +65,11 @@ func exportOf(t *testing.T, dir string) string {
 	t.Helper()
 	c, err := Open(dir)
 	require.NoError(t, err)
-	v, err := Plan(c, PlanOptions{})
+	v, err := view.Plan(c, view.Options{})
 	require.NoError(t, err)
 	defer v.Close()
 	out := filepath.Join(t.TempDir(), "out")
-	require.NoError(t, Export(context.Background(), v, out, ExportOptions{}))
+	require.NoError(t, export.Write(context.Background(), v, out, export.Options{}))
 	return out
 }
 

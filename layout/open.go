@@ -1,7 +1,9 @@
-// Package layout turns a checkpoint directory into the HF view of it and
-// serves the view's bytes: Open detects the format and parses its index,
-// Plan lays the tensors out in virtual files, and each view File is an
-// io.ReaderAt that gathers bytes from the shard files on demand.
+// Package layout is the registry of checkpoint formats: Detect names the
+// format of a directory and Open parses its index into a ckpt.Checkpoint,
+// whatever wrote it. What is built from a checkpoint lives in the rooms
+// below: view plans the HF view of a checkpoint and serves its bytes,
+// export writes a view out as a directory, and hfwrite/dcpwrite turn HF
+// files written into a mount back into DCP.
 package layout
 
 import (

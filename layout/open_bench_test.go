@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // BenchmarkOpenManyChunks opens a checkpoint of 100k chunks and plans its
@@ -23,7 +24,7 @@ func BenchmarkOpenManyChunks(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := Plan(c, PlanOptions{}); err != nil {
+		if _, err := view.Plan(c, view.Options{}); err != nil {
 			b.Fatal(err)
 		}
 		c.Close()

@@ -14,9 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ckptfs/ckptfs/cache"
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 const (
@@ -41,8 +41,8 @@ var ErrReadDeadline = errors.New("vfs: no answer from the source within the read
 type ViewFile struct {
 	fs.Inode
 	fsys *FS
-	file *layout.File // a write target's
-	id   uint64       // cache id
+	file *view.File // a write target's
+	id   uint64     // cache id
 
 	e    *viewEntry
 	info viewFileInfo // e's file
@@ -116,7 +116,7 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 // rather than opening them again. A panic in a read is that read's error.
 type viewReader struct {
 	fsys *FS
-	file *layout.File
+	file *view.File
 	inst *viewInst // nil for a write target's view
 }
 
@@ -159,7 +159,7 @@ func seekNoHoles(off uint64, whence uint32, size int64) (uint64, syscall.Errno) 
 // viewHandle is one open of a view file.
 type viewHandle struct {
 	fsys *FS
-	file *layout.File
+	file *view.File
 	src  *viewReader
 	h    *cache.Handle
 	node *ViewFile

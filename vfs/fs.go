@@ -10,7 +10,7 @@
 // read_ahead_kb, with up to 64 requests in the background (mount.go). Each
 // READ reaches viewHandle.Read, which takes one of two paths, fixed by the
 // source:
-//   - a local source (direct reads, the default): layout.File.ReadAt
+//   - a local source (direct reads, the default): view.File.ReadAt
 //     assembles the range in the reply buffer from the shards, one pread per
 //     chunk it touches (layout has the geometry of stored, sharded, mapped
 //     and cast tensors); each shard read is checked afterwards (an in-place
@@ -52,6 +52,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // Options configure a ckptfs tree.
@@ -62,7 +63,7 @@ type Options struct {
 	// object store prefix), read-only. The caller closes it after the FS.
 	Tree source.Tree
 	// Plan shapes every view.
-	Plan layout.PlanOptions
+	Plan view.Options
 	// Cache serves view file bytes; required.
 	Cache *cache.Cache
 	// Logger gets one line per real problem; nil = slog.Default().
@@ -362,8 +363,8 @@ type viewFileInfo struct {
 // viewInst is one opening of a checkpoint's view.
 type viewInst struct {
 	e     *viewEntry
-	view  *layout.View
-	files map[string]*layout.File
+	view  *view.View
+	files map[string]*view.File
 	fds   int // shard files it may hold open
 
 	// refs counts the users (handles, reads, prefill jobs) plus one while
@@ -475,7 +476,7 @@ func (f *FS) resident(e *viewEntry) (*viewInst, error) {
 // LRU. The first open that succeeds fills e's listing; a later one must
 // give the same view (reopened). Called with e.build held.
 func (f *FS) open(e *viewEntry) (*viewInst, error) {
-	view, err := f.openView(e.dir, e.reader)
+	v, err := f.openView(e.dir, e.reader)
 	if err != nil {
 		if !e.shown {
 			f.mu.Lock()
@@ -484,10 +485,10 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 		}
 		return nil, err
 	}
-	digest := viewDigest(f.seed, view)
+	digest := viewDigest(f.seed, v)
 	if e.shown {
-		if err := f.reopened(e, view, digest); err != nil {
-			view.Close()
+		if err := f.reopened(e, v, digest); err != nil {
+			v.Close()
 			if errors.Is(err, ckpt.ErrSourceChanged) {
 				f.log.Error("checkpoint changed since it was shown", "dir", f.tree.Path(e.dir), "err", err)
 				f.mu.Lock()
@@ -497,9 +498,9 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 			return nil, err
 		}
 	}
-	i := &viewInst{e: e, view: view, files: map[string]*layout.File{}}
+	i := &viewInst{e: e, view: v, files: map[string]*view.File{}}
 	sources := map[*ckpt.File]bool{}
-	for _, vf := range view.Files {
+	for _, vf := range v.Files {
 		i.files[vf.Name] = vf
 		for _, s := range vf.Sources() {
 			sources[s] = true
@@ -510,13 +511,13 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
-		view.Close()
+		v.Close()
 		return nil, errClosed
 	}
 	if !e.shown {
-		e.shown, e.digest, e.note = true, digest, view.Note
-		e.format, e.tensors, e.bytes = string(view.Checkpoint.Format), len(view.Tensors), view.TotalSize()
-		for _, vf := range view.Files {
+		e.shown, e.digest, e.note = true, digest, v.Note
+		e.format, e.tensors, e.bytes = string(v.Checkpoint.Format), len(v.Tensors), v.TotalSize()
+		for _, vf := range v.Files {
 			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1)})
 		}
 		for s := range sources {
@@ -539,7 +540,7 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 // changed since the first open (size, mtime, ctime; an object's ETag): then
 // every byte is the same. Anything else is ckpt.ErrSourceChanged, as a
 // changed source is for a view that stayed open.
-func (f *FS) reopened(e *viewEntry, v *layout.View, digest uint64) error {
+func (f *FS) reopened(e *viewEntry, v *view.View, digest uint64) error {
 	if digest != e.digest {
 		return fmt.Errorf("%w: %s: the checkpoint was rewritten", ckpt.ErrSourceChanged, f.tree.Path(e.dir))
 	}
@@ -597,7 +598,7 @@ func (f *FS) unref(i *viewInst) {
 // headers, the index), where every chunk lies in the source files, and the
 // training arguments a mapping may read. A checkpoint whose metadata was
 // rewritten gives another sum, even with its shard files untouched.
-func viewDigest(seed maphash.Seed, v *layout.View) uint64 {
+func viewDigest(seed maphash.Seed, v *view.View) uint64 {
 	var h maphash.Hash
 	h.SetSeed(seed)
 	var b [8]byte
@@ -615,7 +616,7 @@ func viewDigest(seed maphash.Seed, v *layout.View) uint64 {
 		num(vf.Size)
 		str(vf.Path)
 		n := vf.DataOffset()
-		if vf.Kind == layout.KindGenerated {
+		if vf.Kind == view.KindGenerated {
 			n = vf.Size
 		}
 		if n > 0 {
@@ -666,11 +667,11 @@ func viewDigest(seed maphash.Seed, v *layout.View) uint64 {
 //
 // A panic while opening (a format reader meeting input it did not expect)
 // is this view's error, "internal error: ...", not the end of the mount.
-func (f *FS) openView(dir string, format ckpt.Reader) (view *layout.View, err error) {
+func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) {
 	var c *layout.Checkpoint
 	defer func() {
 		if r := recover(); r != nil {
-			view, err = nil, f.internalError("open "+f.tree.Path(dir), r)
+			v, err = nil, f.internalError("open "+f.tree.Path(dir), r)
 			f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 			if c != nil {
 				c.Close()
@@ -685,7 +686,7 @@ func (f *FS) openView(dir string, format ckpt.Reader) (view *layout.View, err er
 		c, err = layout.OpenAs(format, sub)
 	}
 	if err == nil {
-		view, err = layout.Plan(c, f.opts.Plan)
+		v, err = view.Plan(c, f.opts.Plan)
 		if err != nil {
 			c.Close()
 		}
@@ -694,14 +695,14 @@ func (f *FS) openView(dir string, format ckpt.Reader) (view *layout.View, err er
 		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 		return nil, err
 	}
-	for _, w := range view.Warnings {
+	for _, w := range v.Warnings {
 		f.log.Warn(w, "dir", f.tree.Path(dir))
 	}
-	if left := view.LeavesOutWeights(); len(left) > 0 {
+	if left := v.LeavesOutWeights(); len(left) > 0 {
 		f.log.Warn("view leaves out tensors that are not optimizer state (ckptfs inspect lists them)",
 			"dir", f.tree.Path(dir), "count", len(left), "first", left[0].Name, "reason", left[0].Reason)
 	}
-	return view, nil
+	return v, nil
 }
 
 // inode derives a stable inode number from the path inside the mount, so

@@ -28,6 +28,8 @@ import (
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/export"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // fixture returns a torch-written checkpoint case from testdata.
@@ -89,10 +91,10 @@ func exported(t *testing.T, ckptDir string) string {
 	c, err := layout.Open(ckptDir)
 	require.NoError(t, err)
 	defer c.Close()
-	v, err := layout.Plan(c, layout.PlanOptions{})
+	v, err := view.Plan(c, view.Options{})
 	require.NoError(t, err)
 	out := filepath.Join(t.TempDir(), "export")
-	require.NoError(t, layout.Export(context.Background(), v, out, layout.ExportOptions{}))
+	require.NoError(t, export.Write(context.Background(), v, out, export.Options{}))
 	return out
 }
 

@@ -15,10 +15,10 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // The write path: go-fuse nodes over hfwrite sessions. In a writable mount,
@@ -268,7 +268,7 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	}
 	s, err := hfwrite.Create(real, hfwrite.Options{
 		Target:   d.fsys.opts.Target,
-		View:     func() (*layout.View, error) { return d.fsys.openView(rel, nil) },
+		View:     func() (*view.View, error) { return d.fsys.openView(rel, nil) },
 		OnCommit: d.fsys.reportCommit,
 	})
 	if err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // writeNode is a file created in a write target, until it is committed.
@@ -169,7 +169,7 @@ func (f *targetViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fus
 		return h.Getattr(ctx, out)
 	}
 	errno := f.ViewFile.Getattr(ctx, fh, out)
-	if f.file.Kind == layout.KindPassthrough {
+	if f.file.Kind == view.KindPassthrough {
 		out.Mode = syscall.S_IFREG | 0o644 // a stored file: it may be rewritten
 	}
 	out.SetTimeout(volatileTimeout)

@@ -19,8 +19,10 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/export"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
+	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -79,7 +81,7 @@ func (f *dtypeFlag) String() string { return strings.ToLower(string(f.d)) }
 func (f *dtypeFlag) Type() string   { return "dtype" }
 
 func (f *dtypeFlag) Set(s string) error {
-	d, err := layout.ParseDType(s)
+	d, err := view.ParseDType(s)
 	if err == nil {
 		f.d = d
 	}
@@ -91,7 +93,7 @@ const selectHelp = "tensors to show: the subtree saved under `KEY`, prefix remov
 	"(optimizer state too); default: the \"model\" subtree if saved nested as {\"model\", \"optimizer\"}, else all but optimizer state"
 
 func (v *viewFlags) register(fs *pflag.FlagSet) {
-	v.maxShardSize = newByteSize(layout.DefaultMaxShardSize, false)
+	v.maxShardSize = newByteSize(view.DefaultMaxShardSize, false)
 	fs.StringVar(&v.sel, "select", "", selectHelp)
 	fs.Var(v.maxShardSize, "max-shard-size", "split view files at this many bytes of tensor data (e.g. 5GB, 500MB)")
 	fs.StringVar(&v.hfConfig, "hf-config", "", "`DIR` with config.json/tokenizer files to show when the checkpoint has none")
@@ -100,14 +102,14 @@ func (v *viewFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&v.verify, "verify", false, "check every chunk against its record's CRC32 before serving a byte of it (torch.save records; inspect checks them all)")
 }
 
-func (v *viewFlags) options() layout.PlanOptions {
-	return layout.PlanOptions{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig, DType: v.dtype.d,
+func (v *viewFlags) options() view.Options {
+	return view.Options{Select: v.sel, MaxShardSize: v.maxShardSize.Int64(), HFConfigDir: v.hfConfig, DType: v.dtype.d,
 		Mapping: v.mapping.spec, NoMapping: v.mapping.none, Verify: v.verify}
 }
 
 // openView opens the checkpoint in src (a local directory or an s3:// URL),
 // confined to root (src itself when root is ""), and plans its view.
-func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) (*layout.Checkpoint, *layout.View, error) {
+func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) (*layout.Checkpoint, *view.View, error) {
 	if err := sf.check(src); err != nil {
 		return nil, nil, err
 	}
@@ -121,7 +123,7 @@ func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) 
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := layout.Plan(c, vf.options())
+	v, err := view.Plan(c, vf.options())
 	if err != nil {
 		return c, nil, err
 	}
@@ -129,7 +131,7 @@ func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) 
 }
 
 // closeView releases what openView opened.
-func closeView(c *layout.Checkpoint, v *layout.View) {
+func closeView(c *layout.Checkpoint, v *view.View) {
 	if v != nil {
 		v.Close()
 	} else if c != nil {
@@ -189,7 +191,7 @@ func runInspect(stdout io.Writer, src, root string, vf viewFlags, sf *sourceFlag
 		return planErr
 	}
 	defer closeView(c, v)
-	report := layout.NewReport(c, v)
+	report := view.NewReport(c, v)
 	if vf.verify && planErr == nil {
 		checked, unchecked, err := ckpt.VerifyChunks(c)
 		if err != nil {
@@ -209,7 +211,7 @@ func runInspect(stdout io.Writer, src, root string, vf viewFlags, sf *sourceFlag
 	return planErr
 }
 
-func printReport(w io.Writer, r layout.Report) {
+func printReport(w io.Writer, r view.Report) {
 	mapped := ""
 	if r.Mapping != "" {
 		mapped = ", mapped by " + r.Mapping
@@ -332,7 +334,7 @@ func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *source
 	if v.Note != "" {
 		return errors.New(v.Note)
 	}
-	opts := layout.ExportOptions{Workers: workers, BlockSize: blockSize}
+	opts := export.Options{Workers: workers, BlockSize: blockSize}
 	var bar *progressBar
 	if !quiet && isTerminal(stderr) {
 		bar = newProgressBar(stderr, v.TotalSize())
@@ -343,7 +345,7 @@ func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *source
 	// directory.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err = layout.Export(ctx, v, out, opts)
+	err = export.Write(ctx, v, out, opts)
 	if bar != nil {
 		bar.finish()
 	}

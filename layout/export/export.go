@@ -1,4 +1,8 @@
-package layout
+// Package export writes a view out as an HF directory: the view's files,
+// read with a few workers, into a temporary directory beside the output
+// that is renamed into place once complete, so an interrupted export leaves
+// no partial model under the output's name.
+package export
 
 import (
 	"context"
@@ -9,10 +13,11 @@ import (
 	"path/filepath"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
-// ExportOptions tune Export.
-type ExportOptions struct {
+// Options tune Write.
+type Options struct {
 	// BlockSize is the unit of reading (default 8 MiB).
 	BlockSize int64
 	// Workers read blocks ahead in parallel (default 4). Memory in flight is
@@ -23,16 +28,16 @@ type ExportOptions struct {
 	Progress func(done, total int64)
 }
 
-// Export writes the view as an ordinary HF directory at out, which must not
+// Write writes the view as an ordinary HF directory at out, which must not
 // exist. Files are streamed into a temporary directory beside out, synced,
 // and the directory is renamed into place at the end, so out either holds the
 // whole view or does not exist. Temporary directories that earlier exports to
 // out left behind (killed ones) are removed first; those of exports still
-// running are not (see exporttemp.go).
+// running are not (see temp.go).
 //
-// When ctx is canceled, Export removes its temporary directory and returns
+// When ctx is canceled, Write removes its temporary directory and returns
 // ctx.Err(), without waiting for reads already under way.
-func Export(ctx context.Context, v *View, out string, opts ExportOptions) (err error) {
+func Write(ctx context.Context, v *view.View, out string, opts Options) (err error) {
 	if opts.BlockSize <= 0 {
 		opts.BlockSize = 8 << 20
 	}
@@ -81,7 +86,7 @@ func Export(ctx context.Context, v *View, out string, opts ExportOptions) (err e
 	return ckpt.SyncDir(parent)
 }
 
-func writeFile(ctx context.Context, path string, f *File, opts ExportOptions, progress func(int64)) error {
+func writeFile(ctx context.Context, path string, f *view.File, opts Options, progress func(int64)) error {
 	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err

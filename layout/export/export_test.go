@@ -1,4 +1,4 @@
-package layout
+package export
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
+	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -43,13 +45,13 @@ func (s *gateSource) String() string { return "gate" }
 
 // gatedView is a view of one 1 MiB tensor whose bytes past 256 KiB wait for
 // the gate.
-func gatedView(t *testing.T) (*View, *gateSource) {
+func gatedView(t *testing.T) (*view.View, *gateSource) {
 	t.Helper()
 	const n = 1 << 18 // float32 elements
 	src := newGateSource(4*n, 1<<18)
 	tn := &ckpt.Tensor{Name: "w", DType: safetensors.F32, Shape: []int64{n},
 		Chunks: []ckpt.Chunk{{Offsets: []int64{0}, Sizes: []int64{n}, Source: src}}}
-	v, err := Plan(newCheckpoint(t, t.TempDir(), tn), PlanOptions{})
+	v, err := view.Plan(treetest.NewCheckpoint(t, t.TempDir(), tn), view.Options{})
 	require.NoError(t, err)
 	return v, src
 }
@@ -68,7 +70,7 @@ func TestExportCanceledRemovesTemp(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "out")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Export(ctx, v, out, ExportOptions{BlockSize: 64 << 10, Workers: 2}) }()
+	go func() { done <- Write(ctx, v, out, Options{BlockSize: 64 << 10, Workers: 2}) }()
 
 	<-src.entered // mid-export: the first blocks are written, a read hangs
 	require.Len(t, tempDirsOf(t, out), 1)
@@ -83,7 +85,7 @@ func TestExportCanceledRemovesTemp(t *testing.T) {
 	assert.NoDirExists(t, out)
 
 	// Canceled before it starts: nothing is created.
-	assert.Equal(t, context.Canceled, Export(ctx, v, out, ExportOptions{}))
+	assert.Equal(t, context.Canceled, Write(ctx, v, out, Options{}))
 	assert.Empty(t, tempDirsOf(t, out))
 }
 
@@ -104,7 +106,7 @@ func staleTemp(t *testing.T, out, suffix string, marker bool, age time.Duration)
 }
 
 func TestExportSweepsStaleTemps(t *testing.T) {
-	v, err := Plan(newCheckpoint(t, t.TempDir(), scalar("w")), PlanOptions{})
+	v, err := view.Plan(treetest.NewCheckpoint(t, t.TempDir(), treetest.Scalar("w")), view.Options{})
 	require.NoError(t, err)
 	root := t.TempDir()
 	out := filepath.Join(root, "out")
@@ -123,7 +125,7 @@ func TestExportSweepsStaleTemps(t *testing.T) {
 	link := filepath.Join(root, prefix+"6")
 	require.NoError(t, os.Symlink(elsewhere, link))
 
-	require.NoError(t, Export(context.Background(), v, out, ExportOptions{}))
+	require.NoError(t, Write(context.Background(), v, out, Options{}))
 
 	assert.NoDirExists(t, killed)
 	assert.NoDirExists(t, unmarkedOld)
@@ -143,15 +145,15 @@ func TestExportSweepsStaleTemps(t *testing.T) {
 // finish wins, and the other fails cleanly.
 func TestConcurrentExportsToOneOut(t *testing.T) {
 	slow, src := gatedView(t)
-	fast, err := Plan(newCheckpoint(t, t.TempDir(), scalar("w")), PlanOptions{})
+	fast, err := view.Plan(treetest.NewCheckpoint(t, t.TempDir(), treetest.Scalar("w")), view.Options{})
 	require.NoError(t, err)
 	out := filepath.Join(t.TempDir(), "out")
 
 	done := make(chan error, 1)
-	go func() { done <- Export(context.Background(), slow, out, ExportOptions{BlockSize: 64 << 10}) }()
+	go func() { done <- Write(context.Background(), slow, out, Options{BlockSize: 64 << 10}) }()
 	<-src.entered
 	require.Len(t, tempDirsOf(t, out), 1)
-	require.NoError(t, Export(context.Background(), fast, out, ExportOptions{}))
+	require.NoError(t, Write(context.Background(), fast, out, Options{}))
 	assert.Len(t, tempDirsOf(t, out), 1, "the running export's directory survived the sweep")
 
 	close(src.release)

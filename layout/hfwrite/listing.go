@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // Listing is what the directory shows. A name appears once: a new file
@@ -102,7 +103,7 @@ func (s *Session) currentView() *View {
 	return s.view
 }
 
-func (s *Session) buildView() (*layout.View, error) {
+func (s *Session) buildView() (*view.View, error) {
 	if s.opts.View != nil {
 		return s.opts.View()
 	}
@@ -110,7 +111,7 @@ func (s *Session) buildView() (*layout.View, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := layout.Plan(c, layout.PlanOptions{})
+	v, err := view.Plan(c, view.Options{})
 	if err != nil {
 		c.Close()
 	}

@@ -65,8 +65,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // SpoolDir is the hidden directory, inside a session's directory, that holds
@@ -108,7 +108,7 @@ type Options struct {
 	Target dcpwrite.Target
 	// View builds the HF view of the directory after a change; nil opens it
 	// with layout.Open and plans it with the default options.
-	View func() (*layout.View, error)
+	View func() (*view.View, error)
 	// OnCommit, when set, is told the outcome of every commit of a file,
 	// whoever started it (a flush, the last release, a rename): the one
 	// place to count and log them.

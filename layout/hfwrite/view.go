@@ -3,7 +3,7 @@ package hfwrite
 import (
 	"sync"
 
-	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // View is the HF view of what a session has committed, as of one change of
@@ -14,7 +14,7 @@ import (
 type View struct {
 	// View is nil when the committed checkpoint cannot be shown: Err says
 	// why.
-	*layout.View
+	*view.View
 	Err error
 	// Serial numbers the views of a session: 1 for the first one built.
 	Serial uint64
@@ -25,7 +25,7 @@ type View struct {
 }
 
 // File is the view's file name, or nil.
-func (v *View) File(name string) *layout.File {
+func (v *View) File(name string) *view.File {
 	if v.View == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -107,7 +108,7 @@ func randomTensor(rng *rand.Rand, name string, dtypes []safetensors.DType) (*ckp
 	}
 	t := &ckpt.Tensor{Name: name, DType: dt, Shape: shape}
 	for _, b := range boxes {
-		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: b[0], Sizes: b[1], Source: &memSource{data: extract(full, shape, es, b[0], b[1])}})
+		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: b[0], Sizes: b[1], Source: &treetest.MemSource{Data: extract(full, shape, es, b[0], b[1])}})
 	}
 	rng.Shuffle(len(t.Chunks), func(i, j int) { t.Chunks[i], t.Chunks[j] = t.Chunks[j], t.Chunks[i] })
 	return t, full, fmt.Sprintf("%s %s%v %s", name, dt, shape, kind)
@@ -136,7 +137,7 @@ func TestViewAssemblyProperty(t *testing.T) {
 			originals[tn.Name] = full
 			desc = append(desc, d)
 		}
-		v, err := Plan(newCheckpoint(t, t.TempDir(), tensors...), PlanOptions{MaxShardSize: 1 + rng.Int63n(2048), NoMapping: true})
+		v, err := Plan(treetest.NewCheckpoint(t, t.TempDir(), tensors...), Options{MaxShardSize: 1 + rng.Int63n(2048), NoMapping: true})
 		require.NoError(t, err, "iteration %d: %v", iter, desc)
 		for _, f := range v.Files {
 			if f.Kind != KindSafetensors {

@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"

@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"bytes"
@@ -9,21 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
-
-// memSource is a chunk held in memory; it counts reads so tests can check
-// the one-read-per-chunk rule.
-type memSource struct {
-	data  []byte
-	reads int
-}
-
-func (m *memSource) ReadAt(p []byte, off int64) (int, error) {
-	m.reads++
-	return copy(p, m.data[off:]), nil
-}
-func (m *memSource) String() string { return "mem" }
 
 // gridTensor builds a tensor of the given shape whose global bytes are full,
 // split into a grid by cuts (per dimension, the interior cut points), with the
@@ -45,7 +33,7 @@ func gridTensor(rng *rand.Rand, shape []int64, dtype safetensors.DType, cuts [][
 			off[d] = bounds[d][idx[d]]
 			size[d] = bounds[d][idx[d]+1] - off[d]
 		}
-		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: off, Sizes: size, Source: &memSource{data: extract(full, shape, es, off, size)}})
+		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: off, Sizes: size, Source: &treetest.MemSource{Data: extract(full, shape, es, off, size)}})
 		d := len(shape) - 1
 		for ; d >= 0; d-- {
 			idx[d]++
@@ -135,12 +123,12 @@ func TestGatherOneReadPerChunk(t *testing.T) {
 	require.NoError(t, g.readAt(got, 0))
 	require.Equal(t, full, got)
 	for _, c := range tensor.Chunks {
-		require.Equal(t, 1, c.Source.(*memSource).reads, "each column shard is read with one call, not one per row")
+		require.Equal(t, 1, c.Source.(*treetest.MemSource).Reads, "each column shard is read with one call, not one per row")
 	}
 }
 
 func TestGatherRejectsBadTilings(t *testing.T) {
-	src := &memSource{data: make([]byte, 1024)}
+	src := &treetest.MemSource{Data: make([]byte, 1024)}
 	chunk := func(off, size []int64) ckpt.Chunk { return ckpt.Chunk{Offsets: off, Sizes: size, Source: src} }
 	cases := map[string][]ckpt.Chunk{
 		"hole":         {chunk([]int64{0, 0}, []int64{2, 4}), chunk([]int64{3, 0}, []int64{1, 4})},

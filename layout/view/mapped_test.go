@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/convert"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -114,8 +115,8 @@ func TestPlanDType(t *testing.T) {
 	w.Name = "w"
 	ids, idsFull := gridTensor(rng, []int64{5}, safetensors.I64, [][]int64{{2}})
 	ids.Name = "ids"
-	c := newCheckpoint(t, t.TempDir(), w, ids)
-	v, err := Plan(c, PlanOptions{DType: safetensors.BF16})
+	c := treetest.NewCheckpoint(t, t.TempDir(), w, ids)
+	v, err := Plan(c, Options{DType: safetensors.BF16})
 	require.NoError(t, err)
 	f := v.Lookup("model.safetensors")
 	h, err := safetensors.ReadHeader(f, f.Size)
@@ -155,13 +156,13 @@ func TestPermutedReadsCoalesced(t *testing.T) {
 	m, err := newMapped(mt, geometries{})
 	require.NoError(t, err)
 	want := expectedBytes(t, mt, map[string][]byte{"t": full})
-	chunk := src.Chunks[0].Source.(*memSource)
+	chunk := src.Chunks[0].Source.(*treetest.MemSource)
 	for _, w := range []struct{ pos, n int64 }{{0, 32 << 10}, {8 << 10, 8 << 10}, {100, 5000}, {32<<10 - 1, 1}} {
-		chunk.reads = 0
+		chunk.Reads = 0
 		got := make([]byte, w.n)
 		require.NoError(t, m.readAt(got, w.pos))
 		require.True(t, bytes.Equal(want[w.pos:w.pos+w.n], got), "window %v", w)
-		require.Equal(t, 1, chunk.reads, "window %v", w)
+		require.Equal(t, 1, chunk.Reads, "window %v", w)
 	}
 }
 

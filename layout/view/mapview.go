@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"errors"
@@ -20,7 +20,7 @@ const configName = "config.json"
 // match, or as stored. A mapping applies wholly or the view is an error;
 // only a detected mapping that lacks a hyper-parameter is skipped, with a
 // warning, leaving the names as saved.
-func (v *View) mapTensors(selected []named, sidecars []*File, opts PlanOptions) ([]viewTensor, error) {
+func (v *View) mapTensors(selected []named, sidecars []*File, opts Options) ([]viewTensor, error) {
 	spec := opts.Mapping
 	if opts.NoMapping || spec == nil && len(selected) == 0 {
 		return stored(selected)

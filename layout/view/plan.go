@@ -1,4 +1,9 @@
-package layout
+// Package view plans the HF view of a checkpoint and serves its bytes: Plan
+// lays the checkpoint's tensors out in virtual safetensors files under HF
+// names (mapped, selected, dtype-converted as asked) with their index and
+// sidecars, and each File is an io.ReaderAt that gathers its bytes from the
+// shard files on demand. Planning reads no tensor data.
+package view
 
 import (
 	"fmt"
@@ -18,8 +23,8 @@ import (
 // DefaultMaxShardSize is the HF default split (transformers v4, huggingface_hub).
 const DefaultMaxShardSize = 5_000_000_000
 
-// PlanOptions choose what a view holds and how it is split into files.
-type PlanOptions struct {
+// Options choose what a view holds and how it is split into files.
+type Options struct {
 	// Select chooses the tensors of the view (see selectTensors): "" picks
 	// by the saved nesting, SelectAll shows every tensor under its saved
 	// name, and any other value is the key of the subtree to show, matched
@@ -137,7 +142,7 @@ func (v *View) Close() error {
 }
 
 // Plan builds the HF view of a checkpoint. It touches no shard data.
-func Plan(c *ckpt.Checkpoint, opts PlanOptions) (*View, error) {
+func Plan(c *ckpt.Checkpoint, opts Options) (*View, error) {
 	if opts.MaxShardSize <= 0 {
 		opts.MaxShardSize = DefaultMaxShardSize
 	}
@@ -185,7 +190,7 @@ func (v *View) closeExtra() {
 // layoutTensors makes the view's weight files: the checkpoint's own files
 // when it is a plain HF directory shown whole, else generated safetensors
 // files and their index. A view with nothing to show gets a Note.
-func (v *View) layoutTensors(selected []viewTensor, opts PlanOptions) error {
+func (v *View) layoutTensors(selected []viewTensor, opts Options) error {
 	c := v.Checkpoint
 	if len(selected) == 0 {
 		if opts.Select != "" {

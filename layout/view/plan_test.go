@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"encoding/json"
@@ -11,30 +11,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfdir"
-	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
-func scalar(name string, path ...string) *ckpt.Tensor {
-	return &ckpt.Tensor{Name: name, Path: path, DType: safetensors.F32, Shape: []int64{2},
-		Chunks: []ckpt.Chunk{{Offsets: []int64{0}, Sizes: []int64{2}, Source: &memSource{data: make([]byte, 8)}}}}
-}
-
-// newCheckpoint is a checkpoint of in-memory tensors whose directory (for
-// sidecars) is dir.
-func newCheckpoint(t *testing.T, dir string, tensors ...*ckpt.Tensor) *ckpt.Checkpoint {
-	t.Helper()
-	tree, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	files := ckpt.NewFileSet(tree)
-	files.Adopt(tree)
-	t.Cleanup(func() { files.Close() })
-	return &ckpt.Checkpoint{Dir: dir, Files: files, Tensors: tensors}
-}
-
-func viewNames(t *testing.T, c *ckpt.Checkpoint, opts PlanOptions) ([]string, []Omission) {
+func viewNames(t *testing.T, c *ckpt.Checkpoint, opts Options) ([]string, []Omission) {
 	t.Helper()
 	v, err := Plan(c, opts)
 	require.NoError(t, err)
@@ -51,37 +35,37 @@ func TestSelectionRules(t *testing.T) {
 	// dcp.save({"model": sd, "optimizer": osd, "extra": {...}}): planner_data
 	// records the nesting.
 	nested := []*ckpt.Tensor{
-		scalar("model.l1.weight", "model", "l1.weight"),
-		scalar("model.layers.0.w", "model", "layers", "0", "w"),
-		scalar("optimizer.state.l1.weight.exp_avg", "optimizer", "state", "l1.weight", "exp_avg"),
-		scalar("extra.t", "extra", "t"),
+		treetest.Scalar("model.l1.weight", "model", "l1.weight"),
+		treetest.Scalar("model.layers.0.w", "model", "layers", "0", "w"),
+		treetest.Scalar("optimizer.state.l1.weight.exp_avg", "optimizer", "state", "l1.weight", "exp_avg"),
+		treetest.Scalar("extra.t", "extra", "t"),
 	}
 	// KempnerForge / torchtitan-style {"model": get_model_state_dict(m),
 	// "optimizer": get_optimizer_state_dict(m, opt)}: the model's flat keys
 	// are one level under "model".
 	kempner := []*ckpt.Tensor{
-		scalar("model.layers.0.attention.wq.weight", "model", "layers.0.attention.wq.weight"),
-		scalar("model.output.weight", "model", "output.weight"),
-		scalar("optimizer.state.layers.0.attention.wq.weight.exp_avg", "optimizer", "state", "layers.0.attention.wq.weight", "exp_avg"),
+		treetest.Scalar("model.layers.0.attention.wq.weight", "model", "layers.0.attention.wq.weight"),
+		treetest.Scalar("model.output.weight", "model", "output.weight"),
+		treetest.Scalar("optimizer.state.layers.0.attention.wq.weight.exp_avg", "optimizer", "state", "layers.0.attention.wq.weight", "exp_avg"),
 	}
 	// dcp.save(get_model_state_dict(LlamaForCausalLM)): flat keys that
 	// happen to start with "model.", saved at the top level.
 	flatDCP := []*ckpt.Tensor{
-		scalar("model.embed_tokens.weight", "model.embed_tokens.weight"),
-		scalar("model.norm.weight", "model.norm.weight"),
-		scalar("lm_head.weight", "lm_head.weight"),
+		treetest.Scalar("model.embed_tokens.weight", "model.embed_tokens.weight"),
+		treetest.Scalar("model.norm.weight", "model.norm.weight"),
+		treetest.Scalar("lm_head.weight", "lm_head.weight"),
 	}
 	// torchtitan: model keys flattened to the top level, optimizer nested.
 	titan := []*ckpt.Tensor{
-		scalar("tok_embeddings.weight", "tok_embeddings.weight"),
-		scalar("output.weight", "output.weight"),
-		scalar("optimizer.state.output.weight.exp_avg", "optimizer", "state", "output.weight", "exp_avg"),
+		treetest.Scalar("tok_embeddings.weight", "tok_embeddings.weight"),
+		treetest.Scalar("output.weight", "output.weight"),
+		treetest.Scalar("optimizer.state.output.weight.exp_avg", "optimizer", "state", "output.weight", "exp_avg"),
 	}
 	// HF-sharded / plain safetensors: no nesting information at all.
 	hf := []*ckpt.Tensor{
-		scalar("model.embed_tokens.weight"),
-		scalar("model.layers.0.mlp.up_proj.weight"),
-		scalar("lm_head.weight"),
+		treetest.Scalar("model.embed_tokens.weight"),
+		treetest.Scalar("model.layers.0.mlp.up_proj.weight"),
+		treetest.Scalar("lm_head.weight"),
 	}
 	optimizer := Omission{Name: "optimizer.state.l1.weight.exp_avg", Reason: "optimizer state", Optimizer: true}
 	cases := []struct {
@@ -116,18 +100,18 @@ func TestSelectionRules(t *testing.T) {
 			omitted: []Omission{{Name: "optimizer.state.output.weight.exp_avg", Reason: "optimizer state", Optimizer: true}}},
 		{name: "HF-sharded: every tensor as saved, lm_head kept", tensors: hf,
 			want: []string{"model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight"}},
-		{name: "no nesting: an optimizer-looking name is not guessed at", tensors: []*ckpt.Tensor{scalar("optimizer.x")},
+		{name: "no nesting: an optimizer-looking name is not guessed at", tensors: []*ckpt.Tensor{treetest.Scalar("optimizer.x")},
 			want: []string{"optimizer.x"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCheckpoint(t, t.TempDir(), tc.tensors...)
+			c := treetest.NewCheckpoint(t, t.TempDir(), tc.tensors...)
 			if tc.err != "" {
-				_, err := Plan(c, PlanOptions{Select: tc.sel})
+				_, err := Plan(c, Options{Select: tc.sel})
 				require.ErrorContains(t, err, tc.err)
 				return
 			}
-			names, omitted := viewNames(t, c, PlanOptions{Select: tc.sel})
+			names, omitted := viewNames(t, c, Options{Select: tc.sel})
 			require.Equal(t, tc.want, names)
 			if tc.omitted != nil || tc.sel == "" {
 				require.Equal(t, tc.omitted, omitted)
@@ -140,18 +124,18 @@ func TestSelectionRules(t *testing.T) {
 // and says why; one whose every tensor is left out for another reason is an
 // error, never an empty model.
 func TestOptimizerOnly(t *testing.T) {
-	c := newCheckpoint(t, t.TempDir(),
-		scalar("optim.state.w.exp_avg", "optim", "state", "w", "exp_avg"),
-		scalar("optim.state.w.exp_avg_sq", "optim", "state", "w", "exp_avg_sq"))
-	v, err := Plan(c, PlanOptions{})
+	c := treetest.NewCheckpoint(t, t.TempDir(),
+		treetest.Scalar("optim.state.w.exp_avg", "optim", "state", "w", "exp_avg"),
+		treetest.Scalar("optim.state.w.exp_avg_sq", "optim", "state", "w", "exp_avg_sq"))
+	v, err := Plan(c, Options{})
 	require.NoError(t, err)
 	require.Empty(t, v.Files)
 	require.Contains(t, v.Note, "no model weights to show: the checkpoint holds 2 tensors of optimizer state")
 	require.Len(t, v.Omitted, 2)
 	require.Empty(t, v.LeavesOutWeights())
 
-	c = newCheckpoint(t, t.TempDir(), scalar("extra.t", "extra", "t"), scalar("model.w", "model", "w"))
-	_, err = Plan(c, PlanOptions{Select: "other"})
+	c = treetest.NewCheckpoint(t, t.TempDir(), treetest.Scalar("extra.t", "extra", "t"), treetest.Scalar("model.w", "model", "w"))
+	_, err = Plan(c, Options{Select: "other"})
 	require.ErrorContains(t, err, "matches no tensor")
 }
 
@@ -159,11 +143,11 @@ func TestSplitAndIndex(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"a":1}`), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "train_state.pt"), []byte(`x`), 0o644))
-	c := newCheckpoint(t, dir)
+	c := treetest.NewCheckpoint(t, dir)
 	for _, n := range []string{"a", "b", "c", "d", "e"} {
-		c.Tensors = append(c.Tensors, scalar(n, n))
+		c.Tensors = append(c.Tensors, treetest.Scalar(n, n))
 	}
-	v, err := Plan(c, PlanOptions{MaxShardSize: 16})
+	v, err := Plan(c, Options{MaxShardSize: 16})
 	require.NoError(t, err)
 	var names []string
 	for _, f := range v.Files {
@@ -191,7 +175,7 @@ func TestSplitAndIndex(t *testing.T) {
 
 	// A checkpoint's own file index wins over the size split.
 	c.FileIndex = map[string]int{"a": 2, "b": 1, "c": 2, "d": 1, "e": 1}
-	v, err = Plan(c, PlanOptions{MaxShardSize: 16})
+	v, err = Plan(c, Options{MaxShardSize: 16})
 	require.NoError(t, err)
 	require.Equal(t, []string{"b", "d", "e"}, tensorNames(v.Files[0]))
 	require.Equal(t, []string{"a", "c"}, tensorNames(v.Files[1]))
@@ -209,8 +193,8 @@ func TestHFConfigFallback(t *testing.T) {
 	cfg := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(cfg, "config.json"), []byte(`{}`), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(cfg, "tokenizer.json"), []byte(`{}`), 0o644))
-	c := newCheckpoint(t, t.TempDir(), scalar("a", "a"))
-	v, err := Plan(c, PlanOptions{HFConfigDir: cfg})
+	c := treetest.NewCheckpoint(t, t.TempDir(), treetest.Scalar("a", "a"))
+	v, err := Plan(c, Options{HFConfigDir: cfg})
 	require.NoError(t, err)
 	require.NotNil(t, v.Lookup("config.json"))
 	require.NotNil(t, v.Lookup("tokenizer.json"))
@@ -223,10 +207,10 @@ func TestHFConfigFallback(t *testing.T) {
 func TestViewModTimeIsTheIndexFiles(t *testing.T) {
 	at := func(s int64) time.Time { return time.Unix(1_700_000_000+s, 0) }
 	mtimes := func(t *testing.T, dir string) []time.Time {
-		c, err := Open(dir)
+		c, err := layout.Open(dir)
 		require.NoError(t, err)
 		defer c.Close()
-		v, err := Plan(c, PlanOptions{})
+		v, err := Plan(c, Options{})
 		require.NoError(t, err)
 		defer v.closeExtra()
 		var out []time.Time
@@ -240,7 +224,7 @@ func TestViewModTimeIsTheIndexFiles(t *testing.T) {
 	}
 	t.Run("dcp", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "ck")
-		copyFixture(t, "sample", dir)
+		treetest.CopyFixture(t, "sample", dir)
 		require.NoError(t, os.Chtimes(filepath.Join(dir, ".metadata"), at(1), at(1)))
 		require.NoError(t, os.Chtimes(dir, at(9), at(9)))
 		for _, m := range mtimes(t, dir) {
@@ -249,7 +233,7 @@ func TestViewModTimeIsTheIndexFiles(t *testing.T) {
 	})
 	t.Run("megatron", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "ck")
-		require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("..", "testdata", "megatron_gpt_llama_tp2", "ckpt", "iter_0000010"))))
+		require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("..", "..", "testdata", "megatron_gpt_llama_tp2", "ckpt", "iter_0000010"))))
 		require.NoError(t, os.Chtimes(filepath.Join(dir, ".metadata"), at(1), at(1)))
 		require.NoError(t, os.Chtimes(filepath.Join(dir, "metadata.json"), at(2), at(2)))
 		for _, m := range mtimes(t, dir) {
@@ -258,7 +242,7 @@ func TestViewModTimeIsTheIndexFiles(t *testing.T) {
 	})
 	t.Run("no index file", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "ck")
-		require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("..", "testdata", "hf_sharded", "ckpt"))))
+		require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("..", "..", "testdata", "hf_sharded", "ckpt"))))
 		require.NoError(t, os.Chtimes(dir, at(5), at(5)))
 		for _, m := range mtimes(t, dir) {
 			assert.Equal(t, at(5).UTC(), m)

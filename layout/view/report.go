@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -8,7 +8,7 @@ import (
 // view planned from it. It marshals to stable JSON.
 type Report struct {
 	Dir      string         `json:"dir"`
-	Format   Format         `json:"format"`
+	Format   ckpt.Format    `json:"format"`
 	Tensors  []TensorReport `json:"tensors"`
 	Objects  []ckpt.Object  `json:"objects,omitempty"`
 	Skipped  []ckpt.Skipped `json:"skipped,omitempty"`

@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"path/filepath"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 )
 
@@ -70,10 +71,10 @@ func TestUnmappedWarning(t *testing.T) {
 // text as CKPTFS_INFO.txt in the view. --map none asked for saved names:
 // nothing to say.
 func TestUnmappedFrameworkNote(t *testing.T) {
-	dir := filepath.Join("..", "testdata", "megatron", "ckpt")
-	c, err := Open(dir)
+	dir := filepath.Join("..", "..", "testdata", "megatron", "ckpt")
+	c, err := layout.Open(dir)
 	require.NoError(t, err)
-	v, err := Plan(c, PlanOptions{})
+	v, err := Plan(c, Options{})
 	require.NoError(t, err)
 	defer v.Close()
 	var notes []string
@@ -92,9 +93,9 @@ func TestUnmappedFrameworkNote(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, notes[0]+"\n", string(b))
 
-	c2, err := Open(dir)
+	c2, err := layout.Open(dir)
 	require.NoError(t, err)
-	v2, err := Plan(c2, PlanOptions{NoMapping: true})
+	v2, err := Plan(c2, Options{NoMapping: true})
 	require.NoError(t, err)
 	defer v2.Close()
 	assert.Nil(t, v2.Lookup(InfoName))

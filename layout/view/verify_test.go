@@ -1,4 +1,4 @@
-package layout
+package view
 
 import (
 	"bytes"
@@ -8,7 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
@@ -17,8 +19,8 @@ import (
 // record's CRC32 and fails.
 func TestVerifyCatchesWhatPartialReadsMiss(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ck")
-	copyFixture(t, "fsdp2_4ranks", dir)
-	c, err := Open(dir)
+	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
+	c, err := layout.Open(dir)
 	require.NoError(t, err)
 	tn := c.Tensors[0] // emb.weight, [10 8] f32 on 4 ranks
 	ch := tn.Chunks[0]
@@ -44,7 +46,7 @@ func TestVerifyCatchesWhatPartialReadsMiss(t *testing.T) {
 	require.True(t, flipped)
 
 	for _, verify := range []bool{false, true} {
-		c, err := Open(dir)
+		c, err := layout.Open(dir)
 		require.NoError(t, err)
 		if verify {
 			checked, unchecked := Verify(c)

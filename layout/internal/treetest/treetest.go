@@ -2,10 +2,14 @@
 package treetest
 
 import (
+	"os"
+	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 // Detect runs a format's Detect on the local directory dir.
@@ -17,4 +21,53 @@ func Detect(t testing.TB, r ckpt.Reader, dir string) bool {
 	}
 	defer tree.Close()
 	return r.Detect(tree)
+}
+
+// Testdata is the path of the repository's testdata/ folder, from any
+// package's tests.
+func Testdata(elem ...string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(append([]string{filepath.Dir(file), "..", "..", "..", "testdata"}, elem...)...)
+}
+
+// CopyFixture copies the checkpoint of the fixture testdata/name into dir.
+func CopyFixture(t testing.TB, name, dir string) {
+	t.Helper()
+	if err := os.CopyFS(dir, os.DirFS(Testdata(name, "ckpt"))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// MemSource is a chunk held in memory; it counts reads so tests can check
+// how a view reads its sources.
+type MemSource struct {
+	Data  []byte
+	Reads int
+}
+
+func (m *MemSource) ReadAt(p []byte, off int64) (int, error) {
+	m.Reads++
+	return copy(p, m.Data[off:]), nil
+}
+
+func (m *MemSource) String() string { return "mem" }
+
+// Scalar is a 2-element f32 tensor held in memory, saved at path.
+func Scalar(name string, path ...string) *ckpt.Tensor {
+	return &ckpt.Tensor{Name: name, Path: path, DType: safetensors.F32, Shape: []int64{2},
+		Chunks: []ckpt.Chunk{{Offsets: []int64{0}, Sizes: []int64{2}, Source: &MemSource{Data: make([]byte, 8)}}}}
+}
+
+// NewCheckpoint is a checkpoint of in-memory tensors whose directory (for
+// sidecars) is dir.
+func NewCheckpoint(t testing.TB, dir string, tensors ...*ckpt.Tensor) *ckpt.Checkpoint {
+	t.Helper()
+	tree, err := source.OpenLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := ckpt.NewFileSet(tree)
+	files.Adopt(tree)
+	t.Cleanup(func() { files.Close() })
+	return &ckpt.Checkpoint{Dir: dir, Files: files, Tensors: tensors}
 }
