@@ -7,7 +7,9 @@
 package layout
 
 import (
+	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -17,6 +19,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/megatronlegacy"
 	"github.com/ckptfs/ckptfs/layout/plainhf"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/stages"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/layout/torchsave"
@@ -90,20 +93,44 @@ func OpenAs(f ckpt.Reader, dir source.Tree) (*Checkpoint, error) {
 // links into the repo's blobs/ are followed; a repo folder opens the
 // snapshot its refs/main names, as from_pretrained does.
 func Open(dir string) (*Checkpoint, error) {
-	tree, rel, err := source.OpenHub(dir)
+	return OpenAt(context.Background(), dir, "", open.Options{})
+}
+
+// OpenIn opens the checkpoint in the directory dir of the local tree root:
+// symlinks in the checkpoint may point anywhere inside root (an HF hub
+// cache's snapshots/ → blobs/), nowhere outside it.
+func OpenIn(root, dir string) (*Checkpoint, error) {
+	return OpenAt(context.Background(), filepath.Join(root, filepath.FromSlash(dir)), root, open.Options{})
+}
+
+// OpenAt opens the checkpoint at loc (a local directory or an s3:// URL),
+// confined to root (see open.Open); the checkpoint owns the source.
+func OpenAt(ctx context.Context, loc, root string, o open.Options) (*Checkpoint, error) {
+	s, err := open.Open(ctx, loc, root, o, false)
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
 	}
-	if tree == nil {
-		return ckpt.OpenLocal(dir, OpenTree)
-	}
-	c, err := openHub(tree, rel)
+	c, err := OpenSource(s)
 	if err != nil {
-		tree.Close()
+		s.Close()
 		return nil, err
 	}
-	c.Files.Adopt(tree)
+	c.Files.Adopt(s)
 	return c, nil
+}
+
+// OpenSource opens the checkpoint at s's location; the caller keeps s open
+// while the checkpoint is used. In a hub cache repo folder it opens the
+// snapshot refs/main names, as from_pretrained does.
+func OpenSource(s *open.Source) (*Checkpoint, error) {
+	if s.Hub {
+		return openHub(s.Tree, s.Rel)
+	}
+	dir, err := s.Dir()
+	if err != nil {
+		return nil, fmt.Errorf("layout: %w", err)
+	}
+	return OpenTree(dir)
 }
 
 // maxRefSize bounds a hub cache's refs/ file: a commit hash.
@@ -127,17 +154,4 @@ func openHub(tree source.Tree, rel string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("layout: %w", err)
 	}
 	return OpenTree(sub)
-}
-
-// OpenIn opens the checkpoint in the directory dir of the local tree root:
-// symlinks in the checkpoint may point anywhere inside root (an HF hub
-// cache's snapshots/ → blobs/), nowhere outside it.
-func OpenIn(root, dir string) (*Checkpoint, error) {
-	return ckpt.OpenLocal(root, func(t source.Tree) (*Checkpoint, error) {
-		sub, err := source.Sub(t, dir)
-		if err != nil {
-			return nil, fmt.Errorf("layout: %w", err)
-		}
-		return OpenTree(sub)
-	})
 }

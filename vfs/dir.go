@@ -194,7 +194,7 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 // calls run on (interrupted calls repeated against a store that does not
 // answer would otherwise add a goroutine each).
 func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errno)) (T, syscall.Errno) {
-	if f.local != nil || ctx.Done() == nil {
+	if f.local || ctx.Done() == nil {
 		return fn()
 	}
 	select {
@@ -347,7 +347,7 @@ func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) 
 // Statfs reports the local source's filesystem; an object store has no
 // size to report (df shows 0).
 func (d *Dir) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	if d.fsys.local == nil {
+	if !d.fsys.local {
 		out.Bsize, out.Frsize, out.NameLen = 4096, 4096, 1024
 		return 0
 	}

@@ -35,14 +35,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"hash/maphash"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -57,10 +53,9 @@ import (
 
 // Options configure a ckptfs tree.
 type Options struct {
-	// Source is the local directory shown at the mount root.
-	Source string
-	// Tree, when set, is shown instead of Source: any source tree (an
-	// object store prefix), read-only. The caller closes it after the FS.
+	// Tree is the source shown at the mount root (see open.Open): a local
+	// directory, or any other tree (an object store prefix), read-only.
+	// The caller closes it after the FS.
 	Tree source.Tree
 	// Plan shapes every view.
 	Plan view.Options
@@ -100,9 +95,9 @@ type Options struct {
 type FS struct {
 	opts  Options
 	log   *slog.Logger
-	root  string        // cleaned absolute source path, or the tree's Path(".")
-	tree  source.Tree   // the source, confined: every read goes through it
-	local *source.Local // tree when it is a local directory (statfs, writes); owned
+	root  string      // the source's local directory, or its Path(".")
+	tree  source.Tree // the source, confined: every read goes through it
+	local bool        // root is a local directory (statfs, writes)
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -154,51 +149,23 @@ func New(opts Options) (*FS, error) {
 	if opts.ViewTimeout == 0 {
 		opts.ViewTimeout = time.Hour
 	}
-	if opts.Tree != nil {
-		// Written checkpoints are committed with local renames and fsyncs.
-		if opts.Writable {
-			return nil, fmt.Errorf("vfs: %s: a writable mount needs a local directory", opts.Tree.Path("."))
-		}
-		return newState(opts, opts.Tree.Path("."), opts.Tree, nil), nil
+	if opts.Tree == nil {
+		return nil, errors.New("vfs: Options.Tree is required")
 	}
-	root, err := filepath.Abs(opts.Source)
-	if err != nil {
-		return nil, err
+	root, local := source.OnDisk(opts.Tree)
+	if !local {
+		root = opts.Tree.Path(".")
 	}
-	fi, err := os.Stat(root)
-	if err != nil {
-		return nil, err
+	// Written checkpoints are committed with local renames and fsyncs.
+	if opts.Writable && !local {
+		return nil, fmt.Errorf("vfs: %s: a writable mount needs a local directory", root)
 	}
-	if !fi.IsDir() {
-		return nil, &fs.PathError{Op: "mount", Path: root, Err: syscall.ENOTDIR}
-	}
-	if !opts.Writable {
-		// A snapshot of an HF hub cache (or a directory in one) is shown
-		// confined to its repo folder: its files are links into the
-		// repo's blobs/. A writable mount stays confined to the directory.
-		repo, rel, err := source.OpenHub(root)
-		if err != nil {
-			return nil, err
-		}
-		if repo != nil {
-			tree, err := source.Sub(repo, rel)
-			if err != nil {
-				repo.Close()
-				return nil, err
-			}
-			return newState(opts, root, tree, repo), nil
-		}
-	}
-	tree, err := source.OpenLocal(root)
-	if err != nil {
-		return nil, err
-	}
-	return newState(opts, root, tree, tree), nil
+	return newState(opts, root, local), nil
 }
 
-func newState(opts Options, root string, tree source.Tree, local *source.Local) *FS {
-	f := &FS{opts: opts, log: opts.Logger, root: root, tree: tree, local: local, views: map[string]*viewEntry{},
-		targets: map[string]*target{}, cleaned: map[string]bool{}, direct: opts.DirectReads && local != nil,
+func newState(opts Options, root string, local bool) *FS {
+	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
+		targets: map[string]*target{}, cleaned: map[string]bool{}, direct: opts.DirectReads && local,
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now()}
 	if opts.Prefill {
 		f.prefill = newPrefiller(f)
@@ -208,7 +175,7 @@ func newState(opts Options, root string, tree source.Tree, local *source.Local) 
 
 // Root returns the root directory node.
 func (f *FS) Root() *Dir {
-	if f.local == nil {
+	if !f.local {
 		return &Dir{fsys: f}
 	}
 	return &Dir{fsys: f, real: f.root}
@@ -744,8 +711,5 @@ func (f *FS) Close() {
 	f.mu.Unlock()
 	for _, i := range open {
 		i.close()
-	}
-	if f.local != nil {
-		f.local.Close()
 	}
 }

@@ -79,7 +79,7 @@ func TestTreeObjectReplaced(t *testing.T) {
 }
 
 // TestTreeReadOnly: a tree other than a local directory cannot be
-// mounted writable.
+// mounted writable; a directory of a local tree can.
 func TestTreeReadOnly(t *testing.T) {
 	local, err := source.OpenLocal(fixture(t, "sample"))
 	require.NoError(t, err)
@@ -87,8 +87,12 @@ func TestTreeReadOnly(t *testing.T) {
 	sub, err := source.Sub(local, "ckpt")
 	require.NoError(t, err)
 	c := newFS(t, fixture(t, "sample")).opts.Cache
-	_, err = New(Options{Tree: sub, Cache: c, Writable: true})
+	notLocal := struct{ source.Tree }{sub} // as an object store's tree: not a source.Local
+	_, err = New(Options{Tree: notLocal, Cache: c, Writable: true})
 	require.ErrorContains(t, err, "writable mount needs a local directory")
+	w, err := New(Options{Tree: sub, Cache: c, Writable: true})
+	require.NoError(t, err)
+	w.Close()
 	fsys, err := New(Options{Tree: sub, Cache: c})
 	require.NoError(t, err)
 	defer fsys.Close()

@@ -29,6 +29,7 @@ import (
 	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/export"
+	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/view"
 )
 
@@ -55,9 +56,16 @@ func newFS(t *testing.T, src string, opts ...func(*Options)) *FS {
 	c, err := cache.New(cache.Options{Size: 64 << 20, BlockSize: 1 << 20, ReadAhead: 2})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
-	o := Options{Source: src, Cache: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	o := Options{Cache: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, f := range opts {
 		f(&o)
+	}
+	if o.Tree == nil {
+		s, err := open.Open(context.Background(), src, "", open.Options{}, o.Writable)
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() }) // after the FS: cleanups run last first
+		o.Tree, err = s.Dir()
+		require.NoError(t, err)
 	}
 	fsys, err := New(o)
 	require.NoError(t, err)

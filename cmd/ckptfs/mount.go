@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
@@ -189,7 +191,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// which an unmount would wait on.
 	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
-	vopts := vfs.Options{Source: src, Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
+	vopts := vfs.Options{Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
 		DirectReads: f.directReads}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
@@ -210,17 +212,21 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 			copts.ReadAhead = prefetch
 		}
 		copts.Workers = workers
-		tree, store, closer, err := f.source.open(src, copts.BlockSize)
-		if err != nil {
-			return err
-		}
-		defer closer.Close() // after the vfs is closed
-		vopts.Tree = tree
+	}
+	opened, err := open.Open(context.Background(), src, "", f.source.options(copts.BlockSize), f.write.rw)
+	if err != nil {
+		return err
+	}
+	defer opened.Close() // after the vfs is closed
+	if vopts.Tree, err = opened.Dir(); err != nil {
+		return err
+	}
+	if opened.Store != nil {
 		// One deadline per read: what one block's request may take, its
 		// retries included; a read waits for at most two blocks.
 		vopts.ReadDeadline = f.source.s3Options().Budget(copts.BlockSize)
-		cancelRequests = func() { closer.Close() }
-		interruptRequests = store.Drain
+		cancelRequests = func() { opened.Close() }
+		interruptRequests = opened.Store.Drain
 	}
 	c, err := cache.New(copts)
 	if err != nil {

@@ -1,17 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
-	"github.com/ckptfs/ckptfs/layout"
-	"github.com/ckptfs/ckptfs/layout/source"
-	"github.com/ckptfs/ckptfs/layout/source/diskcache"
+	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 )
 
@@ -98,23 +93,14 @@ func (s *sourceFlags) check(src string) error {
 	return nil
 }
 
-// open opens the s3:// URL as a tree, its reads through the disk cache of
-// blocks of blockSize when --cache-dir is set. closer releases both; store
-// is the object store itself (to interrupt its requests).
-func (s *sourceFlags) open(url string, blockSize int64) (tree source.Tree, store *s3.Tree, closer io.Closer, err error) {
-	t, err := s3.Open(context.Background(), url, s.s3Options())
-	if err != nil {
-		return nil, nil, nil, err
+// options are the open.Options the flags give, with a disk cache of blocks
+// of blockSize.
+func (s *sourceFlags) options(blockSize int64) open.Options {
+	o := open.Options{S3: s.s3Options(), CacheDir: s.cacheDir, BlockSize: blockSize}
+	if s.cacheDirSize != nil { // a command with --cache-dir
+		o.CacheDirSize = s.cacheDirSize.Int64()
 	}
-	if s.cacheDir == "" {
-		return t, t, t, nil
-	}
-	c, err := diskcache.Open(diskcache.Options{Dir: s.cacheDir, MaxBytes: s.cacheDirSize.Int64(), BlockSize: blockSize})
-	if err != nil {
-		t.Close()
-		return nil, nil, nil, fmt.Errorf("--cache-dir: %w", err)
-	}
-	return c.Wrap(t), t, closers{t, c}, nil
+	return o
 }
 
 // s3Options are the store's options as the flags give them.
@@ -126,61 +112,4 @@ func (s *sourceFlags) s3Options() s3.Options {
 		o.PathStyle = &s.pathStyle
 	}
 	return o
-}
-
-type closers []io.Closer
-
-func (cs closers) Close() error {
-	for _, c := range cs {
-		c.Close()
-	}
-	return nil
-}
-
-// openS3Checkpoint opens the checkpoint at the s3:// URL src, confined to
-// the prefix root (src itself when root is "").
-func (s *sourceFlags) openS3Checkpoint(src, root string, blockSize int64) (*layout.Checkpoint, error) {
-	top, rel, err := s3Root(src, root)
-	if err != nil {
-		return nil, err
-	}
-	t, _, closer, err := s.open(top, blockSize)
-	if err != nil {
-		return nil, err
-	}
-	sub, err := source.Sub(t, rel)
-	var c *layout.Checkpoint
-	if err == nil {
-		c, err = layout.OpenTree(sub)
-	}
-	if err != nil {
-		closer.Close()
-		return nil, err
-	}
-	c.Files.Adopt(closer)
-	return c, nil
-}
-
-// s3Root returns the tree to open for src confined to root (src itself when
-// root is "") and src's name in it.
-func s3Root(src, root string) (top, rel string, err error) {
-	loc, err := s3.ParseURL(src)
-	if err != nil || root == "" {
-		return src, ".", err
-	}
-	r, err := s3.ParseURL(root)
-	if err != nil {
-		return "", "", fmt.Errorf("--root: %w", err)
-	}
-	rel, ok := strings.CutPrefix(loc.Prefix, r.Prefix)
-	if r.Prefix != "" && rel != "" {
-		rel, ok = strings.CutPrefix(rel, "/")
-	}
-	if loc.Bucket != r.Bucket || !ok {
-		return "", "", fmt.Errorf("%s is not inside --root %s", src, root)
-	}
-	if rel == "" {
-		rel = "."
-	}
-	return root, rel, nil
 }

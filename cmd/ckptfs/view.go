@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -113,13 +112,7 @@ func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) 
 	if err := sf.check(src); err != nil {
 		return nil, nil, err
 	}
-	var c *layout.Checkpoint
-	var err error
-	if s3.IsURL(src) || s3.IsURL(root) {
-		c, err = sf.openS3Checkpoint(src, root, blockSize)
-	} else {
-		c, err = openCheckpoint(src, root)
-	}
+	c, err := layout.OpenAt(context.Background(), src, root, sf.options(blockSize))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -137,19 +130,6 @@ func closeView(c *layout.Checkpoint, v *view.View) {
 	} else if c != nil {
 		c.Close()
 	}
-}
-
-// openCheckpoint opens src as a tree of its own, or as a directory of the
-// wider tree root (an HF hub cache, whose snapshots link into ../../blobs).
-func openCheckpoint(src, root string) (*layout.Checkpoint, error) {
-	if root == "" {
-		return layout.Open(src)
-	}
-	rel, err := filepath.Rel(root, src)
-	if err != nil || !filepath.IsLocal(rel) && rel != "." {
-		return nil, fmt.Errorf("%s is not inside --root %s", src, root)
-	}
-	return layout.OpenIn(root, filepath.ToSlash(rel))
 }
 
 // exportBlockSize is the unit export reads a local source in (an s3://

@@ -158,6 +158,19 @@ type sub struct {
 	dir  string
 }
 
+// OnDisk returns the local directory t reads, when t is a local tree (a
+// Local, or a Sub of one).
+func OnDisk(t Tree) (string, bool) {
+	base := t
+	if s, ok := t.(*sub); ok {
+		base = s.base
+	}
+	if _, ok := base.(*Local); !ok {
+		return "", false
+	}
+	return t.Path("."), true
+}
+
 func (s *sub) join(name string) (string, error) {
 	name, err := Clean(name)
 	if err != nil {

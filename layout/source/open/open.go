@@ -1,0 +1,158 @@
+// Package open opens a source by its location, in one place for every
+// command: a local directory, an HF hub cache snapshot (confined to its
+// repo folder, whose blobs/ its files link into) or an s3:// prefix (read
+// through a disk cache of blocks when asked), optionally confined to a root
+// above it. What is read through the Source cannot leave that root.
+package open
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/diskcache"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
+)
+
+// Options say how a remote source is reached; a local one ignores them.
+type Options struct {
+	S3 s3.Options
+	// CacheDir, when set, keeps the store's blocks of BlockSize bytes on
+	// local disk, within CacheDirSize bytes, so a restart does not fetch
+	// them again.
+	CacheDir     string
+	CacheDirSize int64
+	BlockSize    int64
+}
+
+// Source is an open source: a tree confined to the root asked for, and
+// the location's directory in it.
+type Source struct {
+	// Tree is confined to the root given to Open, else to the location
+	// itself (a hub cache snapshot: to its repo folder).
+	Tree source.Tree
+	// Rel is the location's directory in Tree, "." when it is Tree's top.
+	Rel string
+	// Hub says Tree is an HF hub cache repo folder (refs/, snapshots/,
+	// blobs/).
+	Hub bool
+	// Store is the object store of a remote source (to interrupt its
+	// requests, see s3.Tree.Drain); nil for a local one.
+	Store *s3.Tree
+
+	closers []io.Closer
+}
+
+// IsRemote reports whether loc names an object store location, not a local
+// directory.
+func IsRemote(loc string) bool { return s3.IsURL(loc) }
+
+// Open opens the source at loc confined to root, or to loc itself when root
+// is "". A local loc with no root inside an HF hub cache is confined to its
+// repo folder (Hub) unless writable: a writable source is always confined to
+// the directory itself.
+func Open(ctx context.Context, loc, root string, o Options, writable bool) (*Source, error) {
+	if IsRemote(loc) || IsRemote(root) {
+		if writable {
+			return nil, fmt.Errorf("%s: only a local directory can be written", loc)
+		}
+		return openRemote(ctx, loc, root, o)
+	}
+	return openLocal(loc, root, writable)
+}
+
+// Close releases the tree and what it reads through.
+func (s *Source) Close() error {
+	var errs []error
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		errs = append(errs, s.closers[i].Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Dir is the tree of the location itself (Rel in Tree), confined as Tree.
+func (s *Source) Dir() (source.Tree, error) { return source.Sub(s.Tree, s.Rel) }
+
+func openLocal(dir, root string, writable bool) (*Source, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	if root != "" {
+		if root, err = filepath.Abs(root); err != nil {
+			return nil, err
+		}
+		rel, err := filepath.Rel(root, dir)
+		if err != nil || !filepath.IsLocal(rel) && rel != "." {
+			return nil, fmt.Errorf("%s is not inside --root %s", dir, root)
+		}
+		t, err := source.OpenLocal(root)
+		if err != nil {
+			return nil, err
+		}
+		return &Source{Tree: t, Rel: filepath.ToSlash(rel), closers: []io.Closer{t}}, nil
+	}
+	if !writable {
+		repo, rel, err := source.OpenHub(dir)
+		if err != nil {
+			return nil, err
+		}
+		if repo != nil {
+			return &Source{Tree: repo, Rel: rel, Hub: true, closers: []io.Closer{repo}}, nil
+		}
+	}
+	t, err := source.OpenLocal(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &Source{Tree: t, Rel: ".", closers: []io.Closer{t}}, nil
+}
+
+func openRemote(ctx context.Context, loc, root string, o Options) (*Source, error) {
+	top, rel, err := remoteRoot(loc, root)
+	if err != nil {
+		return nil, err
+	}
+	store, err := s3.Open(ctx, top, o.S3)
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{Tree: store, Rel: rel, Store: store, closers: []io.Closer{store}}
+	if o.CacheDir != "" {
+		c, err := diskcache.Open(diskcache.Options{Dir: o.CacheDir, MaxBytes: o.CacheDirSize, BlockSize: o.BlockSize})
+		if err != nil {
+			store.Close()
+			return nil, fmt.Errorf("--cache-dir: %w", err)
+		}
+		s.Tree, s.closers = c.Wrap(store), append(s.closers, c)
+	}
+	return s, nil
+}
+
+// remoteRoot returns the location to open for loc confined to root (loc
+// itself when root is "") and loc's directory in it.
+func remoteRoot(loc, root string) (top, rel string, err error) {
+	l, err := s3.ParseURL(loc)
+	if err != nil || root == "" {
+		return loc, ".", err
+	}
+	r, err := s3.ParseURL(root)
+	if err != nil {
+		return "", "", fmt.Errorf("--root: %w", err)
+	}
+	rel, ok := strings.CutPrefix(l.Prefix, r.Prefix)
+	if r.Prefix != "" && rel != "" {
+		rel, ok = strings.CutPrefix(rel, "/")
+	}
+	if l.Bucket != r.Bucket || !ok {
+		return "", "", fmt.Errorf("%s is not inside --root %s", loc, root)
+	}
+	if rel == "" {
+		rel = "."
+	}
+	return root, rel, nil
+}
