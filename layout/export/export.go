@@ -10,9 +10,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/view"
 )
 
@@ -57,13 +56,14 @@ func Write(ctx context.Context, v *view.View, out string, opts Options) (err err
 	defer func() {
 		if err != nil {
 			tmp.discard()
+		} else {
+			tmp.close()
 		}
 	}()
 	total := v.TotalSize()
 	var done int64
 	for _, f := range v.Files {
-		path := filepath.Join(tmp.dir, f.Name)
-		err := writeFile(ctx, path, f, opts, func(n int64) {
+		err := writeFile(ctx, tmp.dir, f, opts, func(n int64) {
 			done += n
 			if opts.Progress != nil {
 				opts.Progress(done, total)
@@ -76,18 +76,19 @@ func Write(ctx context.Context, v *view.View, out string, opts Options) (err err
 			return fmt.Errorf("export: %w", err)
 		}
 	}
-	if err := ckpt.SyncDir(tmp.dir); err != nil {
+	if err := tmp.dir.Sync("."); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	if err := tmp.commit(out); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	parent, _ := tempPrefix(out)
-	return ckpt.SyncDir(parent)
+	return nil
 }
 
-func writeFile(ctx context.Context, path string, f *view.File, opts Options, progress func(int64)) error {
-	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+// writeFile writes the view file f into dir under its own name (a name
+// from the checkpoint: dir keeps it inside).
+func writeFile(ctx context.Context, dir *source.Dir, f *view.File, opts Options, progress func(int64)) error {
+	out, err := dir.Create(f.Name, 0o644)
 	if err != nil {
 		return err
 	}
@@ -102,7 +103,7 @@ func writeFile(ctx context.Context, path string, f *view.File, opts Options, pro
 	if err := out.Close(); err != nil {
 		return err
 	}
-	return os.Chtimes(path, f.ModTime, f.ModTime)
+	return dir.Chtimes(f.Name, f.ModTime, f.ModTime)
 }
 
 // copyParallel copies size bytes of src to dst in blocks, reading up to

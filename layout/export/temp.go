@@ -2,12 +2,13 @@ package export
 
 import (
 	"errors"
-	"fmt"
-	"os"
+	"io/fs"
+	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // Export's temporary directory.
@@ -29,6 +30,8 @@ const exportMarker = ".ckptfs-export.lock"
 // export killed in between (or older versions, which had none) leaves one.
 const staleUnmarked = time.Minute
 
+// tempPrefix returns out's parent directory and the prefix of the names of
+// its temporary directories in it.
 func tempPrefix(out string) (parent, prefix string) {
 	parent, base := filepath.Split(filepath.Clean(out))
 	if parent == "" {
@@ -39,63 +42,81 @@ func tempPrefix(out string) (parent, prefix string) {
 
 // exportTemp is an export's temporary directory, locked while it exists.
 type exportTemp struct {
-	dir    string
-	marker *os.File // holds the flock
+	parent *source.Dir // out's parent
+	name   string      // of the directory in parent
+	dir    *source.Dir // the directory
+	marker *source.Lock
 }
 
 // newExportTemp removes stale temporary directories of out and makes a new,
 // locked one.
-func newExportTemp(out string) (*exportTemp, error) {
-	parent, prefix := tempPrefix(out)
-	sweepExportTemps(parent, prefix)
-	dir, err := os.MkdirTemp(parent, prefix)
+func newExportTemp(out string) (t *exportTemp, err error) {
+	parentPath, prefix := tempPrefix(out)
+	parent, err := source.OpenDir(parentPath)
 	if err != nil {
+		return nil, err
+	}
+	t = &exportTemp{parent: parent}
+	defer func() {
+		if err != nil {
+			t.discard()
+		}
+	}()
+	sweepExportTemps(parent, prefix)
+	if t.name, err = parent.MkdirTemp(prefix, 0o700); err != nil {
+		return nil, err
+	}
+	if t.dir, err = parent.Sub(t.name); err != nil {
 		return nil, err
 	}
 	// Locked before it takes its name, so that a marker is never seen
 	// unlocked while its export runs.
-	name := filepath.Join(dir, exportMarker)
-	marker, err := os.OpenFile(name+".new", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err == nil {
-		err = syscall.Flock(int(marker.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-	}
-	if err == nil {
-		err = os.Rename(name+".new", name)
-	}
-	if err == nil {
-		err = os.Chmod(dir, 0o755)
-	}
-	if err != nil {
-		if marker != nil {
-			marker.Close()
-		}
-		os.RemoveAll(dir)
+	if t.marker, err = t.dir.CreateLocked(exportMarker+".new", 0o600); err != nil {
 		return nil, err
 	}
-	return &exportTemp{dir: dir, marker: marker}, nil
+	if err = t.dir.Rename(exportMarker+".new", exportMarker); err != nil {
+		return nil, err
+	}
+	return t, parent.Chmod(t.name, 0o755)
 }
 
-// commit renames the directory to out: the marker goes first, so out never
-// holds it, and the lock is kept until the rename is done.
+// commit renames the directory to out's name in its parent and syncs the
+// parent: the marker goes first, so out never holds it, and the lock is
+// kept until the rename is done.
 func (t *exportTemp) commit(out string) error {
-	defer t.marker.Close()
-	if err := os.Remove(filepath.Join(t.dir, exportMarker)); err != nil {
+	if err := t.dir.Remove(exportMarker); err != nil {
 		return err
 	}
-	return os.Rename(t.dir, out)
+	if err := t.parent.Rename(t.name, filepath.Base(filepath.Clean(out))); err != nil {
+		return err
+	}
+	return t.parent.Sync(".")
 }
 
-// discard removes the directory and releases the lock.
+// discard removes the directory and releases the lock, after a failure.
 func (t *exportTemp) discard() {
-	os.RemoveAll(t.dir)
-	t.marker.Close()
+	if t.name != "" {
+		t.parent.RemoveAll(t.name)
+	}
+	t.close()
+}
+
+// close releases the lock and the directories, after a commit.
+func (t *exportTemp) close() {
+	if t.marker != nil {
+		t.marker.Release()
+	}
+	if t.dir != nil {
+		t.dir.Close()
+	}
+	t.parent.Close()
 }
 
 // sweepExportTemps removes the temporary directories parent/prefix* that no
 // running export holds. It is best effort: what cannot be checked or removed
 // is left alone.
-func sweepExportTemps(parent, prefix string) {
-	ents, err := os.ReadDir(parent)
+func sweepExportTemps(parent *source.Dir, prefix string) {
+	ents, err := parent.ReadDir(".")
 	if err != nil {
 		return
 	}
@@ -103,38 +124,13 @@ func sweepExportTemps(parent, prefix string) {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) { // IsDir: not a symlink to one
 			continue
 		}
-		dir := filepath.Join(parent, e.Name())
-		if stale, err := staleExportTemp(dir); err == nil && stale {
-			os.RemoveAll(dir)
+		marker := path.Join(e.Name(), exportMarker)
+		if _, err := parent.Lstat(marker); errors.Is(err, fs.ErrNotExist) {
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > staleUnmarked {
+				parent.RemoveAll(e.Name())
+			}
+			continue
 		}
+		_, _ = parent.SweepStale(marker, func() error { return parent.RemoveAll(e.Name()) })
 	}
-}
-
-// staleExportTemp reports whether no running export holds dir.
-func staleExportTemp(dir string) (bool, error) {
-	marker, err := os.OpenFile(filepath.Join(dir, exportMarker), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		info, err := os.Lstat(dir)
-		if err != nil {
-			return false, err
-		}
-		return time.Since(info.ModTime()) > staleUnmarked, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	defer marker.Close()
-	if info, err := marker.Stat(); err != nil || !info.Mode().IsRegular() {
-		return false, fmt.Errorf("%s is not our marker", marker.Name())
-	}
-	err = syscall.Flock(int(marker.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-	if errors.Is(err, syscall.EWOULDBLOCK) {
-		return false, nil // a running export holds it
-	}
-	if err != nil {
-		return false, err
-	}
-	// Locked by us now: no export can be using it. (The lock goes with the
-	// close after the removal.)
-	return true, nil
 }

@@ -127,15 +127,25 @@ func (l *Local) ReadDir(name string) ([]Info, error) {
 // resolves outside the tree with an unexported error, the only one of its
 // errors that is not an errno; it becomes ErrEscapes.
 func (l *Local) pathError(op, name string, err error) error {
+	return rootError(op, l.Path(name), err)
+}
+
+// rootError is the error of an os.Root operation on the file at path,
+// whatever os.Root named it.
+func rootError(op, path string, err error) error {
 	var pe *fs.PathError
-	if errors.As(err, &pe) {
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
 		err = pe.Err
+	case errors.As(err, &le):
+		err = le.Err
 	}
 	var errno syscall.Errno
 	if !errors.As(err, &errno) && !errors.Is(err, ErrEscapes) {
 		err = fmt.Errorf("%w (%v)", ErrEscapes, err)
 	}
-	return &fs.PathError{Op: op, Path: l.Path(name), Err: err}
+	return &fs.PathError{Op: op, Path: path, Err: err}
 }
 
 // maxLinks bounds symlink hops while resolving a name, as the kernel does.

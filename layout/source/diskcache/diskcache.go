@@ -30,7 +30,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"golang.org/x/sync/singleflight"
@@ -48,7 +47,7 @@ type Options struct {
 // Cache is a directory of blocks.
 type Cache struct {
 	opts Options
-	lock *os.File // flock'ed while open
+	lock *source.Lock // held while open
 	sf   singleflight.Group
 
 	// simplelru bounds by entry count and blocks vary in size: lru is
@@ -84,17 +83,13 @@ func Open(o Options) (*Cache, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("diskcache: %w", err)
 	}
-	lock, err := os.OpenFile(filepath.Join(o.Dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	lock, err := lockDir(o.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("diskcache: %w", err)
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lock.Close()
-		return nil, fmt.Errorf("diskcache: %s is in use by another process: %w", o.Dir, err)
-	}
 	index, err := simplelru.NewLRU[string, *entry](math.MaxInt, nil)
 	if err != nil {
-		lock.Close()
+		lock.Release()
 		return nil, fmt.Errorf("diskcache: %w", err)
 	}
 	c := &Cache{opts: o, lock: lock, lru: index}
@@ -106,7 +101,22 @@ func Open(o Options) (*Cache, error) {
 }
 
 // Close releases the directory.
-func (c *Cache) Close() error { return c.lock.Close() }
+func (c *Cache) Close() error { return c.lock.Release() }
+
+// lockDir takes the lock of the cache directory dir: its file "lock".
+func lockDir(dir string) (*source.Lock, error) {
+	d, err := source.OpenDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	if f, err := d.OpenFile("lock", os.O_RDONLY|os.O_CREATE, 0o600); err != nil {
+		return nil, err
+	} else {
+		f.Close()
+	}
+	return d.TryLock("lock")
+}
 
 // scan indexes the blocks on disk, oldest written first, and removes
 // temporary files of writes that were interrupted.

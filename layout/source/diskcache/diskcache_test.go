@@ -182,8 +182,8 @@ func TestOneProcess(t *testing.T) {
 	cdir := t.TempDir()
 	open(t, cdir, 1<<20)
 	_, err := Open(Options{Dir: cdir, MaxBytes: 1 << 20, BlockSize: 1000})
-	require.Error(t, err)
-	assert.True(t, strings.Contains(err.Error(), "in use"), err.Error())
+	require.ErrorIs(t, err, source.ErrLocked)
+	assert.True(t, strings.Contains(err.Error(), cdir), err.Error())
 }
 
 // TestRestartKeepsNewest: a directory over its bound is trimmed oldest
