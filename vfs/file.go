@@ -190,8 +190,8 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		return fuse.ReadResultData(dest[:n]), 0
 	}
 	// The reply is written from the cache's blocks (writev), not copied
-	// into dest first: a cold read of a view spent a tenth of its CPU on
-	// that copy. The read stops waiting for fills at a FUSE INTERRUPT
+	// into dest first: that copy showed in the CPU profile of a cold read
+	// (BENCHMARKS.md). The read stops waiting for fills at a FUSE INTERRUPT
 	// (EINTR) and at its deadline (EIO), whatever the fills do.
 	if d := h.fsys.opts.ReadDeadline; d > 0 {
 		var cancel context.CancelFunc

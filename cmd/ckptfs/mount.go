@@ -72,7 +72,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for s3:// sources, --prefill and --direct-reads=false; peak RSS stays near this plus ~64 MiB")
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (s3:// sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; s3:// sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
-	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (see BENCHMARKS.md: on a 2-core VM, a small, noisy gain for loads and 10% slower for cat)")
+	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as s3:// sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")

@@ -166,7 +166,8 @@ func transform(desc []string) (zstd bool, err error) {
 
 // file resolves and bounds-checks one storage entry. what names the entry
 // in errors; it is a function because a checkpoint can have millions of
-// entries, and formatting each name up front was a tenth of opening one.
+// entries, and formatting each name up front was a measurable part of
+// opening one.
 func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error) {
 	f, err := b.c.Files.Get(info.RelativePath)
 	if err != nil {
