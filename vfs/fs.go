@@ -89,6 +89,7 @@ type Options struct {
 	// file with how long it took and its error: the commit-duration
 	// histogram of the metrics endpoint.
 	CommitObserver func(took time.Duration, err error)
+	WriteLimits    *WriteLimits // shared by every write target (nil: the mount makes its own at its first mkdir)
 }
 
 // FS is the state shared by all nodes of one mount.

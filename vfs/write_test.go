@@ -578,3 +578,17 @@ func TestWriteNameTooLong(t *testing.T) {
 	require.Empty(t, listDir(t, dir))
 	require.Empty(t, spoolFiles(t, back))
 }
+
+// TestWriteLimitsPerMount: the write targets of a mount share one bound on
+// write-behind buffers and reshards, and two mounts in one process do not,
+// unless their caller gives them the same.
+func TestWriteLimitsPerMount(t *testing.T) {
+	a := newFS(t, t.TempDir(), writable(dcpwrite.Target{}))
+	b := newFS(t, t.TempDir(), writable(dcpwrite.Target{}))
+	require.NotNil(t, a.writeLimits())
+	require.Same(t, a.writeLimits(), a.writeLimits())
+	require.NotSame(t, a.writeLimits(), b.writeLimits())
+	shared := hfwrite.NewLimits()
+	c := newFS(t, t.TempDir(), writable(dcpwrite.Target{}), func(o *Options) { o.WriteLimits = shared })
+	require.Same(t, shared, c.writeLimits())
+}

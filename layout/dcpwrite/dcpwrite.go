@@ -70,6 +70,7 @@ type outFile interface {
 type Dir struct {
 	path   string
 	target Target
+	limits *Limits
 
 	// Lock order: commitMu, then mu. commitMu serializes the last step of
 	// commits (check the names against what is committed, write .metadata);
@@ -97,8 +98,12 @@ type Dir struct {
 // only torch's rank-local __{rank}.metadata files, or a .metadata with a
 // root class other than Metadata (Megatron's MCoreMetadata) or custom
 // planner_data, is refused (ErrUnsupported): rewriting it would drop data.
-func OpenDir(path string, target Target) (*Dir, error) {
-	d := &Dir{path: path, target: target, create: createFile, syncDir: ckpt.SyncDir}
+// The Dir's reshards count against limits (nil: limits of its own).
+func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
+	if limits == nil {
+		limits = NewLimits()
+	}
+	d := &Dir{path: path, target: target, limits: limits, create: createFile, syncDir: ckpt.SyncDir}
 	if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}

@@ -47,15 +47,15 @@ type complete struct{ io.ReaderAt }
 
 func (complete) Wait(int64) error { return nil }
 
-// ErrTooMany is returned by Dir.Reshard when maxGrowing reshards of files
-// being written are under way in the process: the file is committed at
-// close instead.
+// ErrTooMany is returned by Dir.Reshard when the Dir's Limits allow no more
+// reshards of files being written: the file is committed at close instead.
 var ErrTooMany = errors.New("dcpwrite: too many files being resharded while written")
 
 const (
-	// maxGrowing bounds the reshards of files still being written that run
-	// at once in the process, and so their buffers: growingWorkers *
-	// (copyBufSize + recBufSize) each.
+	// maxGrowing is the default bound (NewLimits) on the reshards of files
+	// still being written that run at once over the Dirs sharing a Limits,
+	// and so on their buffers: growingWorkers * (copyBufSize + recBufSize)
+	// each.
 	maxGrowing = 8
 	// growingWorkers write the shard files of a file being written: when it
 	// is closed they finish its tail in parallel.
@@ -76,7 +76,19 @@ const (
 // tests can exercise run batching with small tensors).
 var copyBufSize = 1 << 20
 
-var growingSlots = make(chan struct{}, maxGrowing)
+// Limits bounds what the Dirs sharing it run at once: the reshards of files
+// still being written (Dir.Reshard). Whoever opens many Dirs (a mount) makes
+// one for them all, so that two owners in one process do not share a
+// bound; a Dir opened without one has its own.
+type Limits struct {
+	growing chan struct{} // a slot per reshard of a file being written, until its Run ends
+}
+
+// NewLimits returns the default Limits: maxGrowing reshards of files being
+// written at once.
+func NewLimits() *Limits {
+	return &Limits{growing: make(chan struct{}, maxGrowing)}
+}
 
 // Reshard is the resharding of one safetensors file into shard files. Use:
 // Dir.Reshard (or Commit, which does it all), then Run once (it returns
@@ -91,7 +103,7 @@ type Reshard struct {
 	ranks   []int // ranks with a chunk, ascending
 	n       int   // reserved file number
 	workers int
-	slot    bool // holds one of growingSlots until Run ends
+	slot    bool // holds one of d.limits.growing until Run ends
 
 	created  []string                        // paths of the files created
 	infos    map[string]torchdcp.StorageInfo // by Index.Key
@@ -148,7 +160,7 @@ func (d *Dir) start(src Source, h *safetensors.Header, workers int, limited bool
 	}
 	if limited {
 		select {
-		case growingSlots <- struct{}{}:
+		case d.limits.growing <- struct{}{}:
 		default:
 			return nil, ErrTooMany
 		}
@@ -173,7 +185,7 @@ func (d *Dir) start(src Source, h *safetensors.Header, workers int, limited bool
 func (r *Reshard) releaseSlot() {
 	if r.slot {
 		r.slot = false
-		<-growingSlots
+		<-r.d.limits.growing
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 )
 
 // Write-behind. A write returns once its bytes are copied into one of a
@@ -31,8 +33,8 @@ import (
 // FUSE write. Larger ones are written in the handler, after those queued.
 const behindBufSize = 1 << 20
 
-// behindQueued bounds the writes queued over every file of every session
-// (8 MiB of buffers).
+// behindQueued bounds the writes queued over every file of the sessions
+// sharing a Limits (8 MiB of buffers).
 const behindQueued = 8
 
 // behindMinFree is the free space below which writes are not queued: room
@@ -43,12 +45,23 @@ const behindMinFree = behindQueued*behindBufSize + 64<<20
 // free space: a statfs per 16 MiB rather than per write.
 const behindRecheck = 16 << 20
 
-var behindBuffers = make(chan []byte, behindQueued)
+// Limits bounds what the sessions sharing it hold at once: the write-behind
+// buffers (behindQueued of behindBufSize) and the reshards of files being
+// written (dcpwrite.Limits). A mount makes one for all its write targets,
+// so that two mounts in one process do not share a bound; a session
+// created without one has its own.
+type Limits struct {
+	buffers chan []byte // the free write-behind buffers; nil until first used
+	reshard *dcpwrite.Limits
+}
 
-func init() {
-	for range cap(behindBuffers) {
-		behindBuffers <- nil // allocated on first use
+// NewLimits returns the default Limits.
+func NewLimits() *Limits {
+	l := &Limits{buffers: make(chan []byte, behindQueued), reshard: dcpwrite.NewLimits()}
+	for range behindQueued {
+		l.buffers <- nil // allocated on first use
 	}
+	return l
 }
 
 type pendingWrite struct {
@@ -58,8 +71,9 @@ type pendingWrite struct {
 
 // writeBehind is the queue of writes of one spool file.
 type writeBehind struct {
-	fd   *os.File
-	done func(off, n, written int64) // told of each write once it is in fd
+	fd      *os.File
+	buffers chan []byte                 // the session's Limits.buffers
+	done    func(off, n, written int64) // told of each write once it is in fd
 
 	mu      sync.Mutex
 	idle    sync.Cond
@@ -69,8 +83,8 @@ type writeBehind struct {
 	room    int64          // GUARDED_BY(mu): bytes that may be queued before the free space is looked at again
 }
 
-func newWriteBehind(fd *os.File, done func(off, n, written int64)) *writeBehind {
-	w := &writeBehind{fd: fd, done: done}
+func newWriteBehind(fd *os.File, limits *Limits, done func(off, n, written int64)) *writeBehind {
+	w := &writeBehind{fd: fd, buffers: limits.buffers, done: done}
 	w.idle.L = &w.mu
 	return w
 }
@@ -89,7 +103,7 @@ func (w *writeBehind) queue(p []byte, off int64) bool {
 	if len(p) > behindBufSize || !w.reserve(int64(len(p))) {
 		return false
 	}
-	buf := <-behindBuffers
+	buf := <-w.buffers
 	if buf == nil {
 		buf = make([]byte, behindBufSize)
 	}
@@ -134,7 +148,7 @@ func (w *writeBehind) run() {
 		w.mu.Unlock()
 		n, err := w.fd.WriteAt(pw.buf, pw.off)
 		w.done(pw.off, int64(len(pw.buf)), int64(n))
-		behindBuffers <- pw.buf[:0]
+		w.buffers <- pw.buf[:0]
 		w.mu.Lock()
 		if err != nil && w.err == nil {
 			w.err = fmt.Errorf("hfwrite: a write that returned failed: %w", err)

@@ -30,7 +30,7 @@ func TestWriteBehindWritesInOrderAndReportsEach(t *testing.T) {
 	require.NoError(t, err)
 	defer fd.Close()
 	var got spans
-	w := newWriteBehind(fd, got.done)
+	w := newWriteBehind(fd, NewLimits(), got.done)
 
 	// Overlapping writes land in the order they were queued.
 	require.True(t, w.queue(bytes.Repeat([]byte("a"), 100), 0))
@@ -53,7 +53,7 @@ func TestWriteBehindKeepsTheFirstErrorForLater(t *testing.T) {
 	require.NoError(t, err)
 	defer fd.Close()
 	var got spans
-	w := newWriteBehind(fd, got.done)
+	w := newWriteBehind(fd, NewLimits(), got.done)
 
 	require.True(t, w.queue([]byte("x"), 0))
 	err = w.drain()
@@ -94,7 +94,7 @@ func TestFileFailsWritesAndCommitAfterAQueuedWriteFailed(t *testing.T) {
 	ro, err := os.Open(f.spool)
 	require.NoError(t, err)
 	defer ro.Close()
-	f.behind = newWriteBehind(ro, f.prog.end)
+	f.behind = newWriteBehind(ro, s.opts.Limits, f.prog.end)
 
 	_, err = h.WriteAt([]byte("queued"), 0)
 	require.NoError(t, err, "the failure comes after the write returned")
@@ -116,7 +116,7 @@ func TestWriteBehindLooksAtFreeSpacePer16MiB(t *testing.T) {
 	fd, err := os.Create(filepath.Join(t.TempDir(), "spool"))
 	require.NoError(t, err)
 	defer fd.Close()
-	w := newWriteBehind(fd, func(off, n, written int64) {})
+	w := newWriteBehind(fd, NewLimits(), func(off, n, written int64) {})
 	// $TMPDIR has more than behindMinFree + behindRecheck free here.
 	require.True(t, w.reserve(1<<20))
 	assert.Equal(t, int64(behindRecheck-1<<20), w.room, "one look covers the next 16 MiB")

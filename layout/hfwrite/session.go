@@ -113,6 +113,9 @@ type Options struct {
 	// whoever started it (a flush, the last release, a rename): the one
 	// place to count and log them.
 	OnCommit func(Report)
+	// Limits bounds what the session holds at once, together with every
+	// session sharing them; nil: NewLimits, the session's own.
+	Limits *Limits
 }
 
 // Report is the outcome of a commit, for Options.OnCommit.
@@ -163,7 +166,10 @@ type Session struct {
 // removed: its spool (CleanStale) and the shard files its .metadata does not
 // name (dcpwrite.OpenDir).
 func Create(path string, opts Options) (*Session, error) {
-	d, err := dcpwrite.OpenDir(path, opts.Target)
+	if opts.Limits == nil {
+		opts.Limits = NewLimits()
+	}
+	d, err := dcpwrite.OpenDir(path, opts.Target, opts.Limits.reshard)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +277,7 @@ func (s *Session) start(name string, created bool) (*Handle, error) {
 		name: name, kind: kind, f: fd, changed: created, prog: newProgress(), handles: 1}
 	h := &Handle{f: f, write: true}
 	f.writer = h
-	f.behind = newWriteBehind(fd, f.prog.end)
+	f.behind = newWriteBehind(fd, s.opts.Limits, f.prog.end)
 	if kind != IndexFile {
 		// Also under another name: safetensors' save_file writes a temp
 		// file (.tmpXXXXXX) and renames it when complete. The attempt gives
