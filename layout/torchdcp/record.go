@@ -1,12 +1,9 @@
 package torchdcp
 
 import (
-	"archive/zip"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
@@ -75,36 +72,13 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 	}
 	nbytes := numel * want.ElemSize
 
-	zr, err := torchzip.NewReader(r, size)
+	a, err := torchzip.Open(r, size)
 	if err != nil {
 		return loc, err
 	}
-	if len(zr.File) == 0 {
-		return loc, errors.New("torch.save archive has no entries")
-	}
-	prefix, _, ok := strings.Cut(zr.File[0].Name, "/")
-	if !ok {
-		return loc, fmt.Errorf("torch.save archive entry %q has no top-level folder", zr.File[0].Name)
-	}
-	entries := make(map[string]*zip.File, len(zr.File))
-	for _, f := range zr.File {
-		if _, dup := entries[f.Name]; !dup {
-			entries[f.Name] = f
-		}
-	}
-
-	if bo := entries[prefix+"/byteorder"]; bo != nil {
-		b, err := torchzip.ReadEntry(bo, 16)
-		if err != nil {
-			return loc, err
-		}
-		if string(b) != "little" {
-			return loc, fmt.Errorf("byteorder %q is not supported", b)
-		}
-	}
-	pkl := entries[prefix+"/data.pkl"]
-	if pkl == nil {
-		return loc, fmt.Errorf("torch.save archive has no %s/data.pkl", prefix)
+	pkl, err := a.Entry("data.pkl")
+	if err != nil {
+		return loc, err
 	}
 	data, err := torchzip.ReadEntry(pkl, maxDataPkl)
 	if err != nil {
@@ -145,15 +119,12 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 		return loc, fmt.Errorf("tensor bytes [%d, %d) outside its storage of %d bytes", start, start+nbytes, storageBytes)
 	}
 
-	df := entries[prefix+"/data/"+st.Key]
-	if df == nil {
-		return loc, fmt.Errorf("torch.save archive has no %s/data/%s", prefix, st.Key)
+	df, err := a.Entry("data/" + st.Key)
+	if err != nil {
+		return loc, err
 	}
-	if df.Method != zip.Store {
-		return loc, fmt.Errorf("%s is compressed (method %d); only stored entries can be read in place", df.Name, df.Method)
-	}
-	if df.CompressedSize64 != df.UncompressedSize64 || df.UncompressedSize64 > uint64(size) {
-		return loc, fmt.Errorf("%s: inconsistent sizes %d/%d", df.Name, df.CompressedSize64, df.UncompressedSize64)
+	if err := a.Stored(df); err != nil {
+		return loc, err
 	}
 	entrySize := int64(df.UncompressedSize64)
 	if start+nbytes > entrySize {

@@ -20,8 +20,6 @@
 package torchsave
 
 import (
-	"archive/zip"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -129,9 +127,8 @@ type opener struct {
 
 // archive is one torch.save file: its entries by name.
 type archive struct {
-	file    *ckpt.File
-	prefix  string
-	entries map[string]*zip.File
+	*torchzip.Archive
+	file *ckpt.File
 }
 
 // addFile adds the tensors of one weights file.
@@ -159,44 +156,21 @@ func (o *opener) addFile(name string, index int) error {
 // the file (so none can be read twice over: no overlapping or huge entries).
 func openArchive(f *ckpt.File) (*archive, error) {
 	size := f.Size()
-	zr, err := torchzip.NewReader(f, size)
+	z, err := torchzip.Open(f, size)
 	if err != nil {
 		return nil, err
 	}
-	if len(zr.File) == 0 {
-		return nil, errors.New("torch.save archive has no entries")
-	}
-	prefix, _, ok := strings.Cut(zr.File[0].Name, "/")
-	if !ok {
-		return nil, fmt.Errorf("torch.save archive entry %q has no top-level folder", zr.File[0].Name)
-	}
-	a := &archive{file: f, prefix: prefix, entries: make(map[string]*zip.File, len(zr.File))}
 	var total uint64
-	for _, e := range zr.File {
-		if _, dup := a.entries[e.Name]; dup {
-			return nil, fmt.Errorf("entry %s appears twice", e.Name)
-		}
-		a.entries[e.Name] = e
-		if e.Method != zip.Store {
-			return nil, fmt.Errorf("entry %s is compressed (method %d): torch.save stores records uncompressed, and only those can be read in place", e.Name, e.Method)
-		}
-		if e.CompressedSize64 != e.UncompressedSize64 || e.UncompressedSize64 > uint64(size) {
-			return nil, fmt.Errorf("entry %s: sizes %d/%d past end of file (%d bytes)", e.Name, e.CompressedSize64, e.UncompressedSize64, size)
+	for _, e := range z.Files {
+		if err := z.Stored(e); err != nil {
+			return nil, err
 		}
 		total += e.UncompressedSize64
 		if total > uint64(size) {
 			return nil, fmt.Errorf("entries claim more than the file's %d bytes (overlapping or huge entries, up to %s)", size, e.Name)
 		}
 	}
-	if bo := a.entries[prefix+"/byteorder"]; bo != nil {
-		b, err := torchzip.ReadEntry(bo, 16)
-		if err != nil {
-			return nil, err
-		}
-		if string(b) != "little" {
-			return nil, fmt.Errorf("byteorder %q is not supported", b)
-		}
-	}
+	a := &archive{file: f, Archive: z}
 	return a, nil
 }
 
@@ -215,9 +189,9 @@ func (a *archive) stateDict() ([]pickle.DictItem, error) {
 // decode decodes data.pkl with the restricted VM: storages become
 // *torchzip.Storage, everything else inert values.
 func (a *archive) decode() (any, error) {
-	pkl := a.entries[a.prefix+"/data.pkl"]
-	if pkl == nil {
-		return nil, fmt.Errorf("torch.save archive has no %s/data.pkl", a.prefix)
+	pkl, err := a.Entry("data.pkl")
+	if err != nil {
+		return nil, err
 	}
 	data, err := torchzip.ReadEntry(pkl, MaxDataPkl)
 	if err != nil {
@@ -376,9 +350,9 @@ func (a *archive) storage(seen map[string]*storage, ref *torchzip.Storage, typed
 		}
 		return st, nil
 	}
-	e := a.entries[a.prefix+"/data/"+ref.Key]
-	if e == nil {
-		return nil, fmt.Errorf("torch.save archive has no %s/data/%s", a.prefix, ref.Key)
+	e, err := a.Entry("data/" + ref.Key)
+	if err != nil {
+		return nil, err
 	}
 	nbytes := ref.Numel
 	if typed {
