@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -50,12 +51,22 @@ func TestKilledWriteDebrisHidden(t *testing.T) {
 		require.NoError(t, err, "%s removed by a read-only mount", n)
 	}
 
-	// A writable mount hides it too, and removes it on first sight.
-	rw := filepath.Join(testMount(t, newFS(t, src, writable(dcpwrite.Target{}))), "new")
+	// A writable mount hides it too, and a lookup or a listing removes
+	// nothing: the debris goes when the mount writes beside it (a mkdir in
+	// the directory that holds it).
+	mnt := testMount(t, newFS(t, src, writable(dcpwrite.Target{})))
+	rw := filepath.Join(mnt, "new")
 	_, err := os.Stat(filepath.Join(rw, "__1_0.distcp"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 	require.Equal(t, []string{"config.json"}, listDir(t, rw))
-	require.Equal(t, []string{"config.json"}, listDir(t, back))
+	for _, n := range debris {
+		_, err := os.Stat(filepath.Join(back, n))
+		require.NoError(t, err, "%s removed by a lookup", n)
+	}
+	require.NoError(t, os.Mkdir(filepath.Join(mnt, "other"), 0o755))
+	require.Eventually(t, func() bool { return slices.Equal([]string{"config.json"}, listDir(t, back)) },
+		5*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{"config.json"}, listDir(t, rw))
 }
 
 // TestWriteEmptySafetensors: a .safetensors file closed empty (touch, `: >`)

@@ -119,8 +119,8 @@ func (f *FS) reportCommit(r hfwrite.Report) {
 // directory that is not a write target (with only != "", ents is at most
 // that name): its format's internals, any write session's spool, and,
 // beside a spool (a killed session's, or another mount's), the DCP files
-// the session was writing: in every mode. A writable mount removes what a
-// killed session left the first time it sees it.
+// the session was writing: in every mode. It removes nothing (see
+// sweepStale).
 func (d *Dir) hidden(format ckpt.Reader, ents []source.Info, only string) func(name string) bool {
 	spool := false
 	switch {
@@ -132,23 +132,45 @@ func (d *Dir) hidden(format ckpt.Reader, ents []source.Info, only string) func(n
 		_, err := d.fsys.tree.Stat(path.Join(d.name(), hfwrite.SpoolDir))
 		spool = err == nil
 	}
-	if spool {
-		d.fsys.cleanStale(d.real)
-	}
 	return func(name string) bool {
 		return name == hfwrite.SpoolDir || (format != nil && format.Internal(name)) || (spool && hfwrite.Hidden(name))
 	}
 }
 
-// cleanStale removes what a killed session left in dir (hfwrite.CleanStale),
-// once per directory and mount, in writable mounts only.
-func (f *FS) cleanStale(dir string) {
-	if !f.opts.Writable {
+// sweepStale removes what killed write sessions left in dir and in its
+// subdirectories. Removing is a write: lookups and listings only hide that
+// debris, and a mount removes it where it writes, after each mkdir, in the
+// directory written into (not the whole source, which may be large), on a
+// goroutine of its own so that no FUSE request waits on it. A mount that
+// only reads leaves the disk as it found it.
+func (f *FS) sweepStale(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		f.log.Error("stale spools not looked for", "dir", dir, "err", err)
 		return
 	}
+	dirs := []string{dir}
+	for _, e := range ents {
+		// Links are not followed; the mountpoint would be a request to
+		// this mount.
+		if sub := filepath.Join(dir, e.Name()); e.IsDir() && e.Name() != hfwrite.SpoolDir && sub != f.mountpoint {
+			dirs = append(dirs, sub)
+		}
+	}
+	for _, sub := range dirs {
+		if _, err := os.Lstat(filepath.Join(sub, hfwrite.SpoolDir)); err == nil {
+			f.cleanStale(sub)
+		}
+	}
+}
+
+// cleanStale removes what a killed session left in dir (hfwrite.CleanStale),
+// once per directory and mount, unless dir is one of the mount's write
+// targets or the mount was closed.
+func (f *FS) cleanStale(dir string) {
 	key := sourceKey(dir)
 	f.mu.Lock()
-	done := f.cleaned[key] || f.targets[key] != nil
+	done := f.closed || f.cleaned[key] || f.targets[key] != nil
 	f.cleaned[key] = true
 	f.mu.Unlock()
 	if done {
@@ -304,6 +326,7 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 		s.Close()
 		return nil, syscall.EROFS
 	}
+	go d.fsys.sweepStale(d.real)
 	node := &Dir{fsys: d.fsys, real: real, rel: rel}
 	child := d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: inode(rel)})
 	var attr fuse.AttrOut

@@ -3,6 +3,7 @@ package vfs
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -290,8 +291,8 @@ func killedWriter(t *testing.T, dst string) {
 }
 
 // TestStaleSpoolCleanedAtNextMount: the spool of a ckptfs that died
-// mid-write is removed by the next writable mount; what was committed
-// stays.
+// mid-write is removed by the next writable mount where it writes; what
+// was committed stays.
 func TestStaleSpoolCleanedAtNextMount(t *testing.T) {
 	in, _ := hfDir(t)
 	a, err := os.ReadFile(filepath.Join(in, "model-00001-of-00002.safetensors"))
@@ -323,11 +324,21 @@ func TestStaleSpoolCleanedAtNextMount(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(back, n), []byte("PK\x03\x04partial"), 0o644))
 	}
 
-	// The next mount (writable) removes it on first sight; it is never listed.
+	// The next mount (writable) never lists it, and removes it when it
+	// writes beside it (a mkdir), not when it is looked up.
 	mnt2 := testMount(t, newFS(t, src, writable(dcpwrite.Target{})))
 	require.NotContains(t, listDir(t, filepath.Join(mnt2, "new")), hfwrite.SpoolDir)
-	_, err = os.Stat(filepath.Join(back, hfwrite.SpoolDir))
-	require.ErrorIs(t, err, os.ErrNotExist)
+	for _, n := range []string{hfwrite.SpoolDir, "__0_9.distcp", "__1_9.distcp"} {
+		_, err = os.Stat(filepath.Join(mnt2, "new", n))
+		require.ErrorIs(t, err, os.ErrNotExist, n)
+		_, err = os.Stat(filepath.Join(back, n))
+		require.NoError(t, err, "%s removed by a lookup", n)
+	}
+	require.NoError(t, os.Mkdir(filepath.Join(mnt2, "next"), 0o755))
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(back, hfwrite.SpoolDir))
+		return errors.Is(err, os.ErrNotExist)
+	}, 5*time.Second, 10*time.Millisecond)
 	for _, n := range []string{"__0_9.distcp", "__1_9.distcp"} {
 		_, err = os.Stat(filepath.Join(back, n))
 		require.ErrorIs(t, err, os.ErrNotExist, n)
