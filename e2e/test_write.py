@@ -176,10 +176,17 @@ def test_bad_input_and_killed_mount(tmp_path, mount):
     # the spool of the dead process is left behind...
     assert len(os.listdir(src / "new" / ".ckptfs-spool")) == 1
 
-    # ...and the next writable mount removes it; what was committed stays
+    # ...hidden by the next writable mount, which removes it only once it
+    # writes beside it (a listing deletes nothing); what was committed stays
     m2 = mount(src, "--rw")
     assert sorted(os.listdir(m2.mnt / "new")) == ["model.safetensors", "model.safetensors.index.json"]
+    assert (src / "new" / ".ckptfs-spool").exists()
+    (m2.mnt / "other").mkdir()
+    deadline = time.time() + 10
+    while (src / "new" / ".ckptfs-spool").exists() and time.time() < deadline:
+        time.sleep(0.05)
     assert not (src / "new" / ".ckptfs-spool").exists()
+    assert "removed the spool of an interrupted write" in m2.output()
     assert (src / "new" / ".metadata").read_bytes() == meta
     got = view_tensors(m2.mnt / "new")
     assert set(got) == {"w"} and same(got["w"], good["w"])
