@@ -99,6 +99,7 @@ type FS struct {
 	root  string      // the source's local directory, or its Path(".")
 	tree  source.Tree // the source, confined: every read goes through it
 	local bool        // root is a local directory (statfs, writes)
+	wroot *source.Dir // root, for writes: nil unless Options.Writable; owned
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -125,6 +126,7 @@ type FS struct {
 	openFDs int                   // GUARDED_BY(mu); descriptors the views not yet closed may hold
 	targets map[string]*target    // GUARDED_BY(mu); write targets, by real path
 	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
+	sweeps  sync.WaitGroup        // sweepStale runs; Close waits for them
 	closed  bool                  // GUARDED_BY(mu)
 
 	// started is the mount root's mtime: the root never touches the source
@@ -161,7 +163,14 @@ func New(opts Options) (*FS, error) {
 	if opts.Writable && !local {
 		return nil, fmt.Errorf("vfs: %s: a writable mount needs a local directory", root)
 	}
-	return newState(opts, root, local), nil
+	f := newState(opts, root, local)
+	if opts.Writable {
+		var err error
+		if f.wroot, err = source.OpenDir(root); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
 }
 
 func newState(opts Options, root string, local bool) *FS {
@@ -701,6 +710,10 @@ func (f *FS) Close() {
 		if err := t.s.Close(); err != nil {
 			f.log.Error("closing write target", "dir", t.s.Path(), "err", err)
 		}
+	}
+	if f.wroot != nil {
+		f.sweeps.Wait()
+		f.wroot.Close()
 	}
 	f.mu.Lock()
 	var open []*viewInst

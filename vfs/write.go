@@ -3,7 +3,6 @@ package vfs
 import (
 	"context"
 	"errors"
-	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -143,31 +142,37 @@ func (d *Dir) hidden(format ckpt.Reader, ents []source.Info, only string) func(n
 // directory written into (not the whole source, which may be large), on a
 // goroutine of its own so that no FUSE request waits on it. A mount that
 // only reads leaves the disk as it found it.
-func (f *FS) sweepStale(dir string) {
-	ents, err := os.ReadDir(dir)
+//
+// rel is the directory's name in the source; the caller has added the run
+// to f.sweeps.
+func (f *FS) sweepStale(rel string) {
+	defer f.sweeps.Done()
+	dir := path.Join(".", rel)
+	ents, err := f.wroot.ReadDir(dir)
 	if err != nil {
-		f.log.Error("stale spools not looked for", "dir", dir, "err", err)
+		f.log.Error("stale spools not looked for", "err", err)
 		return
 	}
 	dirs := []string{dir}
 	for _, e := range ents {
 		// Links are not followed; the mountpoint would be a request to
 		// this mount.
-		if sub := filepath.Join(dir, e.Name()); e.IsDir() && e.Name() != hfwrite.SpoolDir && sub != f.mountpoint {
+		if sub := path.Join(dir, e.Name()); e.IsDir() && e.Name() != hfwrite.SpoolDir && f.wroot.Path(sub) != f.mountpoint {
 			dirs = append(dirs, sub)
 		}
 	}
 	for _, sub := range dirs {
-		if _, err := os.Lstat(filepath.Join(sub, hfwrite.SpoolDir)); err == nil {
+		if _, err := f.wroot.Lstat(path.Join(sub, hfwrite.SpoolDir)); err == nil {
 			f.cleanStale(sub)
 		}
 	}
 }
 
-// cleanStale removes what a killed session left in dir (hfwrite.CleanStale),
-// once per directory and mount, unless dir is one of the mount's write
-// targets or the mount was closed.
-func (f *FS) cleanStale(dir string) {
+// cleanStale removes what a killed session left in the source directory
+// rel (hfwrite.CleanStale), once per directory and mount, unless it is one
+// of the mount's write targets or the mount was closed.
+func (f *FS) cleanStale(rel string) {
+	dir := f.wroot.Path(rel)
 	key := sourceKey(dir)
 	f.mu.Lock()
 	done := f.closed || f.cleaned[key] || f.targets[key] != nil
@@ -176,7 +181,12 @@ func (f *FS) cleanStale(dir string) {
 	if done {
 		return
 	}
-	removed, err := hfwrite.CleanStale(dir)
+	sub, err := f.wroot.Sub(rel)
+	removed := false
+	if err == nil {
+		removed, err = hfwrite.CleanStale(sub)
+		sub.Close()
+	}
 	switch {
 	case err != nil:
 		f.log.Error("stale spool not removed", "dir", dir, "err", err)
@@ -301,17 +311,22 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 		return nil, toErrno(d.fsys.log, "mkdir "+filepath.Join(d.real, name), err)
 	}
 	real, rel := filepath.Join(d.real, name), path.Join(d.rel, name)
-	if err := os.Mkdir(real, 0o755); err != nil {
+	if err := d.fsys.wroot.Mkdir(rel, 0o755); err != nil {
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
-	s, err := hfwrite.Create(real, hfwrite.Options{
+	root, err := d.fsys.wroot.Sub(rel)
+	if err != nil {
+		d.fsys.wroot.Remove(rel)
+		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
+	}
+	s, err := hfwrite.CreateIn(root, hfwrite.Options{
 		Target:   d.fsys.opts.Target,
 		View:     func() (*view.View, error) { return d.fsys.openView(rel, nil) },
 		OnCommit: d.fsys.reportCommit,
 		Limits:   d.fsys.writeLimits(),
 	})
 	if err != nil {
-		os.Remove(real)
+		d.fsys.wroot.Remove(rel)
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
 	key := sourceKey(real)
@@ -320,13 +335,14 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	if !closed {
 		d.fsys.targets[key] = &target{s: s, rel: rel}
 		d.fsys.cleaned[key] = true
+		d.fsys.sweeps.Add(1)
 	}
 	d.fsys.mu.Unlock()
 	if closed {
 		s.Close()
 		return nil, syscall.EROFS
 	}
-	go d.fsys.sweepStale(d.real)
+	go d.fsys.sweepStale(d.rel)
 	node := &Dir{fsys: d.fsys, real: real, rel: rel}
 	child := d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: inode(rel)})
 	var attr fuse.AttrOut

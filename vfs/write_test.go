@@ -13,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
@@ -68,9 +70,10 @@ func TestWriteRoundTrip(t *testing.T) {
 			back := filepath.Join(src, "imported")
 			require.Empty(t, spoolFiles(t, back))
 			require.NotContains(t, listDir(t, back), ".metadata.tmp")
-			c, err := ckpt.OpenLocal(back, torchdcp.Reader.Open)
+			c, err := layout.Open(back)
 			require.NoError(t, err)
 			defer c.Close()
+			require.Equal(t, ckpt.FormatTorchDCP, c.Format)
 			require.Len(t, c.Tensors, len(want))
 			for _, ct := range c.Tensors {
 				name := strings.TrimPrefix(ct.Name, tc.target.Prefix+".")

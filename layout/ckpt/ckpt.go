@@ -258,19 +258,3 @@ func (t *Tensor) Validate() error {
 			ErrInvalid, t.Name, elem, sum, total)
 	}
 }
-
-// OpenLocal opens the local directory dir as a confined tree and the
-// checkpoint in it with open; the checkpoint owns the tree.
-func OpenLocal(dir string, open func(source.Tree) (*Checkpoint, error)) (*Checkpoint, error) {
-	tree, err := source.OpenLocal(dir)
-	if err != nil {
-		return nil, err
-	}
-	c, err := open(tree)
-	if err != nil {
-		tree.Close()
-		return nil, err
-	}
-	c.Files.Adopt(tree)
-	return c, nil
-}

@@ -293,20 +293,6 @@ func (s *Section) String() string {
 	return fmt.Sprintf("%s@%d+%d", s.File.Rel, s.Offset, s.Length)
 }
 
-// SyncDir fsyncs a directory, making the entries created or renamed in it
-// durable.
-func SyncDir(path string) error {
-	d, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 // ReadFullAt reads len(p) bytes at off, the one way every reader and the
 // writer read a range they need whole: a short read is an error wrapping
 // io.ErrUnexpectedEOF that says how short.

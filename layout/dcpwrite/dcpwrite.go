@@ -39,6 +39,7 @@ import (
 	"sync"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -68,7 +69,7 @@ type outFile interface {
 // Dir is a DCP checkpoint directory being written into. Its methods are
 // safe for concurrent use; commits are serialized.
 type Dir struct {
-	path   string
+	root   *source.Dir // every file of the directory is created, renamed and removed through it
 	target Target
 	limits *Limits
 
@@ -83,9 +84,8 @@ type Dir struct {
 	nextFile int                // GUARDED_BY(mu): n of the next reserved shard files (reserve)
 
 	// Test hooks.
-	create         func(path string, excl bool) (outFile, error)
+	create         func(name string, excl bool) (outFile, error)
 	beforeMetadata func() error
-	syncDir        func(path string) error
 	// removed lists the stale files OpenDir deleted (for tests).
 	removed []string
 }
@@ -100,10 +100,6 @@ type Dir struct {
 // planner_data, is refused (ErrUnsupported): rewriting it would drop data.
 // The Dir's reshards count against limits (nil: limits of its own).
 func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
-	if limits == nil {
-		limits = NewLimits()
-	}
-	d := &Dir{path: path, target: target, limits: limits, create: createFile, syncDir: ckpt.SyncDir}
 	if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}
@@ -114,14 +110,38 @@ func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("dcpwrite: %s is not a directory", path)
 	}
-	names, meta, err := loadCommitted(path)
+	root, err := source.OpenDir(path)
 	if err != nil {
+		return nil, fmt.Errorf("dcpwrite: %w", err)
+	}
+	return Open(root, target, limits)
+}
+
+// Open is OpenDir of the directory root, opened already. It takes root:
+// the Dir closes it, and Open does when it fails.
+func Open(root *source.Dir, target Target, limits *Limits) (*Dir, error) {
+	if limits == nil {
+		limits = NewLimits()
+	}
+	d := &Dir{root: root, target: target, limits: limits}
+	d.create = d.createFile
+	if err := d.load(); err != nil {
+		root.Close()
 		return nil, err
+	}
+	return d, nil
+}
+
+// load reads the committed state and removes what an earlier writer left.
+func (d *Dir) load() error {
+	names, meta, err := loadCommitted(d.root)
+	if err != nil {
+		return err
 	}
 	d.meta = meta
 	referenced := referencedFiles(d.meta)
-	if d.removed, err = removeUnreferenced(path, names, referenced); err != nil {
-		return nil, err
+	if d.removed, err = removeUnreferenced(d.root, names, referenced); err != nil {
+		return err
 	}
 	// Commits number their files after every referenced one (present or not).
 	for rel := range referenced {
@@ -130,12 +150,18 @@ func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
 		}
 	}
 	if len(d.removed) > 0 {
-		if err := d.syncDir(path); err != nil {
-			return nil, fmt.Errorf("dcpwrite: %w", err)
+		if err := d.root.Sync("."); err != nil {
+			return fmt.Errorf("dcpwrite: %w", err)
 		}
 	}
-	return d, nil
+	return nil
 }
+
+// Close releases the directory.
+func (d *Dir) Close() error { return d.root.Close() }
+
+// Root is the directory, for the other files a writer keeps in it.
+func (d *Dir) Root() *source.Dir { return d.root }
 
 // loadCommitted reads what the DCP directory path holds: the names of its
 // regular files and its committed state, .metadata (empty when there is
@@ -144,12 +170,13 @@ func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
 // no .metadata, a root class other than Metadata (Megatron's
 // MCoreMetadata), or planner_data that is not the default planner's. A
 // .metadata that cannot be decoded is an error wrapping ckpt.ErrInvalid.
-func loadCommitted(path string) ([]string, *torchdcp.Metadata, error) {
-	names, err := readDirNames(path)
+func loadCommitted(root *source.Dir) ([]string, *torchdcp.Metadata, error) {
+	path := root.Path(".")
+	names, err := readDirNames(root)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dcpwrite: %w", err)
 	}
-	b, err := readLimited(filepath.Join(path, torchdcp.MetadataFile), maxMetadataBytes)
+	b, err := readLimited(root, torchdcp.MetadataFile, maxMetadataBytes)
 	switch {
 	case err == nil:
 	case errors.Is(err, fs.ErrNotExist):
@@ -185,11 +212,11 @@ func referencedFiles(m *torchdcp.Metadata) map[string]bool {
 
 // removeUnreferenced removes .metadata.tmp and the shard files of names
 // that referenced does not hold, and returns the names removed.
-func removeUnreferenced(path string, names []string, referenced map[string]bool) ([]string, error) {
+func removeUnreferenced(root *source.Dir, names []string, referenced map[string]bool) ([]string, error) {
 	var removed []string
 	for _, n := range names {
 		if _, _, shard := torchdcp.ParseShardName(n); n == torchdcp.MetadataTmp || (shard && !referenced[n]) {
-			if err := os.Remove(filepath.Join(path, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := root.Remove(n); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return removed, fmt.Errorf("dcpwrite: removing stale %s: %w", n, err)
 			}
 			removed = append(removed, n)
@@ -199,21 +226,21 @@ func removeUnreferenced(path string, names []string, referenced map[string]bool)
 }
 
 // RemoveStale removes what a writer killed mid-commit (or mid eager
-// commit) left in the DCP directory path, as OpenDir does: .metadata.tmp
+// commit) left in the DCP directory root, as OpenDir does: .metadata.tmp
 // and the shard files .metadata does not name. It returns the names
 // removed. A directory OpenDir would refuse, or whose .metadata cannot be
 // read, is left alone. No writer may be using the directory.
-func RemoveStale(path string) ([]string, error) {
-	names, meta, err := loadCommitted(path)
+func RemoveStale(root *source.Dir) ([]string, error) {
+	names, meta, err := loadCommitted(root)
 	switch {
 	case errors.Is(err, ErrUnsupported), errors.Is(err, ckpt.ErrInvalid):
 		return nil, nil
 	case err != nil:
 		return nil, err
 	}
-	removed, err := removeUnreferenced(path, names, referencedFiles(meta))
+	removed, err := removeUnreferenced(root, names, referencedFiles(meta))
 	if len(removed) > 0 {
-		if serr := ckpt.SyncDir(path); err == nil && serr != nil {
+		if serr := root.Sync("."); err == nil && serr != nil {
 			err = fmt.Errorf("dcpwrite: %w", serr)
 		}
 	}
@@ -221,7 +248,7 @@ func RemoveStale(path string) ([]string, error) {
 }
 
 // Path is the directory.
-func (d *Dir) Path() string { return d.path }
+func (d *Dir) Path() string { return d.root.Path(".") }
 
 // Committed returns the FQNs (Target.FQN of the written names) of every
 // tensor in the committed .metadata, in its order, earlier content included.
@@ -272,8 +299,8 @@ func (d *Dir) release(n int) {
 // never used again.
 func (d *Dir) cleanup(created []string, n int, err error) error {
 	removed := true
-	for _, p := range created {
-		if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+	for _, name := range created {
+		if rerr := d.root.Remove(name); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 			removed = false
 		}
 	}
@@ -327,8 +354,8 @@ func (d *Dir) commitMeta(plan []planned, infos map[string]torchdcp.StorageInfo, 
 	d.mu.Lock()
 	d.meta = meta
 	d.mu.Unlock()
-	if err := d.syncDir(d.path); err != nil {
-		return fmt.Errorf("dcpwrite: committed, but fsync of %s failed: %w", d.path, err)
+	if err := d.root.Sync("."); err != nil {
+		return fmt.Errorf("dcpwrite: committed, but fsync of %s failed: %w", d.Path(), err)
 	}
 	return nil
 }
@@ -396,7 +423,7 @@ func dedupEmpty(cs []RankChunk) []RankChunk {
 // writeMetadata replaces .metadata atomically: write .metadata.tmp, fsync,
 // rename over .metadata.
 func (d *Dir) writeMetadata(m *torchdcp.Metadata) error {
-	tmp := filepath.Join(d.path, torchdcp.MetadataTmp)
+	tmp := torchdcp.MetadataTmp
 	f, err := d.create(tmp, false)
 	if err != nil {
 		return fmt.Errorf("dcpwrite: %w", err)
@@ -409,25 +436,27 @@ func (d *Dir) writeMetadata(m *torchdcp.Metadata) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(d.path, torchdcp.MetadataFile))
+		err = d.root.Rename(tmp, torchdcp.MetadataFile)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		d.root.Remove(tmp)
 		return fmt.Errorf("dcpwrite: writing .metadata: %w", err)
 	}
 	return nil
 }
 
-func createFile(path string, excl bool) (outFile, error) {
+// createFile creates the file name in the directory, truncating it unless
+// excl, where it must not exist.
+func (d *Dir) createFile(name string, excl bool) (outFile, error) {
 	flag := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	if excl {
 		flag = os.O_WRONLY | os.O_CREATE | os.O_EXCL
 	}
-	return os.OpenFile(path, flag, 0o644)
+	return d.root.OpenFile(name, flag, 0o644)
 }
 
-func readDirNames(path string) ([]string, error) {
-	ents, err := os.ReadDir(path)
+func readDirNames(root *source.Dir) ([]string, error) {
+	ents, err := root.ReadDir(".")
 	if err != nil {
 		return nil, err
 	}
@@ -440,8 +469,8 @@ func readDirNames(path string) ([]string, error) {
 	return names, nil
 }
 
-func readLimited(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
+func readLimited(root *source.Dir, name string, limit int64) ([]byte, error) {
+	f, err := root.Open(name)
 	if err != nil {
 		return nil, err
 	}
@@ -451,7 +480,7 @@ func readLimited(path string, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+		return nil, fmt.Errorf("%s is larger than %d bytes", root.Path(name), limit)
 	}
 	return b, nil
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -192,7 +192,7 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 		{"disk full in shard", func(d *Dir) {
 			budget := int64(700)
 			d.create = func(p string, excl bool) (outFile, error) {
-				f, err := createFile(p, excl)
+				f, err := d.createFile(p, excl)
 				if err != nil {
 					return nil, err
 				}
@@ -201,7 +201,7 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 		}, syscall.ENOSPC},
 		{"disk full in metadata", func(d *Dir) {
 			d.create = func(p string, excl bool) (outFile, error) {
-				f, err := createFile(p, excl)
+				f, err := d.createFile(p, excl)
 				if err != nil || !strings.HasSuffix(p, torchdcp.MetadataTmp) {
 					return f, err
 				}
@@ -215,7 +215,7 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 				if n.Add(1) == 2 {
 					return nil, &os.PathError{Op: "open", Path: p, Err: syscall.EIO}
 				}
-				return createFile(p, excl)
+				return d.createFile(p, excl)
 			}
 		}, syscall.EIO},
 		{"short source", func(d *Dir) {}, errShortSource},
@@ -238,7 +238,7 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 			verifyDir(t, dir, exps)
 
 			// The Dir is still usable, and the retry reuses the file number.
-			d.beforeMetadata, d.create = nil, createFile
+			d.beforeMetadata, d.create = nil, d.createFile
 			require.NoError(t, d.Commit(second.reader(), second.header))
 			verifyDir(t, dir, append(exps, expect(target, second)...))
 			assert.Contains(t, shardFiles(t, dir), "__0_1.distcp")
@@ -387,7 +387,7 @@ func rawPlanner(t *testing.T, b []byte) map[string]any {
 // readAllChunks reads every chunk of every tensor of dir.
 func readAllChunks(t *testing.T, dir string) map[string][]byte {
 	t.Helper()
-	c, err := ckpt.OpenLocal(dir, torchdcp.Reader.Open)
+	c, err := treetest.OpenLocal(dir, torchdcp.Reader.Open)
 	require.NoError(t, err)
 	defer c.Close()
 	out := map[string][]byte{}

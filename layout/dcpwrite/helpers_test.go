@@ -15,6 +15,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/sttest"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -139,7 +140,7 @@ func expect(target Target, f *stFile) []expectation {
 // check_load.py.
 func verifyDir(t *testing.T, dir string, exps []expectation) {
 	t.Helper()
-	c, err := ckpt.OpenLocal(dir, torchdcp.Reader.Open)
+	c, err := treetest.OpenLocal(dir, torchdcp.Reader.Open)
 	require.NoError(t, err)
 	defer c.Close()
 	for _, s := range c.Skipped {
@@ -292,7 +293,7 @@ var scenarios = []scenario{
 		src := filepath.Join(dir, "..", "like-src")
 		commitAll(t, src, Target{WorldSize: 4, Rules: mustRules(t, "^a 1\n")},
 			makeST(t, 5, spec{"a", safetensors.F32, []int64{3, 8}}, spec{"b", safetensors.I64, []int64{6}}))
-		like, err := ckpt.OpenLocal(src, torchdcp.Reader.Open)
+		like, err := treetest.OpenLocal(src, torchdcp.Reader.Open)
 		require.NoError(t, err)
 		defer like.Close()
 		return commitAll(t, dir, Target{WorldSize: 2, Like: like},

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -48,7 +48,7 @@ func TestCommitMemoryBounded(t *testing.T) {
 	t.Logf("commit of a %d MiB tensor allocated %.1f MiB", infos[0].Size()>>20, float64(alloc)/(1<<20))
 	assert.Less(t, alloc, uint64(12<<20), "Commit must stream, not hold the tensor")
 
-	c, err := ckpt.OpenLocal(dir, torchdcp.Reader.Open)
+	c, err := treetest.OpenLocal(dir, torchdcp.Reader.Open)
 	require.NoError(t, err)
 	defer c.Close()
 	require.Len(t, c.Tensors, 1)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 
@@ -105,7 +104,7 @@ type Reshard struct {
 	workers int
 	slot    bool // holds one of d.limits.growing until Run ends
 
-	created  []string                        // paths of the files created
+	created  []string                        // names of the files created
 	infos    map[string]torchdcp.StorageInfo // by Index.Key
 	ran      bool                            // Run returned nil
 	finished bool                            // committed or discarded
@@ -247,12 +246,11 @@ func (r *Reshard) Run() error {
 	// not depend on timing.
 	for i, rank := range r.ranks {
 		rel := torchdcp.ShardName(rank, r.n)
-		full := filepath.Join(r.d.path, rel)
-		f, err := r.d.create(full, true)
+		f, err := r.d.create(rel, true)
 		if err != nil {
 			return fmt.Errorf("dcpwrite: %w", err)
 		}
-		r.created = append(r.created, full)
+		r.created = append(r.created, rel)
 		if osf, ok := f.(*os.File); ok {
 			f = directOut(osf)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -166,7 +167,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 		{"disk full mid-run", func(t *testing.T, d *Dir) error {
 			budget := int64(6000) // a few chunks get written first
 			d.create = func(p string, excl bool) (outFile, error) {
-				f, err := createFile(p, excl)
+				f, err := d.createFile(p, excl)
 				if err != nil {
 					return nil, err
 				}
@@ -188,7 +189,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 				src.abandon(injected)
 			}()
 			err = e.Run()
-			require.NotEmpty(t, shardFiles(t, d.path), "the first chunks were written")
+			require.NotEmpty(t, shardFiles(t, d.Path()), "the first chunks were written")
 			e.Discard()
 			return err
 		}, injected},
@@ -220,7 +221,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 			assert.Equal(t, before, now, "directory changed by a failed eager commit")
 			assert.Equal(t, committed, d.Committed())
 			// Usable afterwards, and the number was given back.
-			d.beforeMetadata, d.create = nil, createFile
+			d.beforeMetadata, d.create = nil, d.createFile
 			require.NoError(t, d.Commit(second.reader(), second.header))
 			assert.Contains(t, shardFiles(t, dir), "__0_1.distcp")
 			verifyDir(t, dir, append(expect(target, first), expect(target, second)...))
@@ -308,17 +309,23 @@ func TestReshardTooMany(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.Run())
 	require.NoError(t, e.Commit())
-	assert.Equal(t, []string{"__0_0.distcp"}, shardFiles(t, d.path))
+	assert.Equal(t, []string{"__0_0.distcp"}, shardFiles(t, d.Path()))
 }
 
 func TestRemoveStale(t *testing.T) {
+	openDir := func(path string) *source.Dir {
+		d, err := source.OpenDir(path)
+		require.NoError(t, err)
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
 	dir := filepath.Join(t.TempDir(), "k")
 	commitAll(t, dir, Target{WorldSize: 2}, makeST(t, 1, spec{"a", safetensors.F32, []int64{5, 3}}))
 	keep := snapshot(t, dir)
 	for _, n := range []string{"__0_1.distcp", "__1_1.distcp", ".metadata.tmp"} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte("partial"), 0o644))
 	}
-	removed, err := RemoveStale(dir)
+	removed, err := RemoveStale(openDir(dir))
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"__0_1.distcp", "__1_1.distcp", ".metadata.tmp"}, removed)
 	assert.Equal(t, keep, snapshot(t, dir))
@@ -327,12 +334,13 @@ func TestRemoveStale(t *testing.T) {
 	// metadata says this is not ours.
 	dir2 := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir2, "__0_0.distcp"), nil, 0o644))
-	removed, err = RemoveStale(dir2)
+	root2 := openDir(dir2)
+	removed, err = RemoveStale(root2)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"__0_0.distcp"}, removed)
 	require.NoError(t, os.WriteFile(filepath.Join(dir2, "__0_0.distcp"), nil, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir2, "__0.metadata"), nil, 0o644))
-	removed, err = RemoveStale(dir2)
+	removed, err = RemoveStale(root2)
 	require.NoError(t, err)
 	assert.Empty(t, removed)
 }

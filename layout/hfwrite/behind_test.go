@@ -91,7 +91,7 @@ func TestFileFailsWritesAndCommitAfterAQueuedWriteFailed(t *testing.T) {
 	f := h.File()
 	// The spool's descriptor stands in for one whose writes fail (a full
 	// disk): its queue writes through a read-only one.
-	ro, err := os.Open(f.spool)
+	ro, err := s.root.Open(f.spool)
 	require.NoError(t, err)
 	defer ro.Close()
 	f.behind = newWriteBehind(ro, s.opts.Limits, f.prog.end)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -23,7 +22,7 @@ import (
 type File struct {
 	s       *Session
 	seq     uint64 // numbers the files of the session
-	spool   string
+	spool   string // its name in the session's directory
 	started time.Time
 	listed  bool         // a new file: shown under its name while written
 	prog    *progress    // its own lock, taken last: never held while taking another
@@ -323,7 +322,7 @@ func (f *File) finish(err error) {
 	}
 	f.f.Close()
 	f.f = nil
-	os.Remove(f.spool) // gone already when a sidecar was renamed into place
+	f.s.root.Remove(f.spool) // gone already when a sidecar was renamed into place
 	f.done, f.err = true, err
 	f.letGo()
 }
@@ -339,10 +338,10 @@ func (f *File) commit(name string, kind Kind, rs *dcpwrite.Reshard, used *bool) 
 	if err := f.f.Sync(); err != nil {
 		return err
 	}
-	if err := os.Rename(f.spool, filepath.Join(f.s.path, name)); err != nil {
+	if err := f.s.root.Rename(f.spool, name); err != nil {
 		return err
 	}
-	if err := ckpt.SyncDir(f.s.path); err != nil {
+	if err := f.s.root.Sync("."); err != nil {
 		return fmt.Errorf("stored, but fsync of %s failed: %w", f.s.path, err)
 	}
 	return nil

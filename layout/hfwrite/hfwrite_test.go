@@ -12,8 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -129,7 +130,7 @@ func TestSessionCommits(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dir, SpoolDir))
 	require.True(t, errors.Is(err, os.ErrNotExist))
 
-	c, err := ckpt.OpenLocal(dir, torchdcp.Reader.Open)
+	c, err := treetest.OpenLocal(dir, torchdcp.Reader.Open)
 	require.NoError(t, err)
 	defer c.Close()
 	var names []string
@@ -161,6 +162,15 @@ func TestAbortAndClose(t *testing.T) {
 	require.Error(t, err)
 }
 
+// openDir opens path as a source.Dir, closed at the test's end.
+func openDir(t *testing.T, path string) *source.Dir {
+	t.Helper()
+	d, err := source.OpenDir(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 func TestCleanStale(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
 	w, err := Create(dir, target(dcpwrite.Target{}))
@@ -168,7 +178,7 @@ func TestCleanStale(t *testing.T) {
 	f := create(t, w, "a.safetensors")
 	_, err = f.WriteAt([]byte("partial"), 0)
 	require.NoError(t, err)
-	removed, err := CleanStale(dir)
+	removed, err := CleanStale(openDir(t, dir))
 	require.NoError(t, err)
 	require.False(t, removed, "a live writer's spool stays")
 	create(t, w, "b.safetensors")
@@ -177,7 +187,7 @@ func TestCleanStale(t *testing.T) {
 	dead := filepath.Join(t.TempDir(), "dead")
 	require.NoError(t, os.MkdirAll(filepath.Join(dead, SpoolDir), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(dead, SpoolDir, "1.part"), []byte("x"), 0o600))
-	removed, err = CleanStale(dead)
+	removed, err = CleanStale(openDir(t, dead))
 	require.NoError(t, err)
 	require.True(t, removed)
 	_, err = os.Stat(filepath.Join(dead, SpoolDir))

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -53,12 +52,12 @@ func (s *Session) Entries(only string) (Listing, error) {
 	}
 	var ents []os.DirEntry
 	if only != "" {
-		if fi, err := os.Lstat(filepath.Join(s.path, only)); err == nil {
+		if fi, err := s.root.Lstat(only); err == nil {
 			ents = []os.DirEntry{fs.FileInfoToDirEntry(fi)}
 		}
 	} else {
 		var err error
-		if ents, err = os.ReadDir(s.path); err != nil {
+		if ents, err = s.root.ReadDir("."); err != nil {
 			l.View.Release()
 			return Listing{}, fmt.Errorf("hfwrite: %w", err)
 		}

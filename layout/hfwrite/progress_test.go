@@ -365,7 +365,7 @@ func TestEagerKilledWriter(t *testing.T) {
 			assert.Equal(t, before[".metadata"], meta, "nothing committed")
 
 			if clean == "CleanStale" {
-				removed, err := CleanStale(dir)
+				removed, err := CleanStale(openDir(t, dir))
 				require.NoError(t, err)
 				assert.True(t, removed)
 			} else {

@@ -5,11 +5,7 @@ package hfwrite
 import (
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
-
-	"github.com/ckptfs/ckptfs/layout/ckpt"
 )
 
 // Remove removes name from the directory: a stored file, or a file being
@@ -33,7 +29,7 @@ func (s *Session) Remove(name string) error {
 	if !s.isStored(name) {
 		return s.notStored(name)
 	}
-	if err := os.Remove(filepath.Join(s.path, name)); err != nil {
+	if err := s.root.Remove(name); err != nil {
 		return err
 	}
 	s.bump()
@@ -106,20 +102,19 @@ func (s *Session) renameStored(old, name string) error {
 	if err != nil {
 		return err
 	}
-	oldPath, newPath := filepath.Join(s.path, old), filepath.Join(s.path, name)
-	if fi, err := os.Lstat(oldPath); err != nil || !fi.Mode().IsRegular() {
+	if fi, err := s.root.Lstat(old); err != nil || !fi.Mode().IsRegular() {
 		return fmt.Errorf("hfwrite: %s: %w", old, fs.ErrNotExist)
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	defer s.bump()
 	if kind == SidecarFile {
-		if err := os.Rename(oldPath, newPath); err != nil {
+		if err := s.root.Rename(old, name); err != nil {
 			return fmt.Errorf("hfwrite: %w", err)
 		}
-		return ckpt.SyncDir(s.path)
+		return s.root.Sync(".")
 	}
-	f, err := os.Open(oldPath)
+	f, err := s.root.Open(old)
 	if err != nil {
 		return fmt.Errorf("hfwrite: %w", err)
 	}
@@ -134,15 +129,15 @@ func (s *Session) renameStored(old, name string) error {
 		if fi, serr := f.Stat(); serr == nil {
 			size = fi.Size()
 		}
-		s.opts.OnCommit(Report{Path: newPath, Size: size, Started: start, Took: time.Since(start), Err: err})
+		s.opts.OnCommit(Report{Path: s.root.Path(name), Size: size, Started: start, Took: time.Since(start), Err: err})
 	}
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(oldPath); err != nil {
+	if err := s.root.Remove(old); err != nil {
 		return fmt.Errorf("hfwrite: %s committed as %s, but not removed: %w", old, name, err)
 	}
-	return ckpt.SyncDir(s.path)
+	return s.root.Sync(".")
 }
 
 // Truncate changes the size of the file being written under name, and

@@ -57,15 +57,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
+	"path"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/view"
 )
 
@@ -136,10 +135,10 @@ type Report struct {
 // Session is one directory being written into. Its methods are safe for
 // concurrent use; commits are serialized.
 type Session struct {
-	dir   *dcpwrite.Dir
-	path  string
-	spool string
-	opts  Options
+	dir  *dcpwrite.Dir
+	root *source.Dir // the directory: every file of it is created, renamed and removed through it
+	path string
+	opts Options
 
 	// Lock order: commitMu, then viewMu, then mu, then a File's locks
 	// (File.mu is never held while taking mu).
@@ -153,7 +152,7 @@ type Session struct {
 	views  uint64 // GUARDED_BY(viewMu): views built
 
 	mu      sync.Mutex
-	lock    *os.File         // GUARDED_BY(mu): the flocked spool dir, nil until the first file
+	lock    *source.Lock     // GUARDED_BY(mu): the spool's, held while it exists; nil until the first file
 	seq     uint64           // GUARDED_BY(mu): files started
 	writing map[string]*File // GUARDED_BY(mu): files being written, by name
 	gen     uint64           // GUARDED_BY(mu): changes of the directory's content
@@ -173,11 +172,30 @@ func Create(path string, opts Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := CleanStale(path); err != nil {
+	return startSession(d, opts)
+}
+
+// CreateIn is Create of the directory root, opened already (created
+// through its parent's Dir, so that no name leads it out). It takes root:
+// the session closes it, and CreateIn does when it fails.
+func CreateIn(root *source.Dir, opts Options) (*Session, error) {
+	if opts.Limits == nil {
+		opts.Limits = NewLimits()
+	}
+	d, err := dcpwrite.Open(root, opts.Target, opts.Limits.reshard)
+	if err != nil {
+		return nil, err
+	}
+	return startSession(d, opts)
+}
+
+func startSession(d *dcpwrite.Dir, opts Options) (*Session, error) {
+	if _, err := CleanStale(d.Root()); err != nil {
+		d.Close()
 		return nil, err
 	}
 	return &Session{
-		dir: d, path: path, spool: filepath.Join(path, SpoolDir), opts: opts,
+		dir: d, root: d.Root(), path: d.Path(), opts: opts,
 		received: map[string]string{}, writing: map[string]*File{}, tensors: len(d.Committed()),
 	}, nil
 }
@@ -214,7 +232,7 @@ func (s *Session) Open(name string, trunc bool) (*Handle, error) {
 		return nil, err
 	}
 	if f := h.File(); !trunc && f.Kind() == SidecarFile {
-		if err := copyStored(f, filepath.Join(s.path, name)); err != nil {
+		if err := copyStored(f, s.root, name); err != nil {
 			f.Abort()
 			return nil, fmt.Errorf("hfwrite: %s: %w", name, err)
 		}
@@ -222,8 +240,8 @@ func (s *Session) Open(name string, trunc bool) (*Handle, error) {
 	return h.opened(trunc)
 }
 
-func copyStored(dst *File, src string) error {
-	in, err := os.Open(src)
+func copyStored(dst *File, root *source.Dir, name string) error {
+	in, err := root.Open(name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -252,24 +270,20 @@ func (s *Session) start(name string, created bool) (*Handle, error) {
 		return nil, fmt.Errorf("%w: %s", ErrBusy, name)
 	}
 	if s.lock == nil {
-		if err := os.Mkdir(s.spool, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("hfwrite: %w", err)
-		}
-		lock, err := os.Open(s.spool)
-		if err != nil {
+		if err := s.root.Mkdir(SpoolDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("hfwrite: %w", err)
 		}
 		// Held for the session's life: CleanStale leaves a locked spool alone.
-		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			lock.Close()
-			return nil, fmt.Errorf("hfwrite: %s is in use by another writer: %w", s.spool, err)
+		lock, err := s.root.TryLock(SpoolDir)
+		if err != nil {
+			return nil, fmt.Errorf("hfwrite: spool of another writer: %w", err)
 		}
 		s.lock = lock
 	}
 	s.seq++
-	sp := filepath.Join(s.spool, strconv.FormatUint(s.seq, 10)+".part")
+	sp := path.Join(SpoolDir, strconv.FormatUint(s.seq, 10)+".part")
 	// The spool dir is private (0700); the mode is the one a stored sidecar keeps.
-	fd, err := os.OpenFile(sp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	fd, err := s.root.Create(sp, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("hfwrite: spooling %s: %w", name, err)
 	}
@@ -317,11 +331,12 @@ func (s *Session) Close() error {
 	s.viewMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.dir.Close()
 	if s.lock == nil {
 		return nil
 	}
-	err := os.RemoveAll(s.spool)
-	s.lock.Close()
+	err := s.root.RemoveAll(SpoolDir)
+	s.lock.Release()
 	s.lock = nil
 	return err
 }
@@ -341,34 +356,20 @@ func (s *Session) Pending() []string {
 	return out
 }
 
-// CleanStale removes the spool of dir if no live Session holds it (the
-// leftovers of a session that was killed), and the shard files of a commit
-// it had under way, which .metadata does not name (dcpwrite.RemoveStale).
-// It reports whether there was a spool to remove.
-func CleanStale(dir string) (bool, error) {
-	sp := filepath.Join(dir, SpoolDir)
-	lock, err := os.Open(sp)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("hfwrite: %w", err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return false, nil // a live session's
+// CleanStale removes what a session that died left in the directory root:
+// its spool, unless a live session holds its lock, and first the shard
+// files its .metadata does not name (dcpwrite.RemoveStale), so that the
+// spool stays the sign of a dead session until they are gone. It reports
+// whether there was such a spool.
+func CleanStale(root *source.Dir) (bool, error) {
+	removed, err := root.SweepStale(SpoolDir, func() error {
+		if _, err := dcpwrite.RemoveStale(root); err != nil {
+			return err
 		}
-		return false, fmt.Errorf("hfwrite: locking %s: %w", sp, err)
-	}
-	// A session killed while a file was being resharded left shard files
-	// that .metadata does not name: remove them first, so that the spool
-	// stays as the sign of a dead session until they are gone.
-	if _, err := dcpwrite.RemoveStale(dir); err != nil {
-		return false, err
-	}
-	if err := os.RemoveAll(sp); err != nil {
+		return root.RemoveAll(SpoolDir)
+	})
+	if err != nil {
 		return false, fmt.Errorf("hfwrite: removing stale spool: %w", err)
 	}
-	return true, nil
+	return removed, nil
 }

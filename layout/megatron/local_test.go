@@ -4,11 +4,12 @@ import (
 	"io"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // Open opens the checkpoint in the local directory dir.
-func Open(dir string) (*ckpt.Checkpoint, error) { return ckpt.OpenLocal(dir, OpenTree) }
+func Open(dir string) (*ckpt.Checkpoint, error) { return treetest.OpenLocal(dir, OpenTree) }
 
 // ReadArgs returns the scalar training arguments common.pt stores.
 func ReadArgs(dir source.Tree) (map[string]any, error) {

@@ -62,7 +62,7 @@ func TestOpen(t *testing.T) {
 	defer c.Close()
 	assert.Equal(t, ckpt.FormatMegatron, c.Format)
 
-	ref, err := ckpt.OpenLocal(filepath.Join(fixtures, "plain"), torchdcp.Reader.Open)
+	ref, err := treetest.OpenLocal(filepath.Join(fixtures, "plain"), torchdcp.Reader.Open)
 	require.NoError(t, err)
 	defer ref.Close()
 	require.Equal(t, len(ref.Tensors), len(c.Tensors))

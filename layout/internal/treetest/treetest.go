@@ -71,3 +71,19 @@ func NewCheckpoint(t testing.TB, dir string, tensors ...*ckpt.Tensor) *ckpt.Chec
 	t.Cleanup(func() { files.Close() })
 	return &ckpt.Checkpoint{Dir: dir, Files: files, Tensors: tensors}
 }
+
+// OpenLocal opens the local directory dir as a confined tree and the
+// checkpoint in it with open; the checkpoint owns the tree.
+func OpenLocal(dir string, open func(source.Tree) (*ckpt.Checkpoint, error)) (*ckpt.Checkpoint, error) {
+	tree, err := source.OpenLocal(dir)
+	if err != nil {
+		return nil, err
+	}
+	c, err := open(tree)
+	if err != nil {
+		tree.Close()
+		return nil, err
+	}
+	c.Files.Adopt(tree)
+	return c, nil
+}
