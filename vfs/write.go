@@ -17,7 +17,6 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/layout/source"
-	"github.com/ckptfs/ckptfs/layout/view"
 )
 
 // The write path: go-fuse nodes over hfwrite sessions. In a writable mount,
@@ -319,9 +318,16 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 		d.fsys.wroot.Remove(rel)
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
+	tree, err := source.Sub(d.fsys.tree, rel)
+	if err != nil {
+		root.Close()
+		d.fsys.wroot.Remove(rel)
+		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
+	}
 	s, err := hfwrite.CreateIn(root, hfwrite.Options{
 		Target:   d.fsys.opts.Target,
-		View:     func() (*view.View, error) { return d.fsys.openView(rel, nil) },
+		Tree:     tree,
+		Plan:     d.fsys.opts.Plan,
 		OnCommit: d.fsys.reportCommit,
 		Limits:   d.fsys.writeLimits(),
 	})

@@ -247,6 +247,14 @@ func RemoveStale(root *source.Dir) ([]string, error) {
 	return removed, err
 }
 
+// Metadata is the committed state: what .metadata holds (empty before the
+// first commit). It is never mutated.
+func (d *Dir) Metadata() *torchdcp.Metadata {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.meta
+}
+
 // Path is the directory.
 func (d *Dir) Path() string { return d.root.Path(".") }
 

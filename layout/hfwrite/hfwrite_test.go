@@ -1,7 +1,9 @@
 package hfwrite
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -12,10 +14,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -200,4 +204,39 @@ func TestCleanStale(t *testing.T) {
 	require.True(t, errors.Is(err, os.ErrNotExist))
 	require.NoError(t, w2.Close())
 	require.NoError(t, w.Close())
+}
+
+// TestViewFromCommittedMetadata: the session's view, built from the
+// metadata its commits wrote, serves the bytes of the view read back from
+// disk, file for file.
+func TestViewFromCommittedMetadata(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	w, err := Create(dir, target(dcpwrite.Target{WorldSize: 2}))
+	require.NoError(t, err)
+	defer w.Close()
+	require.NoError(t, put(t, w, "a.safetensors", st(t, map[string]int64{"x": 6, "y": 3})))
+	require.NoError(t, put(t, w, "b.safetensors", st(t, map[string]int64{"z": 5})))
+	require.NoError(t, put(t, w, "config.json", []byte(`{"model_type": "llama"}`)))
+
+	l, err := w.Entries("")
+	require.NoError(t, err)
+	defer l.View.Release()
+	require.NoError(t, l.View.Err)
+	c, err := layout.Open(dir)
+	require.NoError(t, err)
+	want, err := view.Plan(c, view.Options{})
+	require.NoError(t, err)
+	defer want.Close()
+	require.Len(t, l.View.Files, len(want.Files))
+	for i, wf := range want.Files {
+		gf := l.View.Files[i]
+		require.Equal(t, wf.Name, gf.Name)
+		require.Equal(t, wf.Size, gf.Size)
+		wb, gb := make([]byte, wf.Size), make([]byte, gf.Size)
+		_, err := wf.ReadAt(wb, 0)
+		require.True(t, err == nil || errors.Is(err, io.EOF), "%v", err)
+		_, err = gf.ReadAt(gb, 0)
+		require.True(t, err == nil || errors.Is(err, io.EOF), "%v", err)
+		require.True(t, bytes.Equal(wb, gb), wf.Name)
+	}
 }

@@ -8,6 +8,9 @@ import (
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/layout/view"
 )
 
@@ -102,16 +105,41 @@ func (s *Session) currentView() *View {
 	return s.view
 }
 
-func (s *Session) buildView() (*view.View, error) {
-	if s.opts.View != nil {
-		return s.opts.View()
+// buildView plans the view of what is committed. A DCP checkpoint (what the
+// session writes, unless sidecars make it another format) is built from
+// the metadata the last commit wrote, not read back. A panic (a format
+// reader meeting input it did not expect) is this view's error.
+func (s *Session) buildView() (v *view.View, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = nil, fmt.Errorf("hfwrite: %s: internal error building the view: %v", s.path, r)
+		}
+	}()
+	tree := s.opts.Tree
+	if tree == nil {
+		local, err := source.OpenLocal(s.path)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if v == nil {
+				local.Close()
+			} else {
+				v.Checkpoint.Files.Adopt(local)
+			}
+		}()
+		tree = local
 	}
-	c, err := layout.Open(s.path)
+	var c *ckpt.Checkpoint
+	if format, ok := layout.Detect(tree); ok && format == torchdcp.Reader {
+		c, err = torchdcp.OpenDecoded(tree, s.dir.Metadata(), torchdcp.Options{})
+	} else {
+		c, err = layout.OpenAs(format, tree)
+	}
 	if err != nil {
 		return nil, err
 	}
-	v, err := view.Plan(c, view.Options{})
-	if err != nil {
+	if v, err = view.Plan(c, s.opts.Plan); err != nil {
 		c.Close()
 	}
 	return v, err

@@ -105,9 +105,12 @@ var (
 type Options struct {
 	// Target is the layout of the DCP checkpoint written.
 	Target dcpwrite.Target
-	// View builds the HF view of the directory after a change; nil opens it
-	// with layout.Open and plans it with the default options.
-	View func() (*view.View, error)
+	// Tree is the directory as its view reads it (a mount passes its own
+	// tree's, so that the view is confined as every other); nil: the
+	// directory alone.
+	Tree source.Tree
+	// Plan shapes the view of what is committed.
+	Plan view.Options
 	// OnCommit, when set, is told the outcome of every commit of a file,
 	// whoever started it (a flush, the last release, a rename): the one
 	// place to count and log them.

@@ -85,6 +85,20 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	return c, err
 }
 
+// OpenDecoded opens the DCP checkpoint in dir whose .metadata m is, decoded
+// already: a writer's view of what it has just committed, without reading
+// .metadata back. Everything else is checked as by OpenTree.
+func OpenDecoded(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
+	if opts.Format == "" {
+		opts.Format = ckpt.FormatTorchDCP
+	}
+	c, err := build(dir, m, opts)
+	if err == nil {
+		c.ModTime = source.ModTime(dir, MetadataFile)
+	}
+	return c, err
+}
+
 // build turns decoded metadata into a checkpoint, checking it against the
 // files in dir.
 func build(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {

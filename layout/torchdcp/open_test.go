@@ -1,6 +1,7 @@
 package torchdcp
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -469,4 +471,43 @@ func TestSourceChangedAfterOpen(t *testing.T) {
 	_, err = readChunk(t, tn, tn.Chunks[0])
 	require.ErrorIs(t, err, ckpt.ErrSourceChanged)
 	assert.ErrorContains(t, err, `tensor "f32" chunk (0,0)`)
+}
+
+// TestOpenDecodedIsOpenTree: a checkpoint built from metadata decoded
+// already (a writer's own) is the one OpenTree reads: the same tensors,
+// chunks and bytes.
+func TestOpenDecodedIsOpenTree(t *testing.T) {
+	for _, name := range checkpoints {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", name)
+			want, err := Open(dir)
+			require.NoError(t, err)
+			defer want.Close()
+			b, err := os.ReadFile(filepath.Join(dir, MetadataFile))
+			require.NoError(t, err)
+			m, err := DecodeMetadata(bytes.NewReader(b))
+			require.NoError(t, err)
+			got, err := treetest.OpenLocal(dir, func(tree source.Tree) (*ckpt.Checkpoint, error) {
+				return OpenDecoded(tree, m, Options{})
+			})
+			require.NoError(t, err)
+			defer got.Close()
+			assert.Equal(t, want.Format, got.Format)
+			assert.Equal(t, want.ModTime, got.ModTime)
+			require.Len(t, got.Tensors, len(want.Tensors))
+			for i, wt := range want.Tensors {
+				gt := got.Tensors[i]
+				assert.Equal(t, wt.Name, gt.Name)
+				assert.Equal(t, wt.Shape, gt.Shape)
+				require.Len(t, gt.Chunks, len(wt.Chunks), wt.Name)
+				for j := range wt.Chunks {
+					wb, err := readChunk(t, wt, wt.Chunks[j])
+					require.NoError(t, err)
+					gb, err := readChunk(t, gt, gt.Chunks[j])
+					require.NoError(t, err)
+					assert.True(t, bytes.Equal(wb, gb), "%s chunk %d", wt.Name, j)
+				}
+			}
+		})
+	}
 }
