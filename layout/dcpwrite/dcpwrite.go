@@ -100,6 +100,16 @@ type Dir struct {
 // planner_data, is refused (ErrUnsupported): rewriting it would drop data.
 // The Dir's reshards count against limits (nil: limits of its own).
 func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
+	root, err := MakeDir(path)
+	if err != nil {
+		return nil, err
+	}
+	return Open(root, target, limits)
+}
+
+// MakeDir opens the directory path for writing, creating it (not its
+// parents) if missing.
+func MakeDir(path string) (*source.Dir, error) {
 	if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}
@@ -114,7 +124,7 @@ func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dcpwrite: %w", err)
 	}
-	return Open(root, target, limits)
+	return root, nil
 }
 
 // Open is OpenDir of the directory root, opened already. It takes root:

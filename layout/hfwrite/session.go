@@ -166,16 +166,13 @@ type Session struct {
 // Create opens path (creating it, not its parents, if missing) as a DCP
 // directory to write into. Leftovers of an earlier session that died are
 // removed: its spool (CleanStale) and the shard files its .metadata does not
-// name (dcpwrite.OpenDir).
+// name (dcpwrite.Open).
 func Create(path string, opts Options) (*Session, error) {
-	if opts.Limits == nil {
-		opts.Limits = NewLimits()
-	}
-	d, err := dcpwrite.OpenDir(path, opts.Target, opts.Limits.reshard)
+	root, err := dcpwrite.MakeDir(path)
 	if err != nil {
 		return nil, err
 	}
-	return startSession(d, opts)
+	return CreateIn(root, opts)
 }
 
 // CreateIn is Create of the directory root, opened already (created
@@ -189,10 +186,6 @@ func CreateIn(root *source.Dir, opts Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return startSession(d, opts)
-}
-
-func startSession(d *dcpwrite.Dir, opts Options) (*Session, error) {
 	if _, err := CleanStale(d.Root()); err != nil {
 		d.Close()
 		return nil, err
