@@ -47,6 +47,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/view"
 )
@@ -89,7 +90,6 @@ type Options struct {
 	// file with how long it took and its error: the commit-duration
 	// histogram of the metrics endpoint.
 	CommitObserver func(took time.Duration, err error)
-	WriteLimits    *WriteLimits // shared by every write target (nil: the mount makes its own at its first mkdir)
 }
 
 // FS is the state shared by all nodes of one mount.
@@ -100,6 +100,10 @@ type FS struct {
 	tree  source.Tree // the source, confined: every read goes through it
 	local bool        // root is a local directory (statfs, writes)
 	wroot *source.Dir // root, for writes: nil unless Options.Writable; owned
+	// limits bound what all write targets of the mount hold at once (the
+	// mount's, not the process's: two mounts in one process do not share
+	// them); nil unless Options.Writable.
+	limits *hfwrite.Limits
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -169,6 +173,7 @@ func New(opts Options) (*FS, error) {
 		if f.wroot, err = source.OpenDir(root); err != nil {
 			return nil, err
 		}
+		f.limits = hfwrite.NewLimits()
 	}
 	return f, nil
 }

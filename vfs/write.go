@@ -41,22 +41,6 @@ import (
 // smallest non-zero one is used: the kernel rounds it up to one jiffy.
 const volatileTimeout = time.Nanosecond
 
-// WriteLimits bound what the write targets sharing them hold at once
-// (hfwrite.Limits): one value per mount, not per process, so that two
-// mounts in one process do not share a bound.
-type WriteLimits = hfwrite.Limits
-
-// writeLimits returns the limits of every write target of the mount:
-// Options.WriteLimits, made here when the caller gave none.
-func (f *FS) writeLimits() *WriteLimits {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.opts.WriteLimits == nil {
-		f.opts.WriteLimits = hfwrite.NewLimits()
-	}
-	return f.opts.WriteLimits
-}
-
 // target is a directory created by mkdir in a writable mount.
 type target struct {
 	s   *hfwrite.Session
@@ -329,7 +313,7 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 		Tree:     tree,
 		Plan:     d.fsys.opts.Plan,
 		OnCommit: d.fsys.reportCommit,
-		Limits:   d.fsys.writeLimits(),
+		Limits:   d.fsys.limits,
 	})
 	if err != nil {
 		d.fsys.wroot.Remove(rel)

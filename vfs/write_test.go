@@ -15,6 +15,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout"
@@ -594,15 +595,11 @@ func TestWriteNameTooLong(t *testing.T) {
 }
 
 // TestWriteLimitsPerMount: the write targets of a mount share one bound on
-// write-behind buffers and reshards, and two mounts in one process do not,
-// unless their caller gives them the same.
+// write-behind buffers and reshards, and two mounts in one process do not.
 func TestWriteLimitsPerMount(t *testing.T) {
 	a := newFS(t, t.TempDir(), writable(dcpwrite.Target{}))
 	b := newFS(t, t.TempDir(), writable(dcpwrite.Target{}))
-	require.NotNil(t, a.writeLimits())
-	require.Same(t, a.writeLimits(), a.writeLimits())
-	require.NotSame(t, a.writeLimits(), b.writeLimits())
-	shared := hfwrite.NewLimits()
-	c := newFS(t, t.TempDir(), writable(dcpwrite.Target{}), func(o *Options) { o.WriteLimits = shared })
-	require.Same(t, shared, c.writeLimits())
+	require.NotNil(t, a.limits)
+	require.NotSame(t, a.limits, b.limits)
+	assert.Nil(t, newFS(t, t.TempDir()).limits, "a read-only mount writes nothing")
 }
