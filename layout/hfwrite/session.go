@@ -45,11 +45,14 @@
 //     truncated), renamed and removed. What is committed from tensor files
 //     cannot be (ErrCommitted); only a file being written changes size
 //     (ErrReadOnly). The checkpoint's own names are refused (ErrReserved).
-//   - The view of what is committed (View) is built once per change and
-//     closed when the last reader of it lets go.
+//   - The view of what is committed (View) is built once per change, by
+//     the session, from the metadata its last commit wrote, and closed when
+//     the last reader of it lets go.
 //
-// Spool files of a session that died, and the shard files its commit under
-// way left, are removed by CleanStale.
+// Every file of the directory is created, renamed, removed and locked
+// through its source.Dir (os.Root): no name leads out of it. Spool files of
+// a session that died, and the shard files its commit under way left, are
+// removed by CleanStale, unless a live session holds the spool's lock.
 package hfwrite
 
 import (
