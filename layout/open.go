@@ -106,7 +106,7 @@ func OpenIn(root, dir string) (*Checkpoint, error) {
 // OpenAt opens the checkpoint at loc (a local directory or an s3:// URL),
 // confined to root (see open.Open); the checkpoint owns the source.
 func OpenAt(ctx context.Context, loc, root string, o open.Options) (*Checkpoint, error) {
-	s, err := open.Open(ctx, loc, root, o, false)
+	s, err := open.Open(ctx, loc, root, o)
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
 	}

@@ -61,7 +61,7 @@ func newFS(t *testing.T, src string, opts ...func(*Options)) *FS {
 		f(&o)
 	}
 	if o.Tree == nil {
-		s, err := open.Open(context.Background(), src, "", open.Options{}, o.Writable)
+		s, err := open.Open(context.Background(), src, "", open.Options{Writable: o.Writable})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() }) // after the FS: cleanups run last first
 		o.Tree, err = s.Dir()

@@ -213,20 +213,22 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		}
 		copts.Workers = workers
 	}
-	opened, err := open.Open(context.Background(), src, "", f.source.options(copts.BlockSize), f.write.rw)
+	sopts := f.source.options(copts.BlockSize)
+	sopts.Writable = f.write.rw
+	source, err := open.Open(context.Background(), src, "", sopts)
 	if err != nil {
 		return err
 	}
-	defer opened.Close() // after the vfs is closed
-	if vopts.Tree, err = opened.Dir(); err != nil {
+	defer source.Close() // after the vfs is closed
+	if vopts.Tree, err = source.Dir(); err != nil {
 		return err
 	}
-	if opened.Store != nil {
+	if source.Store != nil {
 		// One deadline per read: what one block's request may take, its
 		// retries included; a read waits for at most two blocks.
 		vopts.ReadDeadline = f.source.s3Options().Budget(copts.BlockSize)
-		cancelRequests = func() { opened.Close() }
-		interruptRequests = opened.Store.Drain
+		cancelRequests = func() { source.Close() }
+		interruptRequests = source.Store.Drain
 	}
 	c, err := cache.New(copts)
 	if err != nil {

@@ -18,8 +18,13 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 )
 
-// Options say how a remote source is reached; a local one ignores them.
+// Options say how a source is opened.
 type Options struct {
+	// Writable opens a local directory to be written into: confined to
+	// the directory itself (never widened to a hub cache's repo folder).
+	// A remote source cannot be.
+	Writable bool
+	// S3 says how an s3:// source is reached.
 	S3 s3.Options
 	// CacheDir, when set, keeps the store's blocks of BlockSize bytes on
 	// local disk, within CacheDirSize bytes, so a restart does not fetch
@@ -53,16 +58,15 @@ func IsRemote(loc string) bool { return s3.IsURL(loc) }
 
 // Open opens the source at loc confined to root, or to loc itself when root
 // is "". A local loc with no root inside an HF hub cache is confined to its
-// repo folder (Hub) unless writable: a writable source is always confined to
-// the directory itself.
-func Open(ctx context.Context, loc, root string, o Options, writable bool) (*Source, error) {
+// repo folder (Hub), unless o.Writable.
+func Open(ctx context.Context, loc, root string, o Options) (*Source, error) {
 	if IsRemote(loc) || IsRemote(root) {
-		if writable {
+		if o.Writable {
 			return nil, fmt.Errorf("%s: only a local directory can be written", loc)
 		}
 		return openRemote(ctx, loc, root, o)
 	}
-	return openLocal(loc, root, writable)
+	return openLocal(loc, root, o.Writable)
 }
 
 // Close releases the tree and what it reads through.

@@ -69,7 +69,7 @@ func TestOpenLocal(t *testing.T) {
 		{name: "remote written", loc: "s3://bk1/run", writable: true, err: "only a local directory can be written"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := Open(context.Background(), tc.loc, tc.root, Options{}, tc.writable)
+			s, err := Open(context.Background(), tc.loc, tc.root, Options{Writable: tc.writable})
 			if tc.err != "" {
 				require.ErrorContains(t, err, tc.err)
 				return
@@ -87,7 +87,7 @@ func TestOpenLocal(t *testing.T) {
 			assert.Equal(t, tc.loc, got)
 		})
 	}
-	s, err := Open(context.Background(), snap, "", Options{}, false)
+	s, err := Open(context.Background(), snap, "", Options{})
 	require.NoError(t, err)
 	defer s.Close()
 	dir, err := s.Dir()
