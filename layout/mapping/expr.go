@@ -1,146 +1,128 @@
 package mapping
 
 import (
+	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"strconv"
 	"strings"
-	"unicode"
 
 	"github.com/ckptfs/ckptfs/layout/internal/checked"
 )
 
-// maxExprDepth bounds nested parentheses: the parser recurses once per level.
+// eval computes an integer expression over named parameters: decimal
+// integers, names, + - * / (integer division, exact: a remainder is an
+// error) and parentheses, as in "heads/kv_heads*head_dim". go/parser reads
+// it; anything else Go's grammar allows (unary operators, calls, other
+// literals) is refused.
+func eval(expr string, params map[string]int64) (int64, error) {
+	var e ast.Expr
+	var err error
+	if strings.Contains(expr, "//") || strings.Contains(expr, "/*") {
+		// go/parser would drop a comment: "heads//2" is no floor
+		// division here.
+		err = errors.New("a comment (// or /*) is not part of an expression")
+	} else {
+		e, err = parser.ParseExpr(expr)
+	}
+	if err == nil {
+		var v int64
+		if v, err = (evaluator{params}).value(e, 0); err == nil {
+			return v, nil
+		}
+	}
+	if len(expr) > maxQuoted {
+		expr = expr[:maxQuoted] + "..."
+	}
+	return 0, fmt.Errorf("expression %q: %w", expr, err)
+}
+
+// maxQuoted bounds the expression an error quotes: one line, whatever the
+// mapping file holds.
+const maxQuoted = 80
+
+// maxExprDepth bounds nested parentheses.
 const maxExprDepth = 64
 
-// eval computes an integer expression over named parameters: integers,
-// names, + - * / (integer division, exact: a remainder is an error) and
-// parentheses, as in "heads/kv_heads*head_dim".
-func eval(expr string, params map[string]int64) (int64, error) {
-	p := &exprParser{src: expr, params: params}
-	v, err := p.sum()
-	if err == nil && p.peek() != 0 {
-		err = fmt.Errorf("unexpected %q", p.src[p.pos:])
-	}
-	if err != nil {
-		return 0, fmt.Errorf("expression %q: %w", expr, err)
-	}
-	return v, nil
-}
+type evaluator struct{ params map[string]int64 }
 
-type exprParser struct {
-	src    string
-	pos    int
-	depth  int // open parentheses
-	params map[string]int64
-}
-
-func (p *exprParser) peek() byte {
-	for p.pos < len(p.src) && p.src[p.pos] == ' ' {
-		p.pos++
-	}
-	if p.pos == len(p.src) {
-		return 0
-	}
-	return p.src[p.pos]
-}
-
-func (p *exprParser) sum() (int64, error) {
-	v, err := p.product()
-	for err == nil {
-		op := p.peek()
-		if op != '+' && op != '-' {
-			return v, nil
+func (ev evaluator) value(e ast.Expr, depth int) (int64, error) {
+	switch e := e.(type) {
+	case *ast.ParenExpr:
+		if depth++; depth > maxExprDepth {
+			return 0, fmt.Errorf("more than %d nested parentheses", maxExprDepth)
 		}
-		p.pos++
-		var w int64
-		if w, err = p.product(); err != nil {
-			break
-		}
-		r, ok := checked.Add(v, w)
-		if op == '-' {
-			r, ok = checked.Sub(v, w)
-		}
-		if !ok {
-			return 0, fmt.Errorf("%d%c%d overflows", v, op, w)
-		}
-		v = r
-	}
-	return 0, err
-}
-
-func (p *exprParser) product() (int64, error) {
-	v, err := p.atom()
-	for err == nil {
-		op := p.peek()
-		if op != '*' && op != '/' {
-			return v, nil
-		}
-		p.pos++
-		var w int64
-		if w, err = p.atom(); err != nil {
-			break
-		}
-		switch {
-		case op == '*':
-			r, ok := checked.Mul(v, w)
-			if !ok {
-				return 0, fmt.Errorf("%d*%d overflows", v, w)
+		return ev.value(e.X, depth)
+	case *ast.BasicLit:
+		for _, c := range e.Value {
+			if c < '0' || c > '9' {
+				return 0, fmt.Errorf("unexpected %q: not a decimal integer", e.Value)
 			}
-			v = r
+		}
+		if len(e.Value) > 1 && e.Value[0] == '0' {
+			return 0, fmt.Errorf("%q has a leading zero (octal in Go, decimal elsewhere): write it without", e.Value)
+		}
+		return strconv.ParseInt(e.Value, 10, 64)
+	case *ast.Ident:
+		v, ok := ev.params[e.Name]
+		if !ok {
+			return 0, &UnknownParamError{Name: e.Name}
+		}
+		return v, nil
+	case *ast.BinaryExpr:
+		// A chain a+b+c+... is a tree as deep as it is long, down its left
+		// side: that side is walked in a loop, so that recursion goes only
+		// into parentheses (bounded) and operators of higher precedence.
+		var chain []*ast.BinaryExpr
+		var x ast.Expr = e
+		for b, ok := x.(*ast.BinaryExpr); ok; b, ok = x.(*ast.BinaryExpr) {
+			chain = append(chain, b)
+			x = b.X
+		}
+		v, err := ev.value(x, depth)
+		for i := len(chain) - 1; i >= 0 && err == nil; i-- {
+			var w int64
+			if w, err = ev.value(chain[i].Y, depth); err == nil {
+				v, err = arith(chain[i].Op, v, w)
+			}
+		}
+		return v, err
+	}
+	return 0, fmt.Errorf("unexpected %T: only integers, names, + - * / and parentheses", e)
+}
+
+// arith applies op to v and w, refusing what int64 cannot hold and a
+// division that leaves a remainder.
+func arith(op token.Token, v, w int64) (int64, error) {
+	var r int64
+	ok := true
+	switch op {
+	case token.ADD:
+		r, ok = checked.Add(v, w)
+	case token.SUB:
+		r, ok = checked.Sub(v, w)
+	case token.MUL:
+		r, ok = checked.Mul(v, w)
+	case token.QUO:
+		switch {
 		case w == 0:
 			return 0, fmt.Errorf("division by zero")
 		case w == -1:
-			r, ok := checked.Mul(v, -1)
-			if !ok {
-				return 0, fmt.Errorf("%d/%d overflows", v, w)
-			}
-			v = r
+			r, ok = checked.Mul(v, -1)
 		case v%w != 0:
 			return 0, fmt.Errorf("%d is not a multiple of %d", v, w)
 		default:
-			v /= w
+			r = v / w
 		}
+	default:
+		return 0, fmt.Errorf("unexpected operator %s: only + - * /", op)
 	}
-	return 0, err
-}
-
-func (p *exprParser) atom() (int64, error) {
-	c := p.peek()
-	switch {
-	case c == '(':
-		if p.depth++; p.depth > maxExprDepth {
-			return 0, fmt.Errorf("more than %d nested parentheses", maxExprDepth)
-		}
-		p.pos++
-		v, err := p.sum()
-		p.depth--
-		if err == nil && p.peek() != ')' {
-			err = fmt.Errorf("missing )")
-		}
-		p.pos++
-		return v, err
-	case c >= '0' && c <= '9':
-		end := p.pos
-		for end < len(p.src) && p.src[end] >= '0' && p.src[end] <= '9' {
-			end++
-		}
-		v, err := strconv.ParseInt(p.src[p.pos:end], 10, 64)
-		p.pos = end
-		return v, err
-	case c == '_' || unicode.IsLetter(rune(c)):
-		end := p.pos
-		for end < len(p.src) && (p.src[end] == '_' || unicode.IsLetter(rune(p.src[end])) || unicode.IsDigit(rune(p.src[end]))) {
-			end++
-		}
-		name := p.src[p.pos:end]
-		p.pos = end
-		v, ok := p.params[name]
-		if !ok {
-			return 0, &UnknownParamError{Name: name}
-		}
-		return v, nil
+	if !ok {
+		return 0, fmt.Errorf("%d%s%d overflows", v, op, w)
 	}
-	return 0, fmt.Errorf("unexpected %q", strings.TrimSpace(p.src[p.pos:]))
+	return r, nil
 }
 
 // UnknownParamError is returned when an expression needs a hyper-parameter

@@ -24,8 +24,11 @@ func TestEval(t *testing.T) {
 		assert.Equal(t, want, got, expr)
 	}
 	for expr, msg := range map[string]string{
-		"heads/3": "not a multiple", "vocab": "vocab is not known", "heads*": "unexpected", "(heads": "missing )",
-		"heads/0": "division by zero", "4611686018427387904*4": "overflows", "heads heads": "unexpected",
+		"heads/3": "not a multiple", "vocab": "vocab is not known", "heads*": "expected operand", "(heads": "expected ')'",
+		"heads/0": "division by zero", "4611686018427387904*4": "overflows", "heads heads": "expected 'EOF'",
+		"heads//2": "comment", "heads/*2*/": "comment", "-heads": "only integers, names", "f(heads)": "only integers, names",
+		"0x10": "not a decimal integer", "1.5": "not a decimal integer", `"8"`: "not a decimal integer", "010": "leading zero",
+		"heads%3": "only + - * /", "heads<<1": "only + - * /", "heads\x00": "illegal character",
 		"9223372036854775807+1": "overflows", "0-9223372036854775807-2": "overflows", "99999999999999999999": "out of range",
 		strings.Repeat("(", 100) + "1" + strings.Repeat(")", 100): "nested parentheses",
 	} {
@@ -35,6 +38,14 @@ func TestEval(t *testing.T) {
 	_, err := eval("vocab", p)
 	var unknown *UnknownParamError
 	assert.ErrorAs(t, err, &unknown)
+	// A long chain is no deep recursion; past go/parser's nesting bound it
+	// is an error, not a crash.
+	got, err := eval("1"+strings.Repeat("+heads*2", 50_000), p)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1+16*50_000), got)
+	_, err = eval("1"+strings.Repeat("+1", maxSpecBytes/2), p)
+	require.ErrorContains(t, err, "nesting depth")
+	assert.Less(t, len(err.Error()), 200, "one line, not the expression")
 }
 
 func TestParseRejects(t *testing.T) {
