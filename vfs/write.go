@@ -294,17 +294,15 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 		return nil, toErrno(d.fsys.log, "mkdir "+filepath.Join(d.real, name), err)
 	}
 	real, rel := filepath.Join(d.real, name), path.Join(d.rel, name)
+	tree, err := source.Sub(d.fsys.tree, rel) // the target as its view reads it
+	if err != nil {
+		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
+	}
 	if err := d.fsys.wroot.Mkdir(rel, 0o755); err != nil {
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
 	root, err := d.fsys.wroot.Sub(rel)
 	if err != nil {
-		d.fsys.wroot.Remove(rel)
-		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
-	}
-	tree, err := source.Sub(d.fsys.tree, rel)
-	if err != nil {
-		root.Close()
 		d.fsys.wroot.Remove(rel)
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
