@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
 	"sort"
 	"strings"
 
@@ -40,11 +41,32 @@ func ShardName(i, n int) string {
 	return fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, n)
 }
 
+// knownSidecars are the files an HF model directory carries beside its
+// weights, which a view shows: config, generation config, tokenizer and
+// processor files.
+var knownSidecars = []string{
+	"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+	"tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+	"vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
+	"preprocessor_config.json", "processor_config.json", "*.tiktoken", "spiece.model",
+}
+
+// IsKnownSidecar reports whether name is one of the knownSidecars.
+func IsKnownSidecar(name string) bool {
+	for _, p := range knownSidecars {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // Kind is what a file of an HF directory is, by its name.
 type Kind int
 
 const (
-	// Sidecar is any other file: config, tokenizer, generation config.
+	// Sidecar is any other file: config, tokenizer, generation config
+	// (written, it is stored as it is; a view shows the known ones).
 	Sidecar Kind = iota
 	// Weights is a safetensors file (*.safetensors).
 	Weights

@@ -79,3 +79,12 @@ func FuzzParseIndex(f *testing.F) {
 		assert.Equal(t, idx.WeightMap, again.WeightMap)
 	})
 }
+
+func TestIsKnownSidecar(t *testing.T) {
+	for name, want := range map[string]bool{
+		"config.json": true, "tokenizer.json": true, "cl100k_base.tiktoken": true, "chat_template.jinja": true,
+		"model.safetensors": false, "notes.txt": false, "config.json.bak": false, "sub/config.json": false,
+	} {
+		assert.Equal(t, want, IsKnownSidecar(name), name)
+	}
+}

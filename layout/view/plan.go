@@ -343,7 +343,7 @@ func (v *View) findSidecars(hfConfigDir string) ([]*File, error) {
 			continue
 		}
 		for _, e := range ents {
-			if _, dup := found[e.Name]; dup || !e.IsRegular() || !isSidecar(e.Name) {
+			if _, dup := found[e.Name]; dup || !e.IsRegular() || !hfdir.IsKnownSidecar(e.Name) {
 				continue
 			}
 			if f, err := p.set.Get(path.Join(p.dir, e.Name)); err == nil {
@@ -361,21 +361,4 @@ func (v *View) findSidecars(hfConfigDir string) ([]*File, error) {
 		out = append(out, newPassthroughFile(n, found[n]))
 	}
 	return out, nil
-}
-
-// sidecarPatterns are the files an HF model directory carries beside weights.
-var sidecarPatterns = []string{
-	"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-	"tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-	"vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
-	"preprocessor_config.json", "processor_config.json", "*.tiktoken", "spiece.model",
-}
-
-func isSidecar(name string) bool {
-	for _, p := range sidecarPatterns {
-		if ok, _ := path.Match(p, name); ok {
-			return true
-		}
-	}
-	return false
 }
