@@ -156,7 +156,7 @@ func TestZstdRecordCRC(t *testing.T) {
 	tree, err := source.OpenLocal(dir)
 	require.NoError(t, err)
 	defer tree.Close()
-	c, err := build(tree, m, Options{Format: ckpt.FormatTorchDCP})
+	c, err := OpenDecoded(tree, m, Options{})
 	require.NoError(t, err)
 	defer c.Close()
 	tn, rs := chunkSource(t, c, fqn)

@@ -64,9 +64,6 @@ func Detect(dir source.Tree) bool { return source.Exists(dir, MetadataFile) }
 // __<rank>.metadata per rank and no .metadata) are not supported: each file
 // describes only its rank's part.
 func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
-	if opts.Format == "" {
-		opts.Format = ckpt.FormatTorchDCP
-	}
 	if opts.MaxMetadataBytes <= 0 {
 		opts.MaxMetadataBytes = DefaultMaxMetadataBytes
 	}
@@ -78,30 +75,16 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 	}
-	c, err := build(dir, m, opts)
-	if err == nil {
-		c.ModTime = source.ModTime(dir, MetadataFile)
-	}
-	return c, err
+	return OpenDecoded(dir, m, opts)
 }
 
 // OpenDecoded opens the DCP checkpoint in dir whose .metadata m is, decoded
-// already: a writer's view of what it has just committed, without reading
-// .metadata back. Everything else is checked as by OpenTree.
+// already (OpenTree, or a writer's view of what it has just committed,
+// without reading .metadata back), checking m against the files in dir.
 func OpenDecoded(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
 	if opts.Format == "" {
 		opts.Format = ckpt.FormatTorchDCP
 	}
-	c, err := build(dir, m, opts)
-	if err == nil {
-		c.ModTime = source.ModTime(dir, MetadataFile)
-	}
-	return c, err
-}
-
-// build turns decoded metadata into a checkpoint, checking it against the
-// files in dir.
-func build(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
 	where := dir.Path(MetadataFile)
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: opts.Format, Files: ckpt.NewFileSet(dir)}
 	b := builder{m: m, c: c, opts: opts}
@@ -127,6 +110,7 @@ func build(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error)
 		return nil, fmt.Errorf("torchdcp: %s: %w", where, invalidf("%d tensors have a dtype torch does not have: %s",
 			len(unknown), strings.Join(firstFew(unknown, 8), ", ")))
 	}
+	c.ModTime = source.ModTime(dir, MetadataFile)
 	return c, nil
 }
 

@@ -425,7 +425,7 @@ func TestOpenBad(t *testing.T) {
 				tree, terr := source.OpenLocal(dir)
 				require.NoError(t, terr)
 				t.Cleanup(func() { tree.Close() })
-				c, err = build(tree, m, Options{Format: ckpt.FormatTorchDCP})
+				c, err = OpenDecoded(tree, m, Options{})
 			} else {
 				c, err = Open(dir)
 			}
