@@ -9,7 +9,6 @@ package layout
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -94,13 +93,6 @@ func OpenAs(f ckpt.Reader, dir source.Tree) (*Checkpoint, error) {
 // snapshot its refs/main names, as from_pretrained does.
 func Open(dir string) (*Checkpoint, error) {
 	return OpenAt(context.Background(), dir, "", open.Options{})
-}
-
-// OpenIn opens the checkpoint in the directory dir of the local tree root:
-// symlinks in the checkpoint may point anywhere inside root (an HF hub
-// cache's snapshots/ → blobs/), nowhere outside it.
-func OpenIn(root, dir string) (*Checkpoint, error) {
-	return OpenAt(context.Background(), filepath.Join(root, filepath.FromSlash(dir)), root, open.Options{})
 }
 
 // OpenAt opens the checkpoint at loc (a local directory or an s3:// URL),
