@@ -110,13 +110,10 @@ func TestReadsAndRestart(t *testing.T) {
 	assert.Equal(t, int64(22), base.reads.Load())
 }
 
-// TestCorruptBlocks: blocks damaged on disk between two processes (a torn
-// write, a flipped bit) are caught by their CRC when the next process first
-// reads them, and one removed behind a running process's back is caught by
-// the read; each is fetched again, and the bytes are exact.
-func TestCorruptBlocks(t *testing.T) {
-	_, data, base := setup(t, 5000)
-	cdir := t.TempDir()
+// filled reads data (the file "shard" of base) once through a cache in
+// cdir, closes it, and returns its 5 block files.
+func filled(t *testing.T, cdir string, base counting, data []byte) []string {
+	t.Helper()
 	c := open(t, cdir, 1<<20)
 	f, err := c.Wrap(base).Open("shard")
 	require.NoError(t, err)
@@ -125,6 +122,17 @@ func TestCorruptBlocks(t *testing.T) {
 	blocks, err := filepath.Glob(filepath.Join(cdir, "*"+suffix))
 	require.NoError(t, err)
 	require.Len(t, blocks, 5)
+	return blocks
+}
+
+// TestCorruptBlocks: blocks damaged on disk between two processes (a torn
+// write, a flipped bit) are caught by their CRC when the next process first
+// reads them, and one removed behind a running process's back is caught by
+// the read; each is fetched again, and the bytes are exact.
+func TestCorruptBlocks(t *testing.T) {
+	_, data, base := setup(t, 5000)
+	cdir := t.TempDir()
+	blocks := filled(t, cdir, base, data)
 	for i, damage := range []func(b []byte) []byte{
 		func(b []byte) []byte { b[len(b)-1] ^= 1; return b }, // a flipped bit
 		func(b []byte) []byte { return b[:len(b)-10] },       // truncated
@@ -135,8 +143,8 @@ func TestCorruptBlocks(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(blocks[i], damage(b), 0o600))
 	}
-	c = open(t, cdir, 1<<20)
-	f, err = c.Wrap(base).Open("shard")
+	c := open(t, cdir, 1<<20)
+	f, err := c.Wrap(base).Open("shard")
 	require.NoError(t, err)
 	readAll(t, f, data, 2)
 	assert.Equal(t, int64(4), c.Stats().DiskErrors)
@@ -191,14 +199,7 @@ func TestOneProcess(t *testing.T) {
 func TestRestartKeepsNewest(t *testing.T) {
 	_, data, base := setup(t, 5000)
 	cdir := t.TempDir()
-	c := open(t, cdir, 1<<20)
-	f, err := c.Wrap(base).Open("shard")
-	require.NoError(t, err)
-	readAll(t, f, data, 1)
-	require.NoError(t, c.Close())
-	blocks, err := filepath.Glob(filepath.Join(cdir, "*"+suffix))
-	require.NoError(t, err)
-	require.Len(t, blocks, 5)
+	blocks := filled(t, cdir, base, data)
 	now := time.Now()
 	for i, b := range blocks {
 		mtime := now.Add(time.Duration(i) * time.Minute)
