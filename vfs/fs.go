@@ -130,6 +130,7 @@ type FS struct {
 	openFDs int                   // GUARDED_BY(mu); descriptors the views not yet closed may hold
 	targets map[string]*target    // GUARDED_BY(mu); write targets, by real path
 	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
+	swept   map[string]bool       // GUARDED_BY(mu); source dirs (rel) sweepStale ran in
 	sweeps  sync.WaitGroup        // sweepStale runs; Close waits for them
 	closed  bool                  // GUARDED_BY(mu)
 
@@ -145,7 +146,7 @@ type FS struct {
 	commitErrors atomic.Int64
 }
 
-// New returns the shared state of a mount of opts.Source.
+// New returns the shared state of a mount of opts.Tree.
 func New(opts Options) (*FS, error) {
 	if opts.Cache == nil {
 		return nil, errors.New("vfs: Options.Cache is required")
@@ -180,7 +181,7 @@ func New(opts Options) (*FS, error) {
 
 func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
-		targets: map[string]*target{}, cleaned: map[string]bool{}, direct: opts.DirectReads && local,
+		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{}, direct: opts.DirectReads && local,
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now()}
 	if opts.Prefill {
 		f.prefill = newPrefiller(f)

@@ -122,9 +122,10 @@ func (d *Dir) hidden(format ckpt.Reader, ents []source.Info, only string) func(n
 // sweepStale removes what killed write sessions left in dir and in its
 // subdirectories. Removing is a write: lookups and listings only hide that
 // debris, and a mount removes it where it writes, after each mkdir, in the
-// directory written into (not the whole source, which may be large), on a
-// goroutine of its own so that no FUSE request waits on it. A mount that
-// only reads leaves the disk as it found it.
+// directory written into (not the whole source, which may be large), once
+// per directory and mount, on a goroutine of its own so that no FUSE
+// request waits on it. A mount that only reads leaves the disk as it found
+// it.
 //
 // rel is the directory's name in the source; the caller has added the run
 // to f.sweeps.
@@ -320,9 +321,13 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	key := sourceKey(real)
 	d.fsys.mu.Lock()
 	closed := d.fsys.closed
+	sweep := !closed && !d.fsys.swept[d.rel]
 	if !closed {
 		d.fsys.targets[key] = &target{s: s, rel: rel}
 		d.fsys.cleaned[key] = true
+	}
+	if sweep {
+		d.fsys.swept[d.rel] = true
 		d.fsys.sweeps.Add(1)
 	}
 	d.fsys.mu.Unlock()
@@ -330,7 +335,9 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 		s.Close()
 		return nil, syscall.EROFS
 	}
-	go d.fsys.sweepStale(d.rel)
+	if sweep {
+		go d.fsys.sweepStale(d.rel)
+	}
 	node := &Dir{fsys: d.fsys, real: real, rel: rel}
 	child := d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: inode(rel)})
 	var attr fuse.AttrOut
