@@ -17,6 +17,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/view"
+	"github.com/ckptfs/ckptfs/vfs/readpath"
 )
 
 const (
@@ -29,11 +30,7 @@ const (
 	infoName = "CKPTFS_INFO.txt"
 )
 
-// ErrReadDeadline is the error of a read that got no bytes from its source
-// within Options.ReadDeadline.
-var ErrReadDeadline = errors.New("vfs: no answer from the source within the read's deadline")
-
-// ViewFile is a file of an HF view, served through the block cache. A
+// ViewFile is a file of an HF view, served through the read path. A
 // checkpoint's view file (e set) names its file in the entry: the view may
 // be evicted while the kernel holds the node, so each open takes the view
 // from the entry, opening it again if need be. A write target's view file
@@ -103,17 +100,20 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		return nil, 0, toErrno(f.fsys.log, "open "+file.Name, err)
 	}
 	src := &viewReader{fsys: f.fsys, file: file, inst: inst}
-	h := &viewHandle{fsys: f.fsys, file: file, src: src, h: f.fsys.opts.Cache.Open(id, src, file.Size), node: f, id: id, inst: inst}
+	r := f.fsys.reads.Open(readpath.File{Name: file.Name, ID: id, Src: src, Size: file.Size,
+		DataOffset: file.DataOffset(), Page: f.EmbeddedInode(), Hold: src.hold})
+	h := &viewHandle{fsys: f.fsys, file: file, r: r, inst: inst}
 	// The bytes never change for the life of the mount: let the kernel keep
 	// its page cache across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
 }
 
-// viewReader reads a view file for the block cache (whose read-ahead may
-// still fill a block after the handle that asked for it is released), for
-// direct reads and for prefill. Each read holds a reference to the view,
-// so its files are not closed under it, and fails once the view is closed
-// rather than opening them again. A panic in a read is that read's error.
+// viewReader reads a view file for the read path: direct reads, the block
+// cache (whose read-ahead may still fill a block after the handle that
+// asked for it is released) and prefill. Each read holds a reference to
+// the view, so its files are not closed under it, and fails once the view
+// is closed rather than opening them again. A panic in a read is that
+// read's error.
 type viewReader struct {
 	fsys *FS
 	file *view.File
@@ -138,6 +138,19 @@ func (r *viewReader) ReadAt(p []byte, off int64) (n int, err error) {
 	return r.file.ReadAt(p, off)
 }
 
+// hold keeps the view open for a prefill that outlives the handle
+// (readpath.File.Hold).
+func (r *viewReader) hold() (release func(), ok bool) {
+	i := r.inst
+	if i == nil {
+		return func() {}, true
+	}
+	if !i.ref() {
+		return nil, false
+	}
+	return func() { r.fsys.unref(i) }, true
+}
+
 // Lseek: view files have no holes.
 func (f *ViewFile) Lseek(ctx context.Context, fh fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
 	return seekNoHoles(off, whence, f.size())
@@ -160,10 +173,7 @@ func seekNoHoles(off uint64, whence uint32, size int64) (uint64, syscall.Errno) 
 type viewHandle struct {
 	fsys *FS
 	file *view.File
-	src  *viewReader
-	h    *cache.Handle
-	node *ViewFile
-	id   uint64    // cache id
+	r    *readpath.Reader
 	inst *viewInst // the view it holds a reference to; nil for a write target's
 }
 
@@ -173,67 +183,17 @@ var (
 )
 
 func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	// A read past the header is a loader at the tensors: stream the rest.
-	if p := h.fsys.prefill; p != nil && off+int64(len(dest)) > max(h.file.DataOffset(), prefillPiece) {
-		p.offer(h.node.EmbeddedInode(), h.src, h.file.Size, h.id)
+	res, err := h.r.Read(ctx, dest, off)
+	if err != nil {
+		h.fsys.readErrors.Add(1)
+		return nil, toErrno(h.fsys.log, "read "+h.file.Name, err)
 	}
-	if h.fsys.direct {
-		// Straight from the shards into dest: the kernel keeps what it is
-		// sent in the view's page cache, so a block cache in between only
-		// adds its own memory, fresh for every new mount (BENCHMARKS.md,
-		// "direct reads").
-		n, err := h.src.ReadAt(dest, off)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, h.failed(err)
-		}
-		h.fsys.bytesServed.Add(int64(n))
-		return fuse.ReadResultData(dest[:n]), 0
-	}
-	// The reply is written from the cache's blocks (writev), not copied
-	// into dest first: that copy showed in the CPU profile of a cold read
-	// (BENCHMARKS.md). The read stops waiting for fills at a FUSE INTERRUPT
-	// (EINTR) and at its deadline (EIO), whatever the fills do.
-	if d := h.fsys.opts.ReadDeadline; d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, d, fmt.Errorf("%w (%s)", ErrReadDeadline, d))
-		defer cancel()
-	}
-	pinned, err := h.h.Slices(ctx, off, len(dest))
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, h.failed(err)
-	}
-	h.fsys.bytesServed.Add(int64(pinned.Len()))
-	return pinnedReply{pinned}, 0
-}
-
-// failed counts and logs a read that failed and returns its errno.
-func (h *viewHandle) failed(err error) syscall.Errno {
-	h.fsys.readErrors.Add(1)
-	return toErrno(h.fsys.log, "read "+h.file.Name, err)
-}
-
-// pinnedReply is a read reply written from the cache's blocks (writev, as
-// fuse.ReadResultVector), which are released once go-fuse has written it.
-type pinnedReply struct{ p *cache.Pinned }
-
-func (r pinnedReply) Size() int { return r.p.Len() }
-
-func (r pinnedReply) Done() { r.p.Release() }
-
-// Slices makes go-fuse write the parts with writev instead of copying
-// them into one buffer first.
-func (r pinnedReply) Slices() ([][]byte, fuse.Status) { return r.p.Parts, fuse.OK }
-
-func (r pinnedReply) Bytes(buf []byte) ([]byte, fuse.Status) {
-	buf = buf[:0]
-	for _, part := range r.p.Parts {
-		buf = append(buf, part...)
-	}
-	return buf, fuse.OK
+	h.fsys.bytesServed.Add(int64(res.Size()))
+	return res, 0
 }
 
 func (h *viewHandle) Release(ctx context.Context) syscall.Errno {
-	h.h.Close()
+	h.r.Close()
 	if h.inst != nil {
 		h.fsys.unref(h.inst)
 	}
@@ -438,9 +398,7 @@ type ViewStats struct {
 func (f *FS) Stats() Stats {
 	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), LookupErrors: f.lookupErrors.Load(), Cache: f.opts.Cache.Stats(),
 		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
-	if f.prefill != nil {
-		s.PrefilledBytes = f.prefill.stored.Load()
-	}
+	s.PrefilledBytes = f.reads.Prefilled()
 	if c, ok := f.tree.(source.Counted); ok {
 		st := c.Stats()
 		s.SourceIO = &st

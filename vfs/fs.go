@@ -1,31 +1,19 @@
 // Package vfs is the go-fuse node tree of a ckptfs mount: the source tree
 // shown read-only, checkpoint directories replaced by their HF views, view
-// files served through the block cache, and the .ckptfs stats file. In a
-// writable mount, directories created with mkdir are write targets whose
-// files are spooled and committed into DCP checkpoints (write.go). It holds
-// no format or plan logic; that lives in layout.
+// files, and the .ckptfs stats file. In a writable mount, directories
+// created with mkdir are write targets whose files are spooled and
+// committed into DCP checkpoints (write.go). It holds no format or plan
+// logic; that lives in layout.
 //
 // How a read of a view file flows. The kernel keeps a view file's pages
-// (views never change) and reads ahead of a reader up to the mount's
-// read_ahead_kb, with up to 64 requests in the background (mount.go). Each
-// READ reaches viewHandle.Read, which takes one of two paths, fixed by the
-// source:
-//   - a local source (direct reads, the default): view.File.ReadAt
-//     assembles the range in the reply buffer from the shards, one pread per
-//     chunk it touches (layout has the geometry of stored, sharded, mapped
-//     and cast tensors); each shard read is checked afterwards (an in-place
-//     rewrite reads as EIO), and the shard pages read are dropped in batches
-//     (layout/source/local.go), so the bytes are cached once, in the view's
-//     pages;
-//   - an object store (or --direct-reads=false): the block cache (package
-//     cache) fills each block once however many readers wait for it, reads
-//     ahead of sequential handles, and the reply is written from its blocks
-//     without a copy; a read stops at a FUSE INTERRUPT (EINTR) or at its
-//     deadline (EIO), and a block whose fill just failed fails again for a
-//     second without a request.
-//
-// With --prefill, a view file is streamed into the page cache once a loader
-// reads its tensors (prefill.go).
+// (views never change: opens are KEEP_CACHE) and reads ahead of a reader
+// up to the mount's read_ahead_kb, with up to 64 requests in the
+// background (mount.go). Each READ reaches viewHandle.Read, which hands it
+// to package readpath: it decides, once per mount from the source, whether
+// bytes go straight from the shards into the reply (a local source) or
+// through the block cache (an object store, --direct-reads=false), and
+// owns the reply, the read's deadline and interrupt, and prefill. vfs
+// counts the bytes and errors and maps the error to an errno (errno.go).
 package vfs
 
 import (
@@ -50,6 +38,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/view"
+	"github.com/ckptfs/ckptfs/vfs/readpath"
 )
 
 // Options configure a ckptfs tree.
@@ -65,11 +54,11 @@ type Options struct {
 	// Logger gets one line per real problem; nil = slog.Default().
 	Logger *slog.Logger
 	// Prefill streams view files into the kernel page cache once a loader
-	// starts reading their tensors (see prefill.go).
+	// starts reading their tensors (see readpath/prefill.go).
 	Prefill bool
 	// DirectReads serves the view files of a local source by reading their
-	// bytes straight into each reply instead of through Cache (see
-	// viewHandle.Read). A remote source is always read through Cache.
+	// bytes straight into each reply instead of through Cache (see package
+	// readpath). A remote source is always read through Cache.
 	DirectReads bool
 	// ReadDeadline bounds each read served through Cache (a remote
 	// source's): past it the read fails with EIO, while the fills it waited
@@ -109,10 +98,9 @@ type FS struct {
 	// the server wait on itself.
 	mountpoint string
 
-	nextID  atomic.Uint64
-	prefill *prefiller // nil unless Options.Prefill
-	direct  bool       // Options.DirectReads, over a local source
-	seed    maphash.Seed
+	nextID atomic.Uint64
+	reads  *readpath.Path // how view file bytes reach a reply
+	seed   maphash.Seed
 
 	// Bounds on the open views (see fdBudget): the shard descriptors they may
 	// hold, from RLIMIT_NOFILE at mount time, and how many stay open.
@@ -181,11 +169,10 @@ func New(opts Options) (*FS, error) {
 
 func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
-		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{}, direct: opts.DirectReads && local,
+		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now()}
-	if opts.Prefill {
-		f.prefill = newPrefiller(f)
-	}
+	f.reads = readpath.New(readpath.Options{Cache: opts.Cache, Local: local, DirectReads: opts.DirectReads,
+		ReadDeadline: opts.ReadDeadline, Prefill: opts.Prefill, Logger: opts.Logger})
 	return f
 }
 
@@ -704,9 +691,7 @@ func inode(rel string) uint64 {
 // not, and ends the write targets' sessions: files still being written are
 // dropped, spools removed.
 func (f *FS) Close() {
-	if f.prefill != nil {
-		f.prefill.stop()
-	}
+	f.reads.Close()
 	f.mu.Lock()
 	f.closed = true
 	targets := f.targets

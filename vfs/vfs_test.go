@@ -276,7 +276,7 @@ func TestConcurrentRandomReaders(t *testing.T) {
 			for err := range errs {
 				require.NoError(t, err)
 			}
-			if st := fsys.Stats().Cache; fsys.direct {
+			if st := fsys.Stats().Cache; fsys.reads.Direct() {
 				assert.Zero(t, st.Fills)
 			} else if tc.flags != 0 {
 				assert.Positive(t, st.BuffersReused, "blocks churned: %+v", st)

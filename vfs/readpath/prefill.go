@@ -1,15 +1,17 @@
-package vfs
+package readpath
 
 import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
-	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/prometheus/procfs"
+
+	"github.com/ckptfs/ckptfs/cache"
 )
 
 // A loader (safetensors, transformers) maps a view file and faults its pages
@@ -30,57 +32,54 @@ const prefillPiece = 1 << 20
 const minAvailable = 512 << 20
 
 type prefiller struct {
-	fsys  *FS
-	queue chan prefillJob
+	cache        *cache.Cache
+	log          *slog.Logger
+	memAvailable func() (int64, bool)
+	queue        chan prefillJob
 
 	mu      sync.Mutex
 	offered map[uint64]bool // GUARDED_BY(mu); cache ids queued or done
 
 	// stored counts the bytes the kernel took into its page cache
-	// (Stats.PrefilledBytes). What it keeps is up to the kernel: reclaim
+	// (Path.Prefilled). What it keeps is up to the kernel: reclaim
 	// (DAMON's pageout on some VMs included) may drop clean pages any time.
 	stored atomic.Int64
 }
 
-// prefillJob is a view file to fill. It holds a reference to a
-// checkpoint's view until filled or dropped, so its files stay open.
+// prefillJob is a view file to fill. It holds its File's Hold until filled
+// or dropped, so its source stays readable.
 type prefillJob struct {
-	node *fs.Inode
-	src  *viewReader
-	size int64
-	id   uint64
+	f       File
+	release func()
 }
 
-// done drops the job's reference.
-func (j prefillJob) done(fsys *FS) {
-	if j.src.inst != nil {
-		fsys.unref(j.src.inst)
-	}
-}
-
-func newPrefiller(fsys *FS) *prefiller {
-	p := &prefiller{fsys: fsys, queue: make(chan prefillJob, 64), offered: map[uint64]bool{}}
+func newPrefiller(opts Options) *prefiller {
+	p := &prefiller{cache: opts.Cache, log: opts.Logger, memAvailable: opts.MemAvailable,
+		queue: make(chan prefillJob, 64), offered: map[uint64]bool{}}
 	go p.run()
 	return p
 }
 
 // offer queues a view file, once per mount (its cache id is the same
 // across re-opens of its view).
-func (p *prefiller) offer(node *fs.Inode, src *viewReader, size int64, id uint64) {
+func (p *prefiller) offer(f File) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.offered[id] {
+	if p.offered[f.ID] {
 		return
 	}
-	if src.inst != nil && !src.inst.ref() {
-		return // the caller's handle holds one: not reached
+	job := prefillJob{f: f, release: func() {}}
+	if f.Hold != nil {
+		var ok bool
+		if job.release, ok = f.Hold(); !ok {
+			return // the caller's open holds the source: not reached
+		}
 	}
-	p.offered[id] = true
-	job := prefillJob{node, src, size, id}
+	p.offered[f.ID] = true
 	select {
 	case p.queue <- job:
 	default: // a long queue: loaders are ahead of the disk anyway
-		job.done(p.fsys)
+		job.release()
 	}
 }
 
@@ -88,23 +87,23 @@ func (p *prefiller) stop() { close(p.queue) }
 
 func (p *prefiller) run() {
 	for job := range p.queue {
-		p.fill(job)
-		job.done(p.fsys)
+		p.fill(job.f)
+		job.release()
 	}
 }
 
 // fill streams one file into the page cache, straight from the cache's
 // blocks.
-func (p *prefiller) fill(job prefillJob) {
-	log := p.fsys.log.With("file", job.src.file.Name)
-	if avail, ok := memAvailable(); !ok || avail < minAvailable+2*job.size {
-		log.Debug("not prefilling: not enough memory available", "size", job.size, "available", avail)
+func (p *prefiller) fill(f File) {
+	log := p.log.With("file", f.Name)
+	if avail, ok := p.memAvailable(); !ok || avail < minAvailable+2*f.Size {
+		log.Debug("not prefilling: not enough memory available", "size", f.Size, "available", avail)
 		return
 	}
-	h := p.fsys.opts.Cache.Open(job.id, job.src, job.size)
+	h := p.cache.Open(f.ID, f.Src, f.Size)
 	defer h.Close()
 	nextCheck := int64(64 << 20) // memory is checked again every 64 MiB
-	for off := int64(0); off < job.size; {
+	for off := int64(0); off < f.Size; {
 		pinned, err := h.Slices(context.Background(), off, prefillPiece)
 		if err != nil && !errors.Is(err, io.EOF) {
 			log.Debug("prefill stopped", "err", err)
@@ -115,7 +114,7 @@ func (p *prefiller) fill(job prefillJob) {
 		}
 		errno := syscall.Errno(0)
 		for _, part := range pinned.Parts {
-			if errno = job.node.WriteCache(off, part); errno != 0 {
+			if errno = f.Page.WriteCache(off, part); errno != 0 {
 				break
 			}
 			off += int64(len(part))
@@ -128,7 +127,7 @@ func (p *prefiller) fill(job prefillJob) {
 		}
 		if off >= nextCheck {
 			nextCheck += 64 << 20
-			if avail, ok := memAvailable(); !ok || avail < minAvailable {
+			if avail, ok := p.memAvailable(); !ok || avail < minAvailable {
 				log.Debug("prefill stopped: memory is short", "at", off)
 				return
 			}
