@@ -152,6 +152,27 @@ type Source interface {
 	String() string
 }
 
+// Locator is a Source that can say where its bytes lie in a checkpoint
+// file, so that a reader can plan reads of many sources together (merge
+// neighbours, read each file once per batch) instead of one ReadAt each.
+type Locator interface {
+	Source
+	// Locate returns where the source's first byte is; false when its
+	// bytes are not one range of one file (compressed, or spread over
+	// several), and must be read with ReadAt.
+	Locate() (Location, bool, error)
+}
+
+// Location is where a Locator's bytes lie.
+type Location struct {
+	File   *File
+	Offset int64
+	// CheckWhole, when set, checks the CRC32 of all of the source's bytes
+	// against the one the format records: a reader that reads them whole
+	// calls it, as the source's own ReadAt does.
+	CheckWhole func(crc uint32) error
+}
+
 // Object is a non-tensor item (DCP BYTE_IO).
 type Object struct {
 	Name   string

@@ -242,6 +242,37 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// Range is bytes of a file read into Parts, one after the other, from Off.
+type Range struct {
+	Off   int64
+	Parts [][]byte
+}
+
+// ReadRanges reads each range whole, in order, then checks once that the
+// file is still the one opened: a batch of reads costs one fstat, not one
+// per read, and a change before or during any of them still fails the
+// batch with ErrSourceChanged.
+func (f *File) ReadRanges(rs []Range) error {
+	fd, err := f.handle()
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		var n int64
+		for _, p := range r.Parts {
+			n += int64(len(p))
+		}
+		if r.Off < 0 || r.Off > f.info.Size || n > f.info.Size-r.Off {
+			return fmt.Errorf("%w: %s: read [%d, %d) past end of file (size %d)",
+				ErrInvalid, f.Path, r.Off, r.Off+n, f.info.Size)
+		}
+		if err := source.ReadParts(fd, r.Parts, r.Off); err != nil {
+			return err
+		}
+	}
+	return fd.Check()
+}
+
 // OutOfFileOrder reports whether reading the tensors in order, each
 // chunk in turn, goes back in some file: a section that begins before the
 // end of the one read before it in the same file.
@@ -289,20 +320,11 @@ func (s *Section) ReadAt(p []byte, off int64) (int, error) {
 // Backing is the file the section lies in.
 func (s *Section) Backing() *File { return s.File }
 
-func (s *Section) String() string {
-	return fmt.Sprintf("%s@%d+%d", s.File.Rel, s.Offset, s.Length)
+// Locate: a section is where it says.
+func (s *Section) Locate() (Location, bool, error) {
+	return Location{File: s.File, Offset: s.Offset}, true, nil
 }
 
-// ReadFullAt reads len(p) bytes at off, the one way every reader and the
-// writer read a range they need whole: a short read is an error wrapping
-// io.ErrUnexpectedEOF that says how short.
-func ReadFullAt(r io.ReaderAt, p []byte, off int64) error {
-	n, err := r.ReadAt(p, off)
-	if n == len(p) {
-		return nil
-	}
-	if err == nil || err == io.EOF {
-		err = fmt.Errorf("%w: read %d of %d bytes at %d", io.ErrUnexpectedEOF, n, len(p), off)
-	}
-	return err
+func (s *Section) String() string {
+	return fmt.Sprintf("%s@%d+%d", s.File.Rel, s.Offset, s.Length)
 }

@@ -9,7 +9,7 @@ import (
 	"io"
 
 	"github.com/ckptfs/ckptfs/layout/box"
-	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 )
 
@@ -92,7 +92,7 @@ func readFull(src Source, p []byte, off int64) error {
 	if err := src.Wait(off + int64(len(p))); err != nil {
 		return err
 	}
-	err := ckpt.ReadFullAt(src, p, off)
+	err := source.ReadFullAt(src, p, off)
 	if errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: %w", errShortSource, err)
 	}

@@ -171,7 +171,7 @@ func readObject(t *testing.T, o ckpt.Object) []byte {
 	t.Helper()
 	require.NotNil(t, o.Bytes, o.Name)
 	b := make([]byte, o.Size)
-	require.NoError(t, ckpt.ReadFullAt(o.Bytes, b, 0), o.Name)
+	require.NoError(t, source.ReadFullAt(o.Bytes, b, 0), o.Name)
 	return b
 }
 

@@ -274,18 +274,70 @@ const minDrop = 64 << 10
 // theirs: their pages are the file.
 func (f *localFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)
-	if n > 0 {
-		// Small reads (record headers) are remembered too: their folios go
-		// with the fills around them.
-		lo, hi := f.read.add(off, off+int64(n), f.info.Size, maxFolio)
-		if n >= minDrop && !f.inMemory {
-			f.drop(f.drops.add(lo, hi))
-		}
-	}
+	f.readDone(off, int64(n))
 	if err == io.EOF && off+int64(n) < f.info.Size {
 		return n, fmt.Errorf("%w: %s truncated at %d (was %d bytes)", ErrChanged, f.path, off+int64(n), f.info.Size)
 	}
 	return n, err
+}
+
+// ReadvAt reads the range at off into parts with preadv, as ReadAt reads
+// into one buffer (the same truncation error, the same page-cache drops).
+func (f *localFile) ReadvAt(parts [][]byte, off int64) error {
+	var want int64
+	for _, p := range parts {
+		want += int64(len(p))
+	}
+	start, done := off, int64(0)
+	for done < want {
+		parts = skipBytes(parts, 0) // empty parts first would read as end of file
+		// At most IOV_MAX parts per call; the kernel may return fewer bytes.
+		batch := parts[:min(len(parts), maxIovecs)]
+		n, err := unix.Preadv(int(f.f.Fd()), batch, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return &fs.PathError{Op: "read", Path: f.path, Err: err}
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: %s truncated at %d (was %d bytes)", ErrChanged, f.path, off, f.info.Size)
+		}
+		done, off = done+int64(n), off+int64(n)
+		parts = skipBytes(parts, n)
+	}
+	f.readDone(start, want)
+	return nil
+}
+
+// maxIovecs is IOV_MAX on Linux.
+const maxIovecs = 1024
+
+// skipBytes drops the first n bytes from parts. Parts read whole are
+// dropped in place; a part read in part is resliced in a copy, so the
+// caller's slice is left as it was.
+func skipBytes(parts [][]byte, n int) [][]byte {
+	for len(parts) > 0 && n >= len(parts[0]) {
+		n -= len(parts[0])
+		parts = parts[1:]
+	}
+	if n > 0 {
+		parts = append([][]byte{parts[0][n:]}, parts[1:]...)
+	}
+	return parts
+}
+
+// readDone records n bytes read at off and drops the pages that can go.
+// Small reads (record headers) are remembered too: their folios go with the
+// fills around them.
+func (f *localFile) readDone(off, n int64) {
+	if n == 0 {
+		return
+	}
+	lo, hi := f.read.add(off, off+n, f.info.Size, maxFolio)
+	if n >= minDrop && !f.inMemory {
+		f.drop(f.drops.add(lo, hi))
+	}
 }
 
 // Check compares the open file's inode attributes with those at open: an

@@ -1,7 +1,9 @@
 package source
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -206,3 +208,49 @@ func TestTruncatedReadIsChanged(t *testing.T) {
 	_, err = f.ReadAt(make([]byte, 5), 0)
 	assert.True(t, errors.Is(err, ErrChanged), "%v", err)
 }
+
+// ReadvAt fills its parts in order, whatever their number and sizes (empty
+// ones, more than one preadv takes), as ReadParts does for a file that
+// reads into one buffer; a file found shorter is ErrChanged for both.
+func TestReadvAtScatters(t *testing.T) {
+	dir := t.TempDir()
+	data := make([]byte, 3000)
+	for i := range data {
+		data[i] = byte(i * 31)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), data, 0o644))
+	tree, err := OpenLocal(dir)
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("f")
+	require.NoError(t, err)
+	defer f.Close()
+	_, ok := f.(VectoredReader)
+	require.True(t, ok, "a local file reads with preadv")
+	for _, sizes := range [][]int{{1}, {0, 5, 0, 7}, {2999}, make([]int, 2000)} {
+		if len(sizes) == 2000 {
+			for i := range sizes {
+				sizes[i] = i % 3 // 1998 bytes in 2000 parts, a third empty
+			}
+		}
+		for _, r := range []io.ReaderAt{f, onlyReaderAt{f}} {
+			parts, want := make([][]byte, len(sizes)), 0
+			for i, n := range sizes {
+				parts[i] = make([]byte, n)
+				want += n
+			}
+			require.NoError(t, ReadParts(r, parts, 1))
+			require.Equal(t, data[1:1+want], bytes.Join(parts, nil), "%T %v", r, sizes[:min(len(sizes), 4)])
+		}
+	}
+	require.NoError(t, os.Truncate(filepath.Join(dir, "f"), 100))
+	for _, r := range []io.ReaderAt{f, onlyReaderAt{f}} {
+		err := ReadParts(r, [][]byte{make([]byte, 50), make([]byte, 100)}, 20)
+		require.ErrorIs(t, err, ErrChanged, "%T", r)
+	}
+}
+
+// onlyReaderAt hides every method but ReadAt.
+type onlyReaderAt struct{ r io.ReaderAt }
+
+func (o onlyReaderAt) ReadAt(p []byte, off int64) (int, error) { return o.r.ReadAt(p, off) }

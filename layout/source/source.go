@@ -59,6 +59,54 @@ type Descriptor interface {
 	Fd() uintptr
 }
 
+// VectoredReader is a File that reads one range into several buffers with
+// one call (preadv), so a range whose bytes go to scattered places costs
+// one read and no copy.
+type VectoredReader interface {
+	File
+	// ReadvAt fills parts in order from the bytes at off: all of them, or
+	// an error (ErrChanged for a file found shorter than when opened).
+	ReadvAt(parts [][]byte, off int64) error
+}
+
+// ReadParts fills parts in order from r's bytes at off: with one call where
+// r can read into several buffers, else with one read, through a scratch
+// buffer when there are several parts.
+func ReadParts(f io.ReaderAt, parts [][]byte, off int64) error {
+	if v, ok := f.(VectoredReader); ok {
+		return v.ReadvAt(parts, off)
+	}
+	if len(parts) == 1 {
+		return ReadFullAt(f, parts[0], off)
+	}
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	buf := make([]byte, n)
+	if err := ReadFullAt(f, buf, off); err != nil {
+		return err
+	}
+	for _, p := range parts {
+		buf = buf[copy(p, buf):]
+	}
+	return nil
+}
+
+// ReadFullAt reads len(p) bytes at off, the one way every reader and the
+// writer read a range they need whole: a short read is an error wrapping
+// io.ErrUnexpectedEOF that says how short.
+func ReadFullAt(r io.ReaderAt, p []byte, off int64) error {
+	n, err := r.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = fmt.Errorf("%w: read %d of %d bytes at %d", io.ErrUnexpectedEOF, n, len(p), off)
+	}
+	return err
+}
+
 // RandomReader is a File that can be told it will be read out of its
 // order, so that the kernel reads no more than each read asks for.
 type RandomReader interface {

@@ -70,6 +70,7 @@ type recordSource struct {
 // entry holding them, and the entry's CRC32.
 type chunkBytes struct {
 	chunk io.ReaderAt       // the chunk's nbytes bytes
+	off   int64             // where chunk starts in the record read
 	entry *io.SectionReader // the data entry
 	name  string            // the entry's name in the record
 	crc   uint32
@@ -79,6 +80,7 @@ type chunkBytes struct {
 var (
 	_ ckpt.Source   = (*recordSource)(nil)
 	_ ckpt.Verifier = (*recordSource)(nil)
+	_ ckpt.Locator  = (*recordSource)(nil)
 )
 
 // Backing is the shard file holding the record.
@@ -118,6 +120,20 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 		err = io.EOF
 	}
 	return n, err
+}
+
+// Locate says where a stored (not compressed) chunk's bytes lie in the
+// shard, once located; a CRC32 applies where the chunk is its whole entry.
+func (s *recordSource) Locate() (ckpt.Location, bool, error) {
+	loc, err := s.located()
+	if err != nil || s.zstd {
+		return ckpt.Location{}, false, err
+	}
+	l := ckpt.Location{File: s.file, Offset: s.off + loc.off}
+	if loc.whole {
+		l.CheckWhole = func(got uint32) error { return s.checkCRC(loc, got) }
+	}
+	return l, true, nil
 }
 
 // Verify reads the whole data entry holding the chunk, in bounded memory,
@@ -194,6 +210,7 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 	}
 	return &chunkBytes{
 		chunk: io.NewSectionReader(r, at.off, s.nbytes),
+		off:   at.off,
 		entry: io.NewSectionReader(r, at.entryOff, at.entrySize),
 		name:  at.entry,
 		crc:   at.crc,

@@ -74,7 +74,22 @@ var (
 	_ ckpt.Source   = (*tensorSource)(nil)
 	_ ckpt.Verifier = (*tensorSource)(nil)
 	_ ckpt.Backed   = (*tensorSource)(nil)
+	_ ckpt.Locator  = (*tensorSource)(nil)
 )
+
+// Locate says where the tensor's bytes lie in the weights file; the
+// entry's CRC32 applies where the tensor is the whole entry.
+func (s *tensorSource) Locate() (ckpt.Location, bool, error) {
+	base, err := s.st.located()
+	if err != nil {
+		return ckpt.Location{}, false, err
+	}
+	l := ckpt.Location{File: s.st.file, Offset: base + s.start}
+	if s.start == 0 && s.n == s.st.size {
+		l.CheckWhole = func(got uint32) error { return s.check(got, "in the bytes read") }
+	}
+	return l, true, nil
+}
 
 // Backing is the weights file holding the tensor.
 func (s *tensorSource) Backing() *ckpt.File { return s.st.file }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -118,7 +120,18 @@ func randomTensor(rng *rand.Rand, name string, dtypes []safetensors.DType) (*ckp
 // size, random shapes, every chunking ckptfs meets, several view files) and
 // reads every view file back at random offsets and lengths: the bytes must
 // be the header the file announces followed by each tensor's original bytes.
+//
+// On disk, the chunks lie in one file in a random order with random gaps,
+// some tensors twice under two names, and reads merge across a random
+// gap: the read plan's merging, scattering and overlaps are checked too.
 func TestViewAssemblyProperty(t *testing.T) {
+	for _, onDisk := range []bool{false, true} {
+		t.Run(fmt.Sprintf("on disk %v", onDisk), func(t *testing.T) { checkAssembly(t, onDisk) })
+	}
+}
+
+func checkAssembly(t *testing.T, onDisk bool) {
+	defer func(g int64) { mergeGap = g }(mergeGap)
 	var dtypes []safetensors.DType
 	for _, d := range []safetensors.DType{safetensors.BOOL, safetensors.U8, safetensors.I8, safetensors.F8_E4M3,
 		safetensors.I16, safetensors.F16, safetensors.BF16, safetensors.I32, safetensors.F32,
@@ -137,7 +150,19 @@ func TestViewAssemblyProperty(t *testing.T) {
 			originals[tn.Name] = full
 			desc = append(desc, d)
 		}
-		v, err := Plan(treetest.NewCheckpoint(t, t.TempDir(), tensors...), Options{MaxShardSize: 1 + rng.Int63n(2048), NoMapping: true})
+		c := treetest.NewCheckpoint(t, t.TempDir(), tensors...)
+		if onDisk {
+			if rng.Intn(2) == 0 {
+				twin := *tensors[0]
+				twin.Name += "_twin"
+				twin.Chunks = slices.Clone(twin.Chunks)
+				c.Tensors = append(c.Tensors, &twin)
+				originals[twin.Name] = originals[tensors[0].Name]
+			}
+			toDisk(t, rng, c)
+			mergeGap = rng.Int63n(96)
+		}
+		v, err := Plan(c, Options{MaxShardSize: 1 + rng.Int63n(2048), NoMapping: true})
 		require.NoError(t, err, "iteration %d: %v", iter, desc)
 		for _, f := range v.Files {
 			if f.Kind != KindSafetensors {
@@ -176,5 +201,37 @@ func TestViewAssemblyProperty(t *testing.T) {
 				require.True(t, bytes.Equal(want, got[:k]), "iteration %d %s: bytes [%d, %d) differ (%v)", iter, f.Name, off, off+n, desc)
 			}
 		}
+	}
+}
+
+// toDisk moves every chunk of c out of memory into one file, in a random
+// order with random gaps (often none) between them.
+func toDisk(t *testing.T, rng *rand.Rand, c *ckpt.Checkpoint) {
+	var chunks []*ckpt.Chunk
+	for _, tn := range c.Tensors {
+		for i := range tn.Chunks {
+			chunks = append(chunks, &tn.Chunks[i])
+		}
+	}
+	rng.Shuffle(len(chunks), func(i, j int) { chunks[i], chunks[j] = chunks[j], chunks[i] })
+	var data []byte
+	at := map[*treetest.MemSource]int64{}
+	for _, ch := range chunks {
+		m := ch.Source.(*treetest.MemSource)
+		if _, ok := at[m]; ok { // a twin's
+			continue
+		}
+		if rng.Intn(2) == 0 {
+			data = append(data, make([]byte, rng.Intn(80))...)
+		}
+		at[m] = int64(len(data))
+		data = append(data, m.Data...)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(c.Dir, "shard"), data, 0o644))
+	f, err := c.Files.Get("shard")
+	require.NoError(t, err)
+	for _, ch := range chunks {
+		m := ch.Source.(*treetest.MemSource)
+		ch.Source = &ckpt.Section{File: f, Offset: at[m], Length: int64(len(m.Data))}
 	}
 }

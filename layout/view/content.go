@@ -13,8 +13,9 @@ type content interface {
 	dtype() safetensors.DType
 	shape() []int64
 	size() int64
-	// readAt fills dst with the tensor's bytes from byte pos on.
-	readAt(dst []byte, pos int64) error
+	// plan adds to p the reads that fill dst with the tensor's bytes from
+	// byte pos on.
+	plan(p *readPlan, dst []byte, pos int64) error
 	// backing lists the checkpoint files the bytes come from.
 	backing() []*ckpt.File
 	origin() Origin

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -139,7 +140,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	case KindGenerated:
 		copy(want, f.data[off:])
 	case KindPassthrough:
-		err = ckpt.ReadFullAt(f.src, want, off)
+		err = source.ReadFullAt(f.src, want, off)
 	case KindSafetensors:
 		err = f.readTensors(want, off)
 	}
@@ -152,7 +153,10 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	return len(want), nil
 }
 
+// readTensors reads the window with one plan for all its tensors.
 func (f *File) readTensors(p []byte, off int64) error {
+	plan := newPlan()
+	defer plan.release()
 	end := off + int64(len(p))
 	if off < int64(len(f.header)) {
 		n := copy(p, f.header[off:])
@@ -169,10 +173,10 @@ func (f *File) readTensors(p []byte, off int64) error {
 		}
 		lo := off - pl.Offset
 		n := min(pl.Size-lo, end-off)
-		if err := pl.content.readAt(p[:n], lo); err != nil {
+		if err := pl.content.plan(plan, p[:n], lo); err != nil {
 			return err
 		}
 		p, off = p[n:], off+n
 	}
-	return nil
+	return plan.run()
 }

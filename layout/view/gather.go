@@ -11,7 +11,8 @@ import (
 // The bytes of a global tensor are gathered from its chunks, each a box of
 // the tensor (package box has the geometry): the chunk bytes that land in a
 // window of the tensor are one contiguous range of the chunk, so a read is
-// one pread per chunk, scattered run by run when the chunk is not one run.
+// one extent per chunk, scattered run by run when the chunk is not one run
+// (readplan.go reads them).
 
 // geometry is the precomputed layout of one tensor.
 type geometry struct {
@@ -66,10 +67,10 @@ func putBuf(bp *[]byte) {
 	}
 }
 
-// readAt fills dst with the tensor's bytes starting at global byte pos.
-// It issues one read per chunk that intersects the window and scatters the
-// runs; a chunk that is one run is read straight into dst.
-func (g *geometry) readAt(dst []byte, pos int64) error {
+// plan adds the reads of the tensor's bytes from global byte pos into dst:
+// an extent per chunk that intersects the window, straight into dst when
+// the chunk is one run, else scattered run by run.
+func (g *geometry) plan(p *readPlan, dst []byte, pos int64) error {
 	end := pos + int64(len(dst))
 	if pos < 0 || end > g.bytes {
 		return fmt.Errorf("layout: tensor %q: range [%d, %d) outside %d bytes", g.tensor.Name, pos, end, g.bytes)
@@ -80,26 +81,16 @@ func (g *geometry) readAt(dst []byte, pos int64) error {
 		if l0 == l1 {
 			continue
 		}
+		p.begin(g, c, l0, l0 == 0 && l1 == c.box.Bytes())
 		if c.box.RunLen() == c.box.Bytes() { // one run: contiguous in the global order
 			at := c.box.Start() + l0 - pos
-			if err := ckpt.ReadFullAt(c.src, dst[at:at+l1-l0], l0); err != nil {
-				return g.chunkError(c, err)
-			}
+			p.part(dst[at : at+l1-l0])
 			continue
 		}
-		bp := getBuf(l1 - l0)
-		buf := *bp
-		err := ckpt.ReadFullAt(c.src, buf, l0)
-		if err == nil {
-			c.box.Spans(l0, l1, func(at, local, n int64) error {
-				copy(dst[at-pos:at-pos+n], buf[local-l0:local-l0+n])
-				return nil
-			})
-		}
-		putBuf(bp)
-		if err != nil {
-			return g.chunkError(c, err)
-		}
+		c.box.Spans(l0, l1, func(at, local, n int64) error {
+			p.part(dst[at-pos : at-pos+n])
+			return nil
+		})
 	}
 	return nil
 }

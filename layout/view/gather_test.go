@@ -101,13 +101,13 @@ func TestGatherMatchesGroundTruth(t *testing.T) {
 			require.Equal(t, int64(len(full)), g.size())
 			// whole tensor, every single byte window, and random windows
 			got := make([]byte, len(full))
-			require.NoError(t, g.readAt(got, 0))
+			require.NoError(t, readContent(g, got, 0))
 			require.True(t, bytes.Equal(full, got))
 			for i := 0; i < 300 && len(full) > 0; i++ {
 				a := rng.Int63n(int64(len(full)))
 				b := a + rng.Int63n(int64(len(full))-a+1)
 				w := make([]byte, b-a)
-				require.NoError(t, g.readAt(w, a))
+				require.NoError(t, readContent(g, w, a))
 				require.True(t, bytes.Equal(full[a:b], w), "window [%d,%d)", a, b)
 			}
 		})
@@ -120,7 +120,7 @@ func TestGatherOneReadPerChunk(t *testing.T) {
 	g, err := newGeometry(tensor)
 	require.NoError(t, err)
 	got := make([]byte, len(full))
-	require.NoError(t, g.readAt(got, 0))
+	require.NoError(t, readContent(g, got, 0))
 	require.Equal(t, full, got)
 	for _, c := range tensor.Chunks {
 		require.Equal(t, 1, c.Source.(*treetest.MemSource).Reads, "each column shard is read with one call, not one per row")
@@ -156,7 +156,7 @@ func BenchmarkGather(b *testing.B) {
 			b.SetBytes(int64(len(dst)))
 			for i := 0; i < b.N; i++ {
 				off := int64(i%4) << 20
-				if err := g.readAt(dst, off); err != nil {
+				if err := readContent(g, dst, off); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -104,84 +104,63 @@ func (m *mapped) backing() []*ckpt.File {
 	return out
 }
 
-// readAt fills dst with view bytes from pos: for each piece in the window,
-// its source bytes, converted when the types differ.
-func (m *mapped) readAt(dst []byte, pos int64) error {
+// plan adds the reads of view bytes from pos: for each piece in the
+// window, its source bytes, converted once read when the types differ.
+func (m *mapped) plan(p *readPlan, dst []byte, pos int64) error {
 	end := pos + int64(len(dst))
 	if pos < 0 || end > m.bytes {
 		return fmt.Errorf("layout: tensor %q: range [%d, %d) outside %d bytes", m.t.Name, pos, end, m.bytes)
 	}
 	for i := range m.pieces {
-		p := &m.pieces[i]
-		if p.end <= pos || p.start >= end {
+		mp := &m.pieces[i]
+		if mp.end <= pos || mp.start >= end {
 			continue
 		}
-		a, b := max(pos, p.start)-p.start, min(end, p.end)-p.start
-		out := dst[p.start+a-pos : p.start+b-pos]
+		a, b := max(pos, mp.start)-mp.start, min(end, mp.end)-mp.start
+		out := dst[mp.start+a-pos : mp.start+b-pos]
 		if m.from == m.to {
-			if err := p.read(out, a); err != nil {
+			if err := mp.plan(p, out, a); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := m.readConverted(p, out, a, b); err != nil {
+		if err := m.planConverted(p, mp, out, a, b); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// readConverted fills out with the piece's view bytes [a, b): the source
-// elements that cover them, converted.
-func (m *mapped) readConverted(p *mappedPiece, out []byte, a, b int64) error {
+// planConverted fills out with the piece's view bytes [a, b): the source
+// elements that cover them are read into scratch and converted.
+func (m *mapped) planConverted(p *readPlan, mp *mappedPiece, out []byte, a, b int64) error {
 	in, size := int64(m.from.Size()), int64(m.to.Size())
 	e0, e1 := a/size, (b+size-1)/size
-	src, conv := getBuf((e1-e0)*in), getBuf((e1-e0)*size)
-	defer putBuf(src)
-	defer putBuf(conv)
-	if err := p.read(*src, e0*in); err != nil {
+	src, conv := p.buf((e1-e0)*in), p.buf((e1-e0)*size)
+	if err := mp.plan(p, src, e0*in); err != nil {
 		return err
 	}
-	if err := convert.Convert(*conv, m.to, *src, m.from); err != nil {
-		return fmt.Errorf("layout: tensor %q: %w", m.t.Name, err)
-	}
-	copy(out, (*conv)[a-e0*size:])
+	p.then(func() error {
+		if err := convert.Convert(conv, m.to, src, m.from); err != nil {
+			return fmt.Errorf("layout: tensor %q: %w", m.t.Name, err)
+		}
+		copy(out, conv[a-e0*size:])
+		return nil
+	})
 	return nil
 }
 
-// coalesceSlack is how many source bytes a permuted read may read beyond
-// twice its own size to read its rows in one go (a window inside half a
-// RoPE head covers every other row of the head's rows it touches).
-var coalesceSlack int64 = 256 << 10 // a variable for tests
-
-// read fills dst with the piece's source bytes from pos (in the piece's own
-// C order, rows permuted). Permuted rows are read as the one source range
-// that holds them all, when that is not much more than they are (a RoPE
-// permutation keeps rows within their head), and copied out row by row;
-// else one read per row.
-func (p *mappedPiece) read(dst []byte, pos int64) error {
-	if p.rows == nil || len(dst) == 0 {
-		return p.spans(dst, pos)
-	}
-	end := pos + int64(len(dst))
-	r0, r1 := pos/p.rowLen, (end+p.rowLen-1)/p.rowLen
-	lo, hi := p.rows[r0], p.rows[r0]
-	for _, r := range p.rows[r0:r1] {
-		lo, hi = min(lo, r), max(hi, r)
-	}
-	if span := (hi - lo + 1) * p.rowLen; span <= 2*int64(len(dst))+coalesceSlack {
-		bp := getBuf(span)
-		defer putBuf(bp)
-		if err := p.spans(*bp, lo*p.rowLen); err != nil {
-			return err
-		}
-		p.eachRow(pos, end, func(at, from, n int64) { copy(dst[at-pos:at-pos+n], (*bp)[from-lo*p.rowLen:]) })
-		return nil
+// plan adds the reads of the piece's source bytes from pos (in the piece's
+// own C order, rows permuted) into dst: one extent per permuted row, which
+// the plan merges with its neighbours in the source.
+func (mp *mappedPiece) plan(p *readPlan, dst []byte, pos int64) error {
+	if mp.rows == nil || len(dst) == 0 {
+		return mp.spans(p, dst, pos)
 	}
 	var err error
-	p.eachRow(pos, end, func(at, from, n int64) {
+	mp.eachRow(pos, pos+int64(len(dst)), func(at, from, n int64) {
 		if err == nil {
-			err = p.spans(dst[at-pos:at-pos+n], from)
+			err = mp.spans(p, dst[at-pos:at-pos+n], from)
 		}
 	})
 	return err
@@ -189,20 +168,20 @@ func (p *mappedPiece) read(dst []byte, pos int64) error {
 
 // eachRow calls f for each permuted row in the piece's bytes [pos, end):
 // where it lands (at), where its bytes start in the box (from), how many.
-func (p *mappedPiece) eachRow(pos, end int64, f func(at, from, n int64)) {
+func (mp *mappedPiece) eachRow(pos, end int64, f func(at, from, n int64)) {
 	for off := pos; off < end; {
-		r, within := off/p.rowLen, off%p.rowLen
-		n := min(p.rowLen-within, end-off)
-		f(off, p.rows[r]*p.rowLen+within, n)
+		r, within := off/mp.rowLen, off%mp.rowLen
+		n := min(mp.rowLen-within, end-off)
+		f(off, mp.rows[r]*mp.rowLen+within, n)
 		off += n
 	}
 }
 
-// spans reads the box bytes [l0, l0+len(dst)) from the source tensor: one
-// gather per contiguous span.
-func (p *mappedPiece) spans(dst []byte, l0 int64) error {
-	return p.box.Spans(l0, l0+int64(len(dst)), func(at, local, n int64) error {
-		return p.src.readAt(dst[local-l0:local-l0+n], at)
+// spans adds the reads of the box bytes [l0, l0+len(dst)) of the source
+// tensor: its tensor's reads for each contiguous span.
+func (mp *mappedPiece) spans(p *readPlan, dst []byte, l0 int64) error {
+	return mp.box.Spans(l0, l0+int64(len(dst)), func(at, local, n int64) error {
+		return mp.src.plan(p, dst[local-l0:local-l0+n], at)
 	})
 }
 

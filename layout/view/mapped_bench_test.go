@@ -14,7 +14,7 @@ import (
 // BenchmarkPermutedRead reads a 4096×4096 bf16 tensor (32 heads of 128
 // rows) in 1 MiB windows from a shard file in $CKPTFS_BENCH_DIR (tmpfs:
 // /dev/shm, so that the byte path, not a disk, is measured), as stored,
-// RoPE-permuted, and permuted one read per row (the read before coalescing).
+// and RoPE-permuted.
 func BenchmarkPermutedRead(b *testing.B) {
 	const rows, cols, heads = 4096, 4096, 32
 	dir := b.TempDir()
@@ -58,15 +58,11 @@ func BenchmarkPermutedRead(b *testing.B) {
 	for _, tc := range []struct {
 		name  string
 		piece mapping.Piece
-		slack int64
 	}{
-		{"stored", whole, coalesceSlack},
-		{"permuted", permuted, coalesceSlack},
-		{"permuted-row-by-row", permuted, -1 << 40},
+		{"stored", whole},
+		{"permuted", permuted},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			defer func(s int64) { coalesceSlack = s }(coalesceSlack)
-			coalesceSlack = tc.slack
 			m, err := newMapped(&mapping.Tensor{Name: "wq", Shape: []int64{rows, cols}, Pieces: []mapping.Piece{tc.piece}}, geometries{})
 			if err != nil {
 				b.Fatal(err)
@@ -75,7 +71,7 @@ func BenchmarkPermutedRead(b *testing.B) {
 			b.SetBytes(int64(len(data)))
 			for b.Loop() {
 				for pos := int64(0); pos < m.size(); pos += int64(len(buf)) {
-					if err := m.readAt(buf, pos); err != nil {
+					if err := readContent(m, buf, pos); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -79,13 +79,13 @@ func TestMappedMatchesNaive(t *testing.T) {
 			want := expectedBytes(t, mt, full)
 			require.EqualValues(t, len(want), m.size())
 			got := make([]byte, len(want))
-			require.NoError(t, m.readAt(got, 0))
+			require.NoError(t, readContent(m, got, 0))
 			require.True(t, bytes.Equal(want, got))
 			for i := 0; i < 300; i++ {
 				a := rng.Int63n(int64(len(want)))
 				b := a + rng.Int63n(int64(len(want))-a+1)
 				w := make([]byte, b-a)
-				require.NoError(t, m.readAt(w, a))
+				require.NoError(t, readContent(m, w, a))
 				require.True(t, bytes.Equal(want[a:b], w), "window [%d,%d)", a, b)
 			}
 		})
@@ -160,7 +160,7 @@ func TestPermutedReadsCoalesced(t *testing.T) {
 	for _, w := range []struct{ pos, n int64 }{{0, 32 << 10}, {8 << 10, 8 << 10}, {100, 5000}, {32<<10 - 1, 1}} {
 		chunk.Reads = 0
 		got := make([]byte, w.n)
-		require.NoError(t, m.readAt(got, w.pos))
+		require.NoError(t, readContent(m, got, w.pos))
 		require.True(t, bytes.Equal(want[w.pos:w.pos+w.n], got), "window %v", w)
 		require.Equal(t, 1, chunk.Reads, "window %v", w)
 	}
@@ -168,8 +168,8 @@ func TestPermutedReadsCoalesced(t *testing.T) {
 
 // Rows too far apart for one read are read one by one, and right.
 func TestPermutedReadsApart(t *testing.T) {
-	defer func(s int64) { coalesceSlack = s }(coalesceSlack)
-	coalesceSlack = 0
+	defer func(g int64) { mergeGap = g }(mergeGap)
+	mergeGap = 0
 	rng := rand.New(rand.NewSource(6))
 	src, full := gridTensor(rng, []int64{64, 8}, safetensors.F32, [][]int64{{20}, {3}})
 	perm := rng.Perm(64)
@@ -185,7 +185,7 @@ func TestPermutedReadsApart(t *testing.T) {
 		a := rng.Int63n(int64(len(want)))
 		b := a + 1 + rng.Int63n(int64(len(want))-a)
 		got := make([]byte, b-a)
-		require.NoError(t, m.readAt(got, a))
+		require.NoError(t, readContent(m, got, a))
 		require.True(t, bytes.Equal(want[a:b], got), "window [%d,%d)", a, b)
 	}
 }

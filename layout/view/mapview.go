@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // configName is the HF model config among a view's sidecars.
@@ -92,7 +92,7 @@ func (v *View) model(sidecars []*File) (mapping.Model, error) {
 			return m, fmt.Errorf("layout: %s is larger than %d bytes", f.Path, maxConfigBytes)
 		}
 		b := make([]byte, f.Size)
-		if err := ckpt.ReadFullAt(f, b, 0); err != nil {
+		if err := source.ReadFullAt(f, b, 0); err != nil {
 			return m, fmt.Errorf("layout: %w", err)
 		}
 		cfg, err := mapping.FromHFConfig(b)

@@ -35,11 +35,26 @@ type verifying struct {
 }
 
 func (v *verifying) ReadAt(p []byte, off int64) (int, error) {
-	v.once.Do(func() { v.err = v.Verifier.Verify() })
-	if v.err != nil {
-		return 0, v.err
+	if err := v.verified(); err != nil {
+		return 0, err
 	}
 	return v.Verifier.ReadAt(p, off)
+}
+
+func (v *verifying) verified() error {
+	v.once.Do(func() { v.err = v.Verifier.Verify() })
+	return v.err
+}
+
+// Locate says where the verified source's bytes lie, once verified.
+func (v *verifying) Locate() (ckpt.Location, bool, error) {
+	if err := v.verified(); err != nil {
+		return ckpt.Location{}, false, err
+	}
+	if l, ok := v.Verifier.(ckpt.Locator); ok {
+		return l.Locate()
+	}
+	return ckpt.Location{}, false, nil
 }
 
 // Backing is the file the verified source reads, for freshness checks.

@@ -19,32 +19,7 @@ import (
 // record's CRC32 and fails.
 func TestVerifyCatchesWhatPartialReadsMiss(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ck")
-	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
-	c, err := layout.Open(dir)
-	require.NoError(t, err)
-	tn := c.Tensors[0] // emb.weight, [10 8] f32 on 4 ranks
-	ch := tn.Chunks[0]
-	n, _ := ckpt.NumElements(ch.Sizes)
-	data := make([]byte, n*4)
-	_, err = ch.Source.ReadAt(data, 0)
-	require.NoError(t, err)
-	c.Close()
-
-	// flip the chunk's last byte in its shard
-	shards, _ := filepath.Glob(filepath.Join(dir, "*.distcp"))
-	flipped := false
-	for _, s := range shards {
-		b, err := os.ReadFile(s)
-		require.NoError(t, err)
-		if i := bytes.Index(b, data); i >= 0 {
-			b[i+len(data)-1] ^= 0xff
-			require.NoError(t, os.WriteFile(s, b, 0o644))
-			flipped = true
-			break
-		}
-	}
-	require.True(t, flipped)
-
+	data := flipChunkByte(t, dir)
 	for _, verify := range []bool{false, true} {
 		c, err := layout.Open(dir)
 		require.NoError(t, err)
@@ -64,4 +39,33 @@ func TestVerifyCatchesWhatPartialReadsMiss(t *testing.T) {
 		}
 		c.Close()
 	}
+}
+
+// flipChunkByte copies the fsdp2_4ranks fixture to dir and flips the last
+// byte of its first tensor's first chunk in its shard, where the record's
+// zip directory keeps the CRC32 of the bytes as written. It returns the
+// chunk's bytes as written.
+func flipChunkByte(t *testing.T, dir string) []byte {
+	t.Helper()
+	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
+	c, err := layout.Open(dir)
+	require.NoError(t, err)
+	ch := c.Tensors[0].Chunks[0] // emb.weight, [10 8] f32 on 4 ranks
+	n, _ := ckpt.NumElements(ch.Sizes)
+	data := make([]byte, n*4)
+	_, err = ch.Source.ReadAt(data, 0)
+	require.NoError(t, err)
+	c.Close()
+	shards, _ := filepath.Glob(filepath.Join(dir, "*.distcp"))
+	for _, s := range shards {
+		b, err := os.ReadFile(s)
+		require.NoError(t, err)
+		if i := bytes.Index(b, data); i >= 0 {
+			b[i+len(data)-1] ^= 0xff
+			require.NoError(t, os.WriteFile(s, b, 0o644))
+			return data
+		}
+	}
+	t.Fatal("the chunk's bytes are in no shard")
+	return nil
 }

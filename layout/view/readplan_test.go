@@ -1,0 +1,124 @@
+package view
+
+import (
+	"bytes"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/mapping"
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/safetensors"
+)
+
+// countingTree counts the reads and freshness checks of the files it opens.
+type countingTree struct {
+	source.Tree
+	reads, checks int
+}
+
+func (t *countingTree) Open(name string) (source.File, error) {
+	f, err := t.Tree.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return &countingFile{File: f, tree: t}, nil
+}
+
+type countingFile struct {
+	source.File
+	tree *countingTree
+}
+
+func (f *countingFile) ReadAt(p []byte, off int64) (int, error) {
+	f.tree.reads++
+	return f.File.ReadAt(p, off)
+}
+
+func (f *countingFile) ReadvAt(parts [][]byte, off int64) error {
+	f.tree.reads++
+	return f.File.(source.VectoredReader).ReadvAt(parts, off)
+}
+
+func (f *countingFile) Check() error {
+	f.tree.checks++
+	return f.File.Check()
+}
+
+// A RoPE-permuted tensor in a file costs one read and one freshness check
+// per window, as the tensor stored does: its rows are extents the plan
+// merges, not a read each.
+func TestPermutedRowsAreOneReadOfTheFile(t *testing.T) {
+	const rows, cols, heads = 512, 64, 4 // 128-byte rows of bf16
+	dir := t.TempDir()
+	data := make([]byte, rows*cols*2)
+	rand.New(rand.NewSource(3)).Read(data)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "shard"), data, 0o644))
+	local, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	defer local.Close()
+	tree := &countingTree{Tree: local}
+	files := ckpt.NewFileSet(tree)
+	defer files.Close()
+	f, err := files.Get("shard")
+	require.NoError(t, err)
+	src := &ckpt.Tensor{Name: "wq", DType: safetensors.BF16, Shape: []int64{rows, cols},
+		Chunks: []ckpt.Chunk{{Offsets: []int64{0, 0}, Sizes: []int64{rows, cols}, Source: &ckpt.Section{File: f, Length: int64(len(data))}}}}
+	perm := make([]int64, rows)
+	d := int64(rows / heads)
+	for h := range int64(heads) {
+		for i := range d / 2 {
+			perm[h*d+i], perm[h*d+d/2+i] = h*d+2*i, h*d+2*i+1
+		}
+	}
+	mt := &mapping.Tensor{Name: "wq", Shape: []int64{rows, cols}, Pieces: []mapping.Piece{{Source: src, Offsets: []int64{0, 0}, Sizes: []int64{rows, cols}, Rows: perm}}}
+	m, err := newMapped(mt, geometries{})
+	require.NoError(t, err)
+	rowLen := int64(cols * 2)
+	for _, w := range []struct{ pos, n int64 }{
+		{0, int64(len(data))},     // every head
+		{d * rowLen, d * rowLen},  // one head
+		{0, d / 2 * rowLen},       // the even rows of a head: every other row
+		{100, 3 * rowLen},         // rows 0, 2, 4, 6 from the middle of one
+		{int64(len(data)) - 1, 1}, // one byte
+	} {
+		tree.reads, tree.checks = 0, 0
+		got := make([]byte, w.n)
+		require.NoError(t, readContent(m, got, w.pos))
+		want := make([]byte, 0, w.n)
+		for r := w.pos / rowLen; r*rowLen < w.pos+w.n; r++ {
+			want = append(want, data[perm[r]*rowLen:(perm[r]+1)*rowLen]...)
+		}
+		skip := w.pos % rowLen
+		require.True(t, bytes.Equal(want[skip:skip+w.n], got), "window %v", w)
+		require.Equal(t, 1, tree.reads, "window %v: reads", w)
+		require.Equal(t, 1, tree.checks, "window %v: freshness checks", w)
+	}
+}
+
+// A read that covers a chunk whole checks the record's CRC32 through the
+// plan as through the record's own ReadAt: a byte flipped in a shard fails
+// the whole-file read of the view, and partial reads serve what is there.
+func TestPlanChecksCRCOfWholeChunks(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ck")
+	flipChunkByte(t, dir)
+	c, err := layout.Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	v, err := Plan(c, Options{})
+	require.NoError(t, err)
+	f := v.Lookup("model.safetensors")
+	_, err = f.ReadAt(make([]byte, f.Size), 0)
+	require.ErrorIs(t, err, torchdcp.ErrChecksum)
+	require.ErrorContains(t, err, "CRC32 mismatch")
+	require.ErrorContains(t, err, "model.safetensors")
+	p := f.Placements()[0]
+	_, err = f.ReadAt(make([]byte, 4), p.Offset)
+	require.NoError(t, err, "a partial read cannot check the record")
+}
