@@ -126,7 +126,8 @@ type Reader struct {
 	h *cache.Handle
 }
 
-// Open opens f for reading; the caller closes the Reader.
+// Open opens f for reading; the caller closes the Reader. A direct open
+// holds a cache handle too, so that open_handles counts it (Options.Cache).
 func (p *Path) Open(f File) *Reader {
 	return &Reader{p: p, f: f, h: p.opts.Cache.Open(f.ID, f.Src, f.Size)}
 }
@@ -138,6 +139,7 @@ func (r *Reader) Close() { r.h.Close() }
 // failed read returns the source's error, context.Canceled once the request
 // was interrupted, or an error wrapping ErrReadDeadline.
 func (r *Reader) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, error) {
+	// A read past the header is a loader at the tensors: stream the rest.
 	if p := r.p.prefill; p != nil && off+int64(len(dest)) > max(r.f.DataOffset, prefillPiece) {
 		p.offer(r.f)
 	}
