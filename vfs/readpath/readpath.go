@@ -2,16 +2,17 @@
 // reply: vfs opens a Reader per open and maps Read's error to an errno.
 //
 // The mode follows from the source, once per mount. A local source (with
-// DirectReads, the default) is read straight into the reply buffer
-// (view.File.ReadAt: one pread per shard chunk touched). An object store, or
-// --direct-reads=false, goes through the block cache (package cache: one
-// fill per block for all readers, read-ahead, a failed fill fails again for
-// a second); the reply is written from its blocks without a copy and ends
-// at a FUSE INTERRUPT (EINTR) or its deadline (EIO). Freshness: vfs checks
-// at open (view.File.CheckFresh), layout/ckpt after each shard read. Page
-// cache: local shard pages read are dropped (layout/source/local.go), view
-// pages are kept across opens (KEEP_CACHE), and prefill (prefill.go) streams
-// a view file into them once a loader reaches its tensors.
+// DirectReads, the default) is read straight into the reply buffer by
+// view.File.ReadAt (its read plan: the window's source ranges merged per
+// file and read with preadv). An object store, or --direct-reads=false,
+// goes through the block cache (package cache: one fill per block for all
+// readers, read-ahead, a failed fill fails again for a second); the reply is
+// written from its blocks without a copy and ends at a FUSE INTERRUPT
+// (EINTR) or its deadline (EIO). Freshness: vfs checks at open
+// (view.File.CheckFresh), layout/ckpt once per file after each read's batch.
+// Page cache: local shard pages read are dropped (layout/source/local.go),
+// view pages are kept across opens (KEEP_CACHE), and prefill (prefill.go)
+// streams a view file into them once a loader reaches its tensors.
 package readpath
 
 import (
