@@ -39,6 +39,7 @@ type prefiller struct {
 
 	mu      sync.Mutex
 	offered map[uint64]bool // GUARDED_BY(mu); cache ids queued or done
+	stopped bool            // GUARDED_BY(mu); the queue is closed
 
 	// stored counts the bytes the kernel took into its page cache
 	// (Path.Prefilled). What it keeps is up to the kernel: reclaim
@@ -65,7 +66,7 @@ func newPrefiller(opts Options) *prefiller {
 func (p *prefiller) offer(f File) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.offered[f.ID] {
+	if p.offered[f.ID] || p.stopped {
 		return
 	}
 	job := prefillJob{f: f, release: func() {}}
@@ -83,7 +84,16 @@ func (p *prefiller) offer(f File) {
 	}
 }
 
-func (p *prefiller) stop() { close(p.queue) }
+// stop ends the queue; later offers are ignored (a read racing the
+// unmount).
+func (p *prefiller) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.stopped {
+		p.stopped = true
+		close(p.queue)
+	}
+}
 
 func (p *prefiller) run() {
 	for job := range p.queue {

@@ -262,3 +262,17 @@ func TestPrefillSkips(t *testing.T) {
 		})
 	}
 }
+
+// A read that races the unmount offers its file to a closed prefill: it is
+// ignored, not a send on the closed queue.
+func TestPrefillOfferAfterClose(t *testing.T) {
+	data := testData(3 << 20)
+	p := New(Options{Cache: newCache(t), Local: true, DirectReads: true, Prefill: true, MemAvailable: func() (int64, bool) { return 1 << 40, true }})
+	r := p.Open(File{Name: "f", ID: 1, Src: bytes.NewReader(data), Size: int64(len(data)), Page: &pageCache{}})
+	defer r.Close()
+	p.Close()
+	_, err := r.Read(context.Background(), make([]byte, 4096), 2<<20)
+	require.NoError(t, err)
+	p.Close() // twice is fine too
+	require.Zero(t, p.Prefilled())
+}
