@@ -6,6 +6,7 @@ consolidate_safetensors_files takes). The same seed gives the same tensors.
 
     python e2e/bench/gen_llama.py OUT [--world 4] [--layers 8] [--format dcp|hf]
     python e2e/bench/gen_llama.py OUT --preset llama3-8b --world 8     (bf16, Llama 3 shapes)
+    python e2e/bench/gen_llama.py OUT --names torchtitan   (torchtitan's names: a view RoPE-permutes q/k)
 
 The model is built on the meta device for names and shapes only; every rank
 fills just its own shards, so no process ever holds the whole model."""
@@ -44,7 +45,24 @@ def config(layers, preset=None):
                        tie_word_embeddings=False, torch_dtype="float32")
 
 
-def worker(rank, world, init_method, out, layers, fmt, preset):
+# HF names as torchtitan's Llama saves them (its state dict adapter's
+# from_hf); the bytes stay as they are, so a view of them through the
+# torchtitan-llama mapping permutes q/k rows (what the bench measures).
+TITAN = [("model.embed_tokens.", "tok_embeddings."), ("model.norm.", "norm."), ("lm_head.", "output."),
+         ("model.layers.", "layers."), ("self_attn.q_proj.", "attention.wq."), ("self_attn.k_proj.", "attention.wk."),
+         ("self_attn.v_proj.", "attention.wv."), ("self_attn.o_proj.", "attention.wo."),
+         ("input_layernorm.", "attention_norm."), ("post_attention_layernorm.", "ffn_norm."),
+         ("mlp.gate_proj.", "feed_forward.w1."), ("mlp.up_proj.", "feed_forward.w3."),
+         ("mlp.down_proj.", "feed_forward.w2.")]
+
+
+def titan_name(name):
+    for hf, tt in TITAN:
+        name = name.replace(hf, tt)
+    return name
+
+
+def worker(rank, world, init_method, out, layers, fmt, preset, names):
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     models.join(rank, world, init_method)
     from torch.distributed.device_mesh import init_device_mesh
@@ -63,6 +81,8 @@ def worker(rank, world, init_method, out, layers, fmt, preset):
         local = (torch.rand((hi - lo, *p.shape[1:]), generator=g) - 0.5) * 0.05
         if preset:
             local = local.to(torch.bfloat16)
+        if names == "torchtitan":
+            name = titan_name(name)
         state[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride())
     if fmt == "hf":
         from torch.distributed.checkpoint import HuggingFaceStorageWriter
@@ -84,8 +104,9 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--format", choices=["dcp", "hf"], default="dcp")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="Llama 3 shapes in bf16 (--layers is ignored)")
+    ap.add_argument("--names", choices=["hf", "torchtitan"], default="hf")
     a = ap.parse_args()
-    models.spawn(worker, a.world, a.out, a.layers, a.format, a.preset)
+    models.spawn(worker, a.world, a.out, a.layers, a.format, a.preset, a.names)
 
 
 if __name__ == "__main__":
