@@ -131,6 +131,25 @@ func TestViewAssemblyProperty(t *testing.T) {
 }
 
 func checkAssembly(t *testing.T, onDisk bool) {
+	rng := rand.New(rand.NewSource(11))
+	for iter := range 300 {
+		assembleOnce(t, rng, iter, onDisk)
+	}
+}
+
+// FuzzViewAssembly is TestViewAssemblyProperty with the fuzzer choosing the
+// random checkpoint, on disk or in memory.
+func FuzzViewAssembly(f *testing.F) {
+	for seed := range int64(8) {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, seed int64) {
+		assembleOnce(t, rand.New(rand.NewSource(seed)), 0, seed%2 == 0)
+	})
+}
+
+// assembleOnce plans the view of one random checkpoint and reads it back.
+func assembleOnce(t *testing.T, rng *rand.Rand, iter int, onDisk bool) {
 	defer func(g int64) { mergeGap = g }(mergeGap)
 	var dtypes []safetensors.DType
 	for _, d := range []safetensors.DType{safetensors.BOOL, safetensors.U8, safetensors.I8, safetensors.F8_E4M3,
@@ -139,67 +158,64 @@ func checkAssembly(t *testing.T, onDisk bool) {
 		require.Positive(t, d.Size(), d)
 		dtypes = append(dtypes, d)
 	}
-	rng := rand.New(rand.NewSource(11))
-	for iter := range 300 {
-		var tensors []*ckpt.Tensor
-		originals := map[string][]byte{}
-		var desc []string
-		for k := range 1 + rng.Intn(5) {
-			tn, full, d := randomTensor(rng, fmt.Sprintf("t%d", k), dtypes)
-			tensors = append(tensors, tn)
-			originals[tn.Name] = full
-			desc = append(desc, d)
+	var tensors []*ckpt.Tensor
+	originals := map[string][]byte{}
+	var desc []string
+	for k := range 1 + rng.Intn(5) {
+		tn, full, d := randomTensor(rng, fmt.Sprintf("t%d", k), dtypes)
+		tensors = append(tensors, tn)
+		originals[tn.Name] = full
+		desc = append(desc, d)
+	}
+	c := treetest.NewCheckpoint(t, t.TempDir(), tensors...)
+	if onDisk {
+		if rng.Intn(2) == 0 {
+			twin := *tensors[0]
+			twin.Name += "_twin"
+			twin.Chunks = slices.Clone(twin.Chunks)
+			c.Tensors = append(c.Tensors, &twin)
+			originals[twin.Name] = originals[tensors[0].Name]
 		}
-		c := treetest.NewCheckpoint(t, t.TempDir(), tensors...)
-		if onDisk {
-			if rng.Intn(2) == 0 {
-				twin := *tensors[0]
-				twin.Name += "_twin"
-				twin.Chunks = slices.Clone(twin.Chunks)
-				c.Tensors = append(c.Tensors, &twin)
-				originals[twin.Name] = originals[tensors[0].Name]
-			}
-			toDisk(t, rng, c)
-			mergeGap = rng.Int63n(96)
+		toDisk(t, rng, c)
+		mergeGap = rng.Int63n(96)
+	}
+	v, err := Plan(c, Options{MaxShardSize: 1 + rng.Int63n(2048), NoMapping: true})
+	require.NoError(t, err, "iteration %d: %v", iter, desc)
+	for _, f := range v.Files {
+		if f.Kind != KindSafetensors {
+			continue
 		}
-		v, err := Plan(c, Options{MaxShardSize: 1 + rng.Int63n(2048), NoMapping: true})
-		require.NoError(t, err, "iteration %d: %v", iter, desc)
-		for _, f := range v.Files {
-			if f.Kind != KindSafetensors {
-				continue
+		ref := make([]byte, f.Size)
+		_, err := f.ReadAt(ref[:8], 0)
+		require.NoError(t, err)
+		headerSize := 8 + int64(binary.LittleEndian.Uint64(ref[:8]))
+		require.LessOrEqual(t, headerSize, f.Size)
+		_, err = f.ReadAt(ref[8:headerSize], 8)
+		require.NoError(t, err)
+		h, err := safetensors.ReadHeader(bytes.NewReader(ref), f.Size)
+		require.NoError(t, err, "%s: header", f.Name)
+		require.Len(t, h.Tensors, len(f.Placements()))
+		for _, p := range f.Placements() {
+			o := p.Origin()
+			require.Len(t, o.Sources, 1)
+			require.Empty(t, o.Transform)
+			orig := originals[o.Sources[0]]
+			require.Equal(t, p.Size, int64(len(orig)))
+			copy(ref[p.Offset:], orig)
+		}
+		for range 40 {
+			off := rng.Int63n(f.Size + 1)
+			n := rng.Int63n(f.Size - off + 2) // sometimes one past the end
+			got := make([]byte, n)
+			k, err := f.ReadAt(got, off)
+			want := ref[off:min(off+n, f.Size)]
+			require.Equal(t, len(want), k, "iteration %d %s: ReadAt(%d, %d): %v (%v)", iter, f.Name, n, off, err, desc)
+			if off+n > f.Size || off == f.Size { // io.ReaderAt allows EOF for an empty read at the end
+				require.Equal(t, io.EOF, err)
+			} else {
+				require.NoError(t, err)
 			}
-			ref := make([]byte, f.Size)
-			_, err := f.ReadAt(ref[:8], 0)
-			require.NoError(t, err)
-			headerSize := 8 + int64(binary.LittleEndian.Uint64(ref[:8]))
-			require.LessOrEqual(t, headerSize, f.Size)
-			_, err = f.ReadAt(ref[8:headerSize], 8)
-			require.NoError(t, err)
-			h, err := safetensors.ReadHeader(bytes.NewReader(ref), f.Size)
-			require.NoError(t, err, "%s: header", f.Name)
-			require.Len(t, h.Tensors, len(f.Placements()))
-			for _, p := range f.Placements() {
-				o := p.Origin()
-				require.Len(t, o.Sources, 1)
-				require.Empty(t, o.Transform)
-				orig := originals[o.Sources[0]]
-				require.Equal(t, p.Size, int64(len(orig)))
-				copy(ref[p.Offset:], orig)
-			}
-			for range 40 {
-				off := rng.Int63n(f.Size + 1)
-				n := rng.Int63n(f.Size - off + 2) // sometimes one past the end
-				got := make([]byte, n)
-				k, err := f.ReadAt(got, off)
-				want := ref[off:min(off+n, f.Size)]
-				require.Equal(t, len(want), k, "iteration %d %s: ReadAt(%d, %d): %v (%v)", iter, f.Name, n, off, err, desc)
-				if off+n > f.Size || off == f.Size { // io.ReaderAt allows EOF for an empty read at the end
-					require.Equal(t, io.EOF, err)
-				} else {
-					require.NoError(t, err)
-				}
-				require.True(t, bytes.Equal(want, got[:k]), "iteration %d %s: bytes [%d, %d) differ (%v)", iter, f.Name, off, off+n, desc)
-			}
+			require.True(t, bytes.Equal(want, got[:k]), "iteration %d %s: bytes [%d, %d) differ (%v)", iter, f.Name, off, off+n, desc)
 		}
 	}
 }
