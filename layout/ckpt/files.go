@@ -223,9 +223,8 @@ type Backed interface {
 // an error naming the file, because a shard shorter than its index says is a
 // truncated checkpoint.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 || off > f.info.Size || int64(len(p)) > f.info.Size-off {
-		return 0, fmt.Errorf("%w: %s: read [%d, %d) past end of file (size %d)",
-			ErrInvalid, f.Path, off, off+int64(len(p)), f.info.Size)
+	if err := f.inside(off, int64(len(p))); err != nil {
+		return 0, err
 	}
 	fd, err := f.handle()
 	if err != nil {
@@ -240,6 +239,43 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		return 0, cerr
 	}
 	return n, err
+}
+
+// inside checks that n bytes at off lie inside the file as seen at open.
+func (f *File) inside(off, n int64) error {
+	if off < 0 || off > f.info.Size || n > f.info.Size-off {
+		return fmt.Errorf("%w: %s: read [%d, %d) past end of file (size %d)",
+			ErrInvalid, f.Path, off, off+n, f.info.Size)
+	}
+	return nil
+}
+
+// Batch runs fn with a reader of the file that does not check freshness
+// after each read, then checks once: a run of small reads (a record's
+// headers) costs one fstat. What fn reads is valid only if Batch returns
+// nil, and the reader must not be kept.
+func (f *File) Batch(fn func(io.ReaderAt) error) error {
+	fd, err := f.handle()
+	if err != nil {
+		return err
+	}
+	if err := fn(batchReader{f, fd}); err != nil {
+		return err
+	}
+	return fd.Check()
+}
+
+// batchReader is Batch's reader: ReadAt without the check.
+type batchReader struct {
+	f  *File
+	fd source.File
+}
+
+func (r batchReader) ReadAt(p []byte, off int64) (int, error) {
+	if err := r.f.inside(off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	return r.fd.ReadAt(p, off)
 }
 
 // Range is bytes of a file read into Parts, one after the other, from Off.
@@ -262,9 +298,8 @@ func (f *File) ReadRanges(rs []Range) error {
 		for _, p := range r.Parts {
 			n += int64(len(p))
 		}
-		if r.Off < 0 || r.Off > f.info.Size || n > f.info.Size-r.Off {
-			return fmt.Errorf("%w: %s: read [%d, %d) past end of file (size %d)",
-				ErrInvalid, f.Path, r.Off, r.Off+n, f.info.Size)
+		if err := f.inside(r.Off, n); err != nil {
+			return err
 		}
 		if err := source.ReadParts(fd, r.Parts, r.Off); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package ckpt
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -68,6 +69,39 @@ func TestFileFreshness(t *testing.T) {
 	require.NoError(t, fd.Close())
 	_, err = h.ReadAt(buf, 4)
 	assert.ErrorIs(t, err, ErrSourceChanged)
+}
+
+// A batch of reads, and a batch of ranges, is checked once at its end: a
+// rewrite in place while it runs fails the whole batch, and a read past
+// the size seen at open is refused as ReadAt refuses it.
+func TestBatchesCheckAtTheEnd(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "shard")
+	require.NoError(t, os.WriteFile(p, []byte("0123456789"), 0o644))
+	f, err := fileSet(t, dir).Get("shard")
+	require.NoError(t, err)
+	a, b := make([]byte, 2), make([]byte, 3)
+	require.NoError(t, f.ReadRanges([]Range{{Off: 1, Parts: [][]byte{a, b}}}))
+	assert.Equal(t, "12345", string(a)+string(b))
+	require.NoError(t, f.Batch(func(r io.ReaderAt) error {
+		_, err := r.ReadAt(a, 8)
+		return err
+	}))
+	assert.Equal(t, "89", string(a))
+	assert.ErrorIs(t, f.Batch(func(r io.ReaderAt) error {
+		_, err := r.ReadAt(b, 8)
+		return err
+	}), ErrInvalid)
+	assert.ErrorIs(t, f.ReadRanges([]Range{{Off: 8, Parts: [][]byte{b}}}), ErrInvalid)
+
+	err = f.Batch(func(r io.ReaderAt) error {
+		if _, err := r.ReadAt(a, 0); err != nil {
+			return err
+		}
+		return os.WriteFile(p, []byte("abcdefghij"), 0o644) // in place: same inode, same size
+	})
+	assert.ErrorIs(t, err, ErrSourceChanged)
+	assert.ErrorIs(t, f.ReadRanges([]Range{{Off: 0, Parts: [][]byte{a}}}), ErrSourceChanged)
 }
 
 func TestGetConfines(t *testing.T) {

@@ -182,7 +182,17 @@ func (s *recordSource) located() (*chunkBytes, error) {
 	if s.zstd {
 		loc, err = s.resolveZstd()
 	} else {
-		loc, err = s.resolve(io.NewSectionReader(s.file, s.off, s.length), s.length)
+		// The record's headers are a few small reads: one freshness check
+		// for them all. The chunk is then read through the checked file.
+		var at recordLoc
+		err = s.file.Batch(func(r io.ReaderAt) error {
+			var err error
+			at, err = locateRecord(io.NewSectionReader(r, s.off, s.length), s.length, s.want)
+			return err
+		})
+		if err == nil {
+			loc = s.chunkAt(io.NewSectionReader(s.file, s.off, s.length), at)
+		}
 	}
 	if err == nil {
 		s.loc = loc
@@ -208,6 +218,11 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.chunkAt(r, at), nil
+}
+
+// chunkAt is the chunk located at in the record read through r.
+func (s *recordSource) chunkAt(r io.ReaderAt, at recordLoc) *chunkBytes {
 	return &chunkBytes{
 		chunk: io.NewSectionReader(r, at.off, s.nbytes),
 		off:   at.off,
@@ -215,7 +230,7 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 		name:  at.entry,
 		crc:   at.crc,
 		whole: at.off == at.entryOff && s.nbytes == at.entrySize,
-	}, nil
+	}
 }
 
 // resolveZstd decompresses the whole record, bounded by what the chunk can
