@@ -4,6 +4,7 @@
 # Time-aware (LIMIT seconds). Run as root on a GPU host (BENCHMARKS.md, run R):
 #   BINS=DIR PRESET=llama3-8b OUT=DIR bash e2e/bench/ab_large.sh     (DIR: ckptfs-base, ckptfs-new)
 set -u
+B=$(cd "$(dirname "$0")" && pwd)
 G=${BINS:?BINS=DIR with ckptfs-base, ckptfs-new (and nullfs)}; H=${GPU_BENCH:-../shared/bench-gpu}; P=${PRESET:-llama3-8b}; W=/tmp/w-$P
 LIMIT=${LIMIT:-470}; T0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; L=$OUT/ab.log
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
@@ -26,23 +27,7 @@ load() { # case dir
   local t=$(now); timeout 150 python3 "$H/load.py" hf "$2" "$W/l_$1_$(date +%s%N).pt" 2>>"$OUT/load.err" | tee -a "$OUT/loads.jsonl" | sed "s/^/LOAD $1 /" >> "$L"
   log "TIME load-$1 $(dt $t)"; }
 catv() { local t=$(now); cat "$@" > /dev/null; echo "$(dt $t)"; }
-par8() { python3 - "$@" <<'PY'
-import os, sys, time
-from concurrent.futures import ProcessPoolExecutor
-files = sys.argv[1:]; n = 8; step = 16 << 20
-def part(i):
-    for f in files:
-        fd = os.open(f, os.O_RDONLY); size = os.fstat(fd).st_size
-        lo, hi = size * i // n, size * (i + 1) // n
-        while lo < hi:
-            b = os.pread(fd, min(step, hi - lo), lo); lo += len(b)
-            if not b: break
-        os.close(fd)
-t = time.time()
-with ProcessPoolExecutor(n) as ex: list(ex.map(part, range(n)))
-print(round(time.time() - t, 2))
-PY
-}
+par8() { python3 "$B/par_read.py" 8 "$@"; }
 r=0
 while [ $r -lt 3 ]; do
   r=$((r+1)); [ $r -gt 1 ] && [ $(el) -gt $((LIMIT - 130)) ] && break

@@ -4,6 +4,7 @@
 # through both builds, of the same bytes unmapped, through a null go-fuse server; 8 readers.
 #   BINS=DIR PRESET=llama3-3b OUT=DIR bash e2e/bench/ab_tmpfs.sh   (DIR: ckptfs-base, ckptfs-new, and nullfs from go build ./e2e/bench/nullfs)
 set -u
+B=$(cd "$(dirname "$0")" && pwd)
 G=${BINS:?BINS=DIR with ckptfs-base, ckptfs-new and nullfs}; H=${GPU_BENCH:-../shared/bench-gpu}; R=$(cd "$(dirname "$0")/../.." && pwd); P=${PRESET:-llama3-3b}
 LIMIT=${LIMIT:-300}; T0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; L=$OUT/shm.log
 el() { echo $(( $(date +%s) - T0 )); }
@@ -24,21 +25,7 @@ umnt() { kill -TERM $MP; wait $MP 2>/dev/null; }
 rd() { # name files...
   local c0=$(cpu $MP) t=$(now); cat "${@:2}" > /dev/null; local s=$(dt $t) c1=$(cpu $MP)
   log "TIME $1 $s cpu $(python3 -c "print(round(($c1-$c0)/100,2))")"; }
-par8() { local t=$(now); python3 - "${@:2}" <<'PY'
-import os, sys
-from concurrent.futures import ProcessPoolExecutor
-files = sys.argv[1:]; n = 8; step = 16 << 20
-def part(i):
-    for f in files:
-        fd = os.open(f, os.O_RDONLY); size = os.fstat(fd).st_size
-        lo, hi = size * i // n, size * (i + 1) // n
-        while lo < hi:
-            b = os.pread(fd, min(step, hi - lo), lo); lo += len(b)
-            if not b: break
-        os.close(fd)
-with ProcessPoolExecutor(n) as ex: list(ex.map(part, range(n)))
-PY
-  log "TIME $1 $(dt $t)"; }
+par8() { log "TIME $1 $(python3 "$B/par_read.py" 8 "${@:2}")"; }
 SZ=0
 mnt new $S/hf; du -cb $W/m/step_1/*.safetensors | tail -1 >> "$L"; SZ=$(du -cb $W/m/step_1/*.safetensors | tail -1 | cut -f1); umnt
 rd shards $S/hf/step_1/*.distcp
