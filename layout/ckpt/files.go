@@ -287,25 +287,26 @@ type Range struct {
 // ReadRanges reads each range whole, in order, then checks once that the
 // file is still the one opened: a batch of reads costs one fstat, not one
 // per read, and a change before or during any of them still fails the
-// batch with ErrSourceChanged.
-func (f *File) ReadRanges(rs []Range) error {
+// batch with ErrSourceChanged. On failure, failed is the index of the range
+// whose read failed, or len(rs) when the check failed.
+func (f *File) ReadRanges(rs []Range) (failed int, err error) {
 	fd, err := f.handle()
 	if err != nil {
-		return err
+		return 0, err
 	}
-	for _, r := range rs {
+	for i, r := range rs {
 		var n int64
 		for _, p := range r.Parts {
 			n += int64(len(p))
 		}
 		if err := f.inside(r.Off, n); err != nil {
-			return err
+			return i, err
 		}
 		if err := source.ReadParts(fd, r.Parts, r.Off); err != nil {
-			return err
+			return i, err
 		}
 	}
-	return fd.Check()
+	return len(rs), fd.Check()
 }
 
 // OutOfFileOrder reports whether reading the tensors in order, each

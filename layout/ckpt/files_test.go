@@ -81,7 +81,8 @@ func TestBatchesCheckAtTheEnd(t *testing.T) {
 	f, err := fileSet(t, dir).Get("shard")
 	require.NoError(t, err)
 	a, b := make([]byte, 2), make([]byte, 3)
-	require.NoError(t, f.ReadRanges([]Range{{Off: 1, Parts: [][]byte{a, b}}}))
+	_, err = f.ReadRanges([]Range{{Off: 1, Parts: [][]byte{a, b}}})
+	require.NoError(t, err)
 	assert.Equal(t, "12345", string(a)+string(b))
 	require.NoError(t, f.Batch(func(r io.ReaderAt) error {
 		_, err := r.ReadAt(a, 8)
@@ -92,7 +93,9 @@ func TestBatchesCheckAtTheEnd(t *testing.T) {
 		_, err := r.ReadAt(b, 8)
 		return err
 	}), ErrInvalid)
-	assert.ErrorIs(t, f.ReadRanges([]Range{{Off: 8, Parts: [][]byte{b}}}), ErrInvalid)
+	failed, err := f.ReadRanges([]Range{{Off: 0, Parts: [][]byte{a}}, {Off: 8, Parts: [][]byte{b}}})
+	assert.ErrorIs(t, err, ErrInvalid)
+	assert.Equal(t, 1, failed, "the range that failed")
 
 	err = f.Batch(func(r io.ReaderAt) error {
 		if _, err := r.ReadAt(a, 0); err != nil {
@@ -101,7 +104,9 @@ func TestBatchesCheckAtTheEnd(t *testing.T) {
 		return os.WriteFile(p, []byte("abcdefghij"), 0o644) // in place: same inode, same size
 	})
 	assert.ErrorIs(t, err, ErrSourceChanged)
-	assert.ErrorIs(t, f.ReadRanges([]Range{{Off: 0, Parts: [][]byte{a}}}), ErrSourceChanged)
+	failed, err = f.ReadRanges([]Range{{Off: 0, Parts: [][]byte{a}}})
+	assert.ErrorIs(t, err, ErrSourceChanged)
+	assert.Equal(t, 1, failed, "the check after the batch")
 }
 
 func TestGetConfines(t *testing.T) {

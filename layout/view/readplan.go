@@ -247,19 +247,23 @@ func (p *readPlan) read() error {
 	return eg.Wait()
 }
 
-// readGroup does reads[r0:r1], all of one key.
+// readGroup does reads[r0:r1], all of one key. An error names the first
+// tensor of the read that failed (of the group's last read when the
+// freshness check after them failed: it names the file).
 func (p *readPlan) readGroup(r0, r1 int) error {
-	first := &p.extents[p.order[p.reads[r0].e0]]
-	if f := first.file; f != nil {
-		if err := f.ReadRanges(p.ranges[r0:r1]); err != nil {
-			return first.g.chunkError(first.c, err)
+	failed := func(i int, err error) error {
+		e := &p.extents[p.order[p.reads[min(i, r1-1)].e0]]
+		return e.g.chunkError(e.c, err)
+	}
+	if f := p.extents[p.order[p.reads[r0].e0]].file; f != nil {
+		if i, err := f.ReadRanges(p.ranges[r0:r1]); err != nil {
+			return failed(r0+i, err)
 		}
 		return nil
 	}
 	for i := r0; i < r1; i++ {
-		e := &p.extents[p.order[p.reads[i].e0]]
-		if err := source.ReadParts(e.c.src, p.ranges[i].Parts, p.ranges[i].Off); err != nil {
-			return e.g.chunkError(e.c, err)
+		if err := source.ReadParts(p.extents[p.order[p.reads[i].e0]].c.src, p.ranges[i].Parts, p.ranges[i].Off); err != nil {
+			return failed(i, err)
 		}
 	}
 	return nil
