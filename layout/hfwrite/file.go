@@ -1,6 +1,7 @@
 package hfwrite
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,23 +18,23 @@ import (
 // File is one file being written: a spool file until it is committed or
 // dropped.
 //
-// A tensor file is resharded while it is written (progress.go): writes are
-// tracked by prog, and a goroutine reshards what has arrived.
+// Its writes go through its stream (stream.go), and a tensor file is
+// resharded while it is written (eager.go).
+//
+// Two locks: mu, and the stream's, taken after mu and never held while
+// taking another. mu is never held during I/O on the whole file, nor while
+// taking Session.mu, so Size and writes do not wait for a commit. Commit and
+// Abort run once (settle), the first under Session.commitMu.
 type File struct {
 	s       *Session
 	seq     uint64 // numbers the files of the session
 	spool   string // its name in the session's directory
 	started time.Time
-	listed  bool         // a new file: shown under its name while written
-	prog    *progress    // its own lock, taken last: never held while taking another
-	behind  *writeBehind // writes on their way to the spool; its own lock, never held while taking another
+	listed  bool    // a new file: shown under its name while written
+	stream  *stream // the writes on their way to the spool, and what is there
 
-	// Lock order: commitMu (serializes Commit and Abort of this file), then
-	// Session.commitMu, then mu, then a Handle's mu. mu is never held during
-	// I/O on the whole file, nor while taking Session.mu, so Size and writes
-	// do not wait for a commit.
-	commitMu  sync.Mutex
 	mu        sync.Mutex
+	settling  chan struct{} // GUARDED_BY(mu): closed when the Commit or Abort that started is done; nil before
 	name      string        // GUARDED_BY(mu)
 	kind      Kind          // GUARDED_BY(mu)
 	f         *os.File      // GUARDED_BY(mu); nil once done
@@ -114,24 +115,24 @@ func (f *File) writeAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := f.behind.failed(); err != nil {
+	n := int64(len(p))
+	if err := f.stream.begin(off, n); err != nil {
+		if errors.Is(err, ErrDone) {
+			err = fmt.Errorf("%w: %s", err, f.Name())
+		}
 		return 0, err
 	}
-	n := int64(len(p))
-	if err := f.prog.begin(off, n); err != nil {
-		return 0, fmt.Errorf("%w: %s", err, f.Name())
-	}
-	if n > 0 && f.behind.queue(p, off) {
+	if n > 0 && f.stream.queue(p, off) {
 		return len(p), nil
 	}
 	// Not queued (too large, or the disk nearly full): written here,
 	// after those queued.
-	if err := f.behind.drain(); err != nil {
-		f.prog.end(off, n, 0)
+	if err := f.stream.drain(); err != nil {
+		f.stream.end(off, n, 0)
 		return 0, err
 	}
 	written, err := fd.WriteAt(p, off)
-	f.prog.end(off, n, int64(written))
+	f.stream.end(off, n, int64(written))
 	return written, err
 }
 
@@ -141,7 +142,7 @@ func (f *File) spooled(write bool) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	return fd, f.behind.drain()
+	return fd, f.stream.drain()
 }
 
 // ReadAt reads back from the spool.
@@ -161,7 +162,7 @@ func (f *File) Truncate(size int64) error {
 		return err
 	}
 	f.markChanged()
-	return f.prog.truncate(size, func() error { return fd.Truncate(size) })
+	return f.stream.truncate(size, func() error { return fd.Truncate(size) })
 }
 
 // Size is the number of bytes written so far (or when it was committed).
@@ -173,7 +174,7 @@ func (f *File) Size() (int64, error) {
 		return f.size, nil
 	}
 	// A failed write shows in the size; the commit reports it.
-	_ = f.behind.drain()
+	_ = f.stream.drain()
 	fi, err := fd.Stat()
 	if err != nil {
 		return 0, err
@@ -190,7 +191,7 @@ func (f *File) Complete() bool {
 	f.mu.Lock()
 	kind, fd, ok := f.kind, f.f, !f.done && !f.sealed
 	f.mu.Unlock()
-	if !ok || kind != TensorFile || f.behind.drain() != nil {
+	if !ok || kind != TensorFile || f.stream.drain() != nil {
 		return false
 	}
 	fi, err := fd.Stat()
@@ -224,7 +225,7 @@ func (f *File) rename(name string) error {
 	}
 	f.name, f.kind = name, kind
 	if kind == IndexFile {
-		f.prog.abandon()
+		f.stream.abandon()
 	} else {
 		f.startEager() // if none was: the file was an index
 	}
@@ -237,13 +238,11 @@ func (f *File) rename(name string) error {
 // is durable when Commit returns. Every error wraps ErrCommit, and nothing
 // of the file was committed.
 func (f *File) Commit() error {
-	f.commitMu.Lock()
-	defer f.commitMu.Unlock()
+	return f.settle(f.commitOnce)
+}
+
+func (f *File) commitOnce() error {
 	f.mu.Lock()
-	if f.done {
-		defer f.mu.Unlock()
-		return f.err
-	}
 	f.sealed = true
 	name, kind := f.name, f.kind
 	f.mu.Unlock()
@@ -252,15 +251,15 @@ func (f *File) Commit() error {
 	// The eager reshard finishes the tail and fsyncs before the commit
 	// takes the session's lock; its result is used only if nothing it read
 	// changed since.
-	f.prog.seal()
+	f.stream.seal()
 	rs := f.takeEager()
-	if rs != nil && (kind != TensorFile || !f.prog.valid()) {
+	if rs != nil && (kind != TensorFile || !f.stream.valid()) {
 		rs.Discard()
 		rs = nil
 	}
 	s := f.s
 	var used bool
-	err := f.behind.drain()
+	err := f.stream.drain()
 	if err == nil {
 		s.commitMu.Lock()
 		err = f.commit(name, kind, rs, &used)
@@ -287,23 +286,38 @@ func (f *File) Commit() error {
 
 // Abort drops the file: nothing is committed and the spool is removed.
 func (f *File) Abort() {
-	f.commitMu.Lock()
-	defer f.commitMu.Unlock()
-	f.mu.Lock()
-	done, name := f.done, f.name
-	f.mu.Unlock()
-	if !done {
-		f.prog.stop()
+	f.settle(func() error {
+		f.stream.stop()
 		if rs := f.takeEager(); rs != nil {
 			rs.Discard()
 		}
-		f.finish(fmt.Errorf("%w: %s: dropped", ErrCommit, name))
-	}
+		err := fmt.Errorf("%w: %s: dropped", ErrCommit, f.Name())
+		f.finish(err)
+		return err
+	})
 }
 
-// finish closes and removes the spool. Called holding f.commitMu.
+// settle runs fn, the file's Commit or Abort, once: a later or concurrent
+// call waits for the first to finish and returns its result.
+func (f *File) settle(fn func() error) error {
+	f.mu.Lock()
+	if ch := f.settling; ch != nil {
+		f.mu.Unlock()
+		<-ch
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.err
+	}
+	ch := make(chan struct{})
+	f.settling = ch
+	f.mu.Unlock()
+	defer close(ch)
+	return fn()
+}
+
+// finish closes and removes the spool, as the file's Commit or Abort.
 func (f *File) finish(err error) {
-	_ = f.behind.drain() // nothing is written to the spool once it is closed
+	_ = f.stream.drain() // nothing is written to the spool once it is closed
 	f.mu.Lock()
 	f.sealed = true // its name stays: no rename moves it in the session now
 	name := f.name
@@ -327,8 +341,8 @@ func (f *File) finish(err error) {
 	f.letGo()
 }
 
-// commit does the work of Commit, holding f.commitMu and the session's
-// commitMu. The file is sealed: its name and kind are fixed and f.f stays
+// commit does the work of Commit, holding the session's commitMu. The
+// file is sealed: its name and kind are fixed and f.f stays
 // open. rs, the finished eager reshard of a tensor file or nil, is
 // committed or discarded.
 func (f *File) commit(name string, kind Kind, rs *dcpwrite.Reshard, used *bool) error {

@@ -2,7 +2,6 @@ package hfwrite
 
 import (
 	"fmt"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -25,11 +24,9 @@ type Handle struct {
 	f     *File
 	write bool // opened for writing
 
-	// Lock order: File.mu, then mu.
-	mu       sync.Mutex
-	wrote    bool // GUARDED_BY(mu): data was written through this handle
-	flushed  bool // GUARDED_BY(mu): a descriptor of it was closed
-	released bool // GUARDED_BY(mu)
+	wrote    bool // GUARDED_BY(f.mu): data was written through this handle
+	flushed  bool // GUARDED_BY(f.mu): a descriptor of it was closed
+	released bool // GUARDED_BY(f.mu)
 }
 
 // Open opens another handle to the file being written: for writing (write;
@@ -101,11 +98,8 @@ func (h *Handle) opened(trunc bool) (*Handle, error) {
 
 // closed reports whether every descriptor of the writer h may be closed: it
 // was flushed and never wrote (one that wrote commits at its flush).
-func (h *Handle) closed() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.flushed && !h.wrote
-}
+// Holding h.f.mu.
+func (h *Handle) closed() bool { return h.flushed && !h.wrote }
 
 // File is the file the handle writes.
 func (h *Handle) File() *File { return h.f }
@@ -117,9 +111,9 @@ func (h *Handle) WriteAt(p []byte, off int64) (int, error) {
 	}
 	n, err := h.f.WriteAt(p, off)
 	if n > 0 || err == nil {
-		h.mu.Lock()
+		h.f.mu.Lock()
 		h.wrote = true
-		h.mu.Unlock()
+		h.f.mu.Unlock()
 	}
 	return n, err
 }
@@ -130,7 +124,7 @@ func (h *Handle) ReadAt(p []byte, off int64) (int, error) { return h.f.ReadAt(p,
 // Written waits until every write of the file is in its spool and
 // returns the error of a write that failed after it returned (fsync's
 // report; nothing is durable before the commit).
-func (h *Handle) Written() error { return h.f.behind.drain() }
+func (h *Handle) Written() error { return h.f.stream.drain() }
 
 // Truncate changes the size of the file.
 func (h *Handle) Truncate(size int64) error {
@@ -145,10 +139,10 @@ func (h *Handle) Truncate(size int64) error {
 // before any write (a shell's `>` redirection opens, dups and closes)
 // does not commit.
 func (h *Handle) Flush() error {
-	h.mu.Lock()
+	h.f.mu.Lock()
 	h.flushed = true
 	wrote := h.wrote
-	h.mu.Unlock()
+	h.f.mu.Unlock()
 	if !wrote {
 		return nil
 	}
@@ -159,15 +153,13 @@ func (h *Handle) Flush() error {
 // but whose writing handle was never flushed (the outcome goes to
 // Options.OnCommit only), and drops a file that was not changed.
 func (h *Handle) Release() {
-	h.mu.Lock()
-	again := h.released
-	h.released = true
-	h.mu.Unlock()
-	if again {
-		return
-	}
 	f := h.f
 	f.mu.Lock()
+	if h.released {
+		f.mu.Unlock()
+		return
+	}
+	h.released = true
 	f.handles--
 	last := f.handles == 0 && !f.done
 	changed := f.changed

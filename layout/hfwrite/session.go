@@ -11,8 +11,9 @@
 //     the strict rules of safetensors.ReadHeader, checked against a shard
 //     index received earlier, and the file is resharded into DCP shard files
 //     by dcpwrite, which rewrites .metadata atomically. Usually the file was
-//     resharded while it was written (progress.go) and the commit only
-//     finishes that: the result is the same.
+//     resharded while it was written (eager.go, over the file's stream:
+//     stream.go) and the commit only finishes that: the result is the
+//     same.
 //   - "*.safetensors.index.json" (IndexFile): parsed and checked against the
 //     tensors received; it is not stored, since the view of the checkpoint
 //     generates its own index.
@@ -287,10 +288,9 @@ func (s *Session) start(name string, created bool) (*Handle, error) {
 		return nil, fmt.Errorf("hfwrite: spooling %s: %w", name, err)
 	}
 	f := &File{s: s, seq: s.seq, spool: sp, started: time.Now(), listed: created,
-		name: name, kind: kind, f: fd, changed: created, prog: newProgress(), handles: 1}
+		name: name, kind: kind, f: fd, changed: created, stream: newStream(fd, s.opts.Limits), handles: 1}
 	h := &Handle{f: f, write: true}
 	f.writer = h
-	f.behind = newWriteBehind(fd, s.opts.Limits, f.prog.end)
 	if kind != IndexFile {
 		// Also under another name: safetensors' save_file writes a temp
 		// file (.tmpXXXXXX) and renames it when complete. The attempt gives

@@ -73,9 +73,9 @@ func writeSeq(t *testing.T, f *File, data []byte, n int) {
 func waitClaimed(t *testing.T, f *File, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		f.prog.mu.Lock()
-		defer f.prog.mu.Unlock()
-		return f.prog.claimed >= int64(n)
+		f.stream.mu.Lock()
+		defer f.stream.mu.Unlock()
+		return f.stream.claimed >= int64(n)
 	}, 10*time.Second, time.Millisecond)
 }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 
@@ -12,16 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// spans records what a writeBehind reports as written.
-type spans struct {
-	mu  sync.Mutex
-	all []span
-}
-
-func (s *spans) done(off, n, written int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.all = append(s.all, span{off, off + written})
+// queued registers and queues a write, as File.writeAt does.
+func queued(t *testing.T, s *stream, p []byte, off int64) bool {
+	t.Helper()
+	require.NoError(t, s.begin(off, int64(len(p))))
+	if s.queue(p, off) {
+		return true
+	}
+	s.end(off, int64(len(p)), 0)
+	return false
 }
 
 func TestWriteBehindWritesInOrderAndReportsEach(t *testing.T) {
@@ -29,21 +27,21 @@ func TestWriteBehindWritesInOrderAndReportsEach(t *testing.T) {
 	fd, err := os.Create(path)
 	require.NoError(t, err)
 	defer fd.Close()
-	var got spans
-	w := newWriteBehind(fd, NewLimits(), got.done)
+	w := newStream(fd, NewLimits())
 
 	// Overlapping writes land in the order they were queued.
-	require.True(t, w.queue(bytes.Repeat([]byte("a"), 100), 0))
-	require.True(t, w.queue(bytes.Repeat([]byte("b"), 50), 25))
+	require.True(t, queued(t, w, bytes.Repeat([]byte("a"), 100), 0))
+	require.True(t, queued(t, w, bytes.Repeat([]byte("b"), 50), 25))
 	// A write larger than a buffer is not queued: the caller writes it.
-	require.False(t, w.queue(make([]byte, behindBufSize+1), 0))
+	require.False(t, queued(t, w, make([]byte, behindBufSize+1), 0))
 	require.NoError(t, w.drain())
 
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	want := append(append(bytes.Repeat([]byte("a"), 25), bytes.Repeat([]byte("b"), 50)...), bytes.Repeat([]byte("a"), 25)...)
 	assert.Equal(t, want, b)
-	assert.Equal(t, []span{{0, 100}, {25, 75}}, got.all)
+	assert.Equal(t, []span{{0, 100}}, w.done, "what landed counts as written")
+	assert.Empty(t, w.inflight, "and no longer as under way")
 }
 
 func TestWriteBehindKeepsTheFirstErrorForLater(t *testing.T) {
@@ -52,15 +50,16 @@ func TestWriteBehindKeepsTheFirstErrorForLater(t *testing.T) {
 	fd, err := os.Open(path) // read-only: every write fails
 	require.NoError(t, err)
 	defer fd.Close()
-	var got spans
-	w := newWriteBehind(fd, NewLimits(), got.done)
+	w := newStream(fd, NewLimits())
 
-	require.True(t, w.queue([]byte("x"), 0))
+	require.True(t, queued(t, w, []byte("x"), 0))
 	err = w.drain()
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "a write that returned failed")
 	assert.Equal(t, err, w.failed())
-	assert.Equal(t, []span{{0, 0}}, got.all, "the write is reported, with nothing written")
+	assert.Empty(t, w.done, "nothing was written")
+	assert.Empty(t, w.inflight, "the write is over")
+	assert.Equal(t, err, w.begin(1, 1), "the next write fails")
 }
 
 // A file's queued writes are in the spool before anything reads it or its
@@ -94,7 +93,7 @@ func TestFileFailsWritesAndCommitAfterAQueuedWriteFailed(t *testing.T) {
 	ro, err := s.root.Open(f.spool)
 	require.NoError(t, err)
 	defer ro.Close()
-	f.behind = newWriteBehind(ro, s.opts.Limits, f.prog.end)
+	f.stream.fd = ro
 
 	_, err = h.WriteAt([]byte("queued"), 0)
 	require.NoError(t, err, "the failure comes after the write returned")
@@ -116,7 +115,7 @@ func TestWriteBehindLooksAtFreeSpacePer16MiB(t *testing.T) {
 	fd, err := os.Create(filepath.Join(t.TempDir(), "spool"))
 	require.NoError(t, err)
 	defer fd.Close()
-	w := newWriteBehind(fd, NewLimits(), func(off, n, written int64) {})
+	w := newStream(fd, NewLimits())
 	// $TMPDIR has more than behindMinFree + behindRecheck free here.
 	require.True(t, w.reserve(1<<20))
 	assert.Equal(t, int64(behindRecheck-1<<20), w.room, "one look covers the next 16 MiB")
