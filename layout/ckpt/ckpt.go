@@ -145,7 +145,8 @@ type Chunk struct {
 
 // Source reads a chunk's raw row-major little-endian bytes. Offsets are
 // relative to the first byte of the chunk. Implementations resolve their
-// location lazily on first use and remember it.
+// location lazily on first use and remember it, and are pointers: a reader
+// tells sources apart by identity (the read plan merges reads of one).
 type Source interface {
 	io.ReaderAt
 	// String names where the bytes live, for error messages.
