@@ -225,7 +225,8 @@ func (o *rankOut) finish() error {
 // Run writes every chunk, in data order, to its rank's shard file as the
 // source holds its bytes (src.Wait), then fsyncs and closes the files. It
 // returns the first error of Wait or of I/O; the caller then calls
-// Discard. A few workers write, each the files of its own ranks, each with
+// Discard. A few workers write (the first on the caller's goroutine), each
+// the files of its own ranks, each with
 // one copy buffer, one record buffer and one staging buffer whatever the
 // number of ranks (a record is written with a few large writes), and each
 // fsyncs its files when it has written them.
@@ -258,7 +259,10 @@ func (r *Reshard) Run() error {
 	}
 	nw := min(r.workers, len(r.ranks))
 	infos := make([]map[string]torchdcp.StorageInfo, nw)
-	g, ctx := errgroup.WithContext(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	var first func() error
 	for wi := range nw {
 		// Worker wi writes the files of ranks[wi], ranks[wi+nw], ...
 		mine := map[int]*rankOut{}
@@ -267,9 +271,24 @@ func (r *Reshard) Run() error {
 		}
 		shareStaging(mine)
 		infos[wi] = map[string]torchdcp.StorageInfo{}
-		g.Go(func() error { return r.work(ctx, mine, infos[wi]) })
+		work := func() error { return r.work(ctx, mine, infos[wi]) }
+		if wi == 0 {
+			first = work // on the caller's goroutine, once the others started
+			continue
+		}
+		g.Go(work)
 	}
-	if err := g.Wait(); err != nil {
+	var err error
+	if first != nil { // nil when no rank gets a chunk
+		if err = first(); err != nil {
+			cancel() // the other workers stop at their next chunk
+		}
+	}
+	// The error that stopped the others, not their stopping.
+	if werr := g.Wait(); werr != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		err = werr
+	}
+	if err != nil {
 		return err
 	}
 	for _, m := range infos {
