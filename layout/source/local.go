@@ -71,7 +71,7 @@ func (l *Local) Open(name string) (File, error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, l.Path(name), typeName(fi.Mode()))
 	}
-	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi), inMemory: inMemory(f)}, nil
+	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi), stamp: stampOf(fi.Sys()), inMemory: inMemory(f)}, nil
 }
 
 func (l *Local) Stat(name string) (Info, error) {
@@ -216,10 +216,11 @@ func (l *Local) hasAbsoluteLink(name string) bool {
 }
 
 type localFile struct {
-	f    *os.File
-	path string
-	info Info
-	read readRanges
+	f     *os.File
+	path  string
+	info  Info
+	stamp stamp // info's inode attributes, as Check compares them
+	read  readRanges
 	// inMemory: the file lives in memory (tmpfs, ramfs), so its pages are
 	// the file itself and there is nothing to drop.
 	inMemory bool
@@ -343,15 +344,35 @@ func (f *localFile) readDone(off, n int64) {
 // Check compares the open file's inode attributes with those at open: an
 // in-place rewrite changes ctime even when mtime is restored (rsync
 // --inplace -t), so it is caught.
+// It runs after every batch of reads, so it compares the attributes
+// themselves (an fstat into the stack), not Info.Version.
 func (f *localFile) Check() error {
-	fi, err := f.f.Stat()
-	if err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.f.Fd()), &st); err != nil {
 		return fmt.Errorf("source: %s: %w", f.path, err)
 	}
-	if now := infoOf(f.info.Name, fi); now.Version != f.info.Version {
-		return fmt.Errorf("%w: %s was modified (size %d→%d)", ErrChanged, f.path, f.info.Size, now.Size)
+	if stampOf(&st) != f.stamp {
+		return fmt.Errorf("%w: %s was modified (size %d→%d)", ErrChanged, f.path, f.info.Size, st.Size)
 	}
 	return nil
+}
+
+// stamp is what an in-place rewrite, a replacement or a removal of a file
+// changes: its inode, size, mtime or ctime (infoOf's Version, unformatted).
+type stamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+// stampOf is the stamp of a FileInfo's Sys(); the zero stamp when it is
+// not a Stat_t.
+func stampOf(sys any) stamp {
+	st, ok := sys.(*syscall.Stat_t)
+	if !ok {
+		return stamp{}
+	}
+	return stamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 }
 
 func infoOf(name string, fi fs.FileInfo) Info {
