@@ -168,10 +168,15 @@ type Locator interface {
 type Location struct {
 	File   *File
 	Offset int64
-	// CheckWhole, when set, checks the CRC32 of all of the source's bytes
+	// Whole, when set, checks the CRC32 of all of the source's bytes
 	// against the one the format records: a reader that reads them whole
 	// calls it, as the source's own ReadAt does.
-	CheckWhole func(crc uint32) error
+	Whole WholeChecker
+}
+
+// WholeChecker checks the CRC32 of all of a source's bytes.
+type WholeChecker interface {
+	CheckWhole(crc uint32) error
 }
 
 // Object is a non-tensor item (DCP BYTE_IO).

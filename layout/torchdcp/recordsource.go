@@ -69,12 +69,15 @@ type recordSource struct {
 // chunkBytes is a located chunk: readers of its bytes and of the whole data
 // entry holding them, and the entry's CRC32.
 type chunkBytes struct {
-	chunk io.ReaderAt       // the chunk's nbytes bytes
-	off   int64             // where chunk starts in the record read
-	entry *io.SectionReader // the data entry
-	name  string            // the entry's name in the record
-	crc   uint32
-	whole bool // the chunk is the whole entry
+	chunk io.ReaderAt // the chunk's nbytes bytes
+	off   int64       // where chunk starts in the record read
+	// inFile is where the chunk lies in the shard; nil for a decompressed
+	// record.
+	inFile *ckpt.Location
+	entry  *io.SectionReader // the data entry
+	name   string            // the entry's name in the record
+	crc    uint32
+	whole  bool // the chunk is the whole entry
 }
 
 var (
@@ -131,9 +134,19 @@ func (s *recordSource) Locate() (ckpt.Location, bool, error) {
 	}
 	l := ckpt.Location{File: s.file, Offset: s.off + loc.off}
 	if loc.whole {
-		l.CheckWhole = func(got uint32) error { return s.checkCRC(loc, got) }
+		l.Whole = s
 	}
 	return l, true, nil
+}
+
+// CheckWhole checks the CRC32 of the chunk's bytes read whole, where the
+// chunk is its record's whole data entry.
+func (s *recordSource) CheckWhole(got uint32) error {
+	loc, err := s.located()
+	if err != nil {
+		return err
+	}
+	return s.checkCRC(loc, got)
 }
 
 // Verify reads the whole data entry holding the chunk, in bounded memory,

@@ -86,10 +86,14 @@ func (s *tensorSource) Locate() (ckpt.Location, bool, error) {
 	}
 	l := ckpt.Location{File: s.st.file, Offset: base + s.start}
 	if s.start == 0 && s.n == s.st.size {
-		l.CheckWhole = func(got uint32) error { return s.check(got, "in the bytes read") }
+		l.Whole = s
 	}
 	return l, true, nil
 }
+
+// CheckWhole checks the CRC32 of the tensor's bytes read whole, where the
+// tensor is its storage's whole entry.
+func (s *tensorSource) CheckWhole(got uint32) error { return s.check(got, "in the bytes read") }
 
 // Backing is the weights file holding the tensor.
 func (s *tensorSource) Backing() *ckpt.File { return s.st.file }

@@ -57,7 +57,7 @@ type extent struct {
 	key   int // index in keys: the file, or the source when not located
 	file  *ckpt.File
 	at    int64 // where off lies in file (or in the source)
-	check func(crc uint32) error
+	check ckpt.WholeChecker
 }
 
 // planRead is one merged read: extents order[e0:e1] of one key, into
@@ -146,7 +146,7 @@ func (p *readPlan) run() error {
 			for _, b := range p.parts[e.p0:e.p1] {
 				sum = crc32.Update(sum, crc32.IEEETable, b)
 			}
-			if err := e.check(sum); err != nil {
+			if err := e.check.CheckWhole(sum); err != nil {
 				return err
 			}
 		}
@@ -169,7 +169,7 @@ func (p *readPlan) locate(e *extent) error {
 			return e.g.chunkError(e.c, err)
 		}
 		if ok {
-			key, e.file, e.at, e.check = loc.File, loc.File, loc.Offset+e.off, loc.CheckWhole
+			key, e.file, e.at, e.check = loc.File, loc.File, loc.Offset+e.off, loc.Whole
 		}
 	}
 	e.key = slices.Index(p.keys, key)
