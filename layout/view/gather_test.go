@@ -1,7 +1,6 @@
 package view
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand"
 	"testing"
@@ -99,17 +98,7 @@ func TestGatherMatchesGroundTruth(t *testing.T) {
 			g, err := newGeometry(tensor)
 			require.NoError(t, err)
 			require.Equal(t, int64(len(full)), g.size())
-			// whole tensor, every single byte window, and random windows
-			got := make([]byte, len(full))
-			require.NoError(t, readContent(g, got, 0))
-			require.True(t, bytes.Equal(full, got))
-			for i := 0; i < 300 && len(full) > 0; i++ {
-				a := rng.Int63n(int64(len(full)))
-				b := a + rng.Int63n(int64(len(full))-a+1)
-				w := make([]byte, b-a)
-				require.NoError(t, readContent(g, w, a))
-				require.True(t, bytes.Equal(full[a:b], w), "window [%d,%d)", a, b)
-			}
+			requireWindows(t, rng, g, full, 300)
 		})
 	}
 }

@@ -78,16 +78,7 @@ func TestMappedMatchesNaive(t *testing.T) {
 			require.NoError(t, err)
 			want := expectedBytes(t, mt, full)
 			require.EqualValues(t, len(want), m.size())
-			got := make([]byte, len(want))
-			require.NoError(t, readContent(m, got, 0))
-			require.True(t, bytes.Equal(want, got))
-			for i := 0; i < 300; i++ {
-				a := rng.Int63n(int64(len(want)))
-				b := a + rng.Int63n(int64(len(want))-a+1)
-				w := make([]byte, b-a)
-				require.NoError(t, readContent(m, w, a))
-				require.True(t, bytes.Equal(want[a:b], w), "window [%d,%d)", a, b)
-			}
+			requireWindows(t, rng, m, want, 300)
 		})
 	}
 }
@@ -180,12 +171,5 @@ func TestPermutedReadsApart(t *testing.T) {
 	mt := &mapping.Tensor{Name: "shuffled", Shape: []int64{64, 8}, Pieces: []mapping.Piece{{Source: src, Offsets: []int64{0, 0}, Sizes: []int64{64, 8}, Rows: rows}}}
 	m, err := newMapped(mt, geometries{})
 	require.NoError(t, err)
-	want := expectedBytes(t, mt, map[string][]byte{"t": full})
-	for i := 0; i < 200; i++ {
-		a := rng.Int63n(int64(len(want)))
-		b := a + 1 + rng.Int63n(int64(len(want))-a)
-		got := make([]byte, b-a)
-		require.NoError(t, readContent(m, got, a))
-		require.True(t, bytes.Equal(want[a:b], got), "window [%d,%d)", a, b)
-	}
+	requireWindows(t, rng, m, expectedBytes(t, mt, map[string][]byte{"t": full}), 200)
 }

@@ -122,3 +122,19 @@ func TestPlanChecksCRCOfWholeChunks(t *testing.T) {
 	_, err = f.ReadAt(make([]byte, 4), p.Offset)
 	require.NoError(t, err, "a partial read cannot check the record")
 }
+
+// requireWindows reads c whole, then in n random windows, and requires the
+// bytes of want.
+func requireWindows(t *testing.T, rng *rand.Rand, c content, want []byte, n int) {
+	t.Helper()
+	got := make([]byte, len(want))
+	require.NoError(t, readContent(c, got, 0))
+	require.True(t, bytes.Equal(want, got))
+	for i := 0; i < n && len(want) > 0; i++ {
+		a := rng.Int63n(int64(len(want)))
+		b := a + rng.Int63n(int64(len(want))-a+1)
+		w := make([]byte, b-a)
+		require.NoError(t, readContent(c, w, a))
+		require.True(t, bytes.Equal(want[a:b], w), "window [%d,%d)", a, b)
+	}
+}
