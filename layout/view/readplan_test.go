@@ -11,6 +11,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
@@ -136,5 +137,30 @@ func requireWindows(t *testing.T, rng *rand.Rand, c content, want []byte, n int)
 		w := make([]byte, b-a)
 		require.NoError(t, readContent(c, w, a))
 		require.True(t, bytes.Equal(want[a:b], w), "window [%d,%d)", a, b)
+	}
+}
+
+// BenchmarkViewTensorRead reads the last tensor of the fsdp2_4ranks view
+// (four chunks in four shard files) again and again: the cost of a read's
+// plan, its reads and freshness checks, with -benchmem its allocations.
+func BenchmarkViewTensorRead(b *testing.B) {
+	dir := filepath.Join(b.TempDir(), "ck")
+	treetest.CopyFixture(b, "fsdp2_4ranks", dir)
+	c, err := layout.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	v, err := Plan(c, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := v.Lookup("model.safetensors")
+	p := f.Placements()[len(f.Placements())-1]
+	buf := make([]byte, p.Size)
+	for b.Loop() {
+		if _, err := f.ReadAt(buf, p.Offset); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
