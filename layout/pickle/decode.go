@@ -271,20 +271,16 @@ func (d *decoder) readUint(n int) (uint64, error) {
 	return v, nil
 }
 
-// readLen reads an n-byte little-endian length and checks it against the
-// string limit and the remaining input before anything is allocated.
-func (d *decoder) readLen(n int) (int, error) {
-	v, err := d.readUint(n)
-	if err != nil {
-		return 0, err
+// readCounted reads a string of n bytes, n checked against the string
+// limit and the remaining input before anything is allocated.
+func (d *decoder) readCounted(n uint64) ([]byte, error) {
+	if n > uint64(d.opts.MaxStringLen) {
+		return nil, d.limit("length %d exceeds the limit of %d bytes", n, d.opts.MaxStringLen)
 	}
-	if v > uint64(d.opts.MaxStringLen) {
-		return 0, d.limit("length %d exceeds the limit of %d bytes", v, d.opts.MaxStringLen)
+	if n > uint64(len(d.data)-d.pos) {
+		return nil, d.fail("truncated input: length %d but %d bytes left", n, len(d.data)-d.pos)
 	}
-	if v > uint64(len(d.data)-d.pos) {
-		return 0, d.fail("truncated input: length %d but %d bytes left", v, len(d.data)-d.pos)
-	}
-	return int(v), nil
+	return d.read(int(n))
 }
 
 // readLine reads up to the next newline and returns the line without it.
@@ -367,7 +363,7 @@ func (d *decoder) popMark() ([]slot, error) {
 	return out, nil
 }
 
-// popN is popMark for the n topmost slots (TUPLE1..3).
+// popN is popMark for the n topmost slots.
 func (d *decoder) popN(n int) ([]slot, error) {
 	if len(d.stack)-d.base() < n {
 		return nil, d.fail("stack underflow")

@@ -107,14 +107,48 @@ func opName(op byte) string {
 	return fmt.Sprintf("opcode 0x%02x", op)
 }
 
-// lenSize is the width of the length prefix of a string/bytes opcode.
-func lenSize(op byte) int {
+// shapes are the operands of each opcode, from argWidth and stackArgs: a
+// table, as the decoder looks them up for every opcode.
+var shapes = func() (t [256]struct{ width, pops int8 }) {
+	for op := range t {
+		t[op].width, t[op].pops = int8(argWidth(byte(op))), int8(stackArgs(byte(op)))
+	}
+	return t
+}()
+
+// argWidth is the width in bytes of an opcode's little-endian integer
+// argument (a string's length, a memo index, a protocol), 0 if it has none.
+func argWidth(op byte) int {
 	switch op {
-	case opSHORT_BINUNICODE, opSHORT_BINBYTES:
+	case opPROTO, opBININT1, opLONG1, opBINPUT, opBINGET, opSHORT_BINUNICODE, opSHORT_BINBYTES:
 		return 1
-	case opBINUNICODE, opBINBYTES:
+	case opBININT2:
+		return 2
+	case opBININT, opLONG4, opLONG_BINPUT, opLONG_BINGET, opBINUNICODE, opBINBYTES:
 		return 4
-	default: // BINUNICODE8, BINBYTES8, BYTEARRAY8
+	case opFRAME, opBINUNICODE8, opBINBYTES8, opBYTEARRAY8:
 		return 8
 	}
+	return 0
+}
+
+// popsMark is stackArgs of the opcodes that take everything above the
+// topmost MARK.
+const popsMark = -1
+
+// stackArgs is how many stack entries an opcode consumes (popsMark: those
+// above the topmost MARK, and the mark). Opcodes that only look at the top
+// (BUILD's object, SETITEM's dict) leave it there and do not count it.
+func stackArgs(op byte) int {
+	switch op {
+	case opTUPLE, opLIST, opDICT, opAPPENDS, opSETITEMS, opADDITEMS, opFROZENSET:
+		return popsMark
+	case opTUPLE1, opAPPEND, opBUILD, opBINPERSID:
+		return 1
+	case opTUPLE2, opSETITEM, opSTACK_GLOBAL, opREDUCE, opNEWOBJ:
+		return 2
+	case opTUPLE3, opNEWOBJ_EX:
+		return 3
+	}
+	return 0
 }

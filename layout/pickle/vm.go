@@ -36,19 +36,34 @@ func (d *decoder) run() (any, error) {
 }
 
 func (d *decoder) step() error {
-	switch d.op {
-	case opPROTO:
-		v, err := d.readUint(1)
-		if err != nil {
+	// An opcode's operands come first: its fixed-width argument (n), then
+	// the stack entries it consumes (args, valid until the next push).
+	shape := shapes[d.op]
+	var n uint64
+	var args []slot
+	var err error
+	if shape.width > 0 {
+		if n, err = d.readUint(int(shape.width)); err != nil {
 			return err
 		}
-		if v > 5 {
-			return d.fail("unsupported protocol %d", v)
+	}
+	switch {
+	case shape.pops == popsMark:
+		args, err = d.popMark()
+	case shape.pops > 0:
+		args, err = d.popN(int(shape.pops))
+	}
+	if err != nil {
+		return err
+	}
+	switch d.op {
+	case opPROTO:
+		if n > 5 {
+			return d.fail("unsupported protocol %d", n)
 		}
 		return nil
 	case opFRAME:
-		_, err := d.readUint(8)
-		return err
+		return nil
 	case opMARK:
 		if len(d.stack)+len(d.marks) >= d.opts.MaxStack {
 			return d.limit("stack deeper than %d entries", d.opts.MaxStack)
@@ -80,33 +95,11 @@ func (d *decoder) step() error {
 		return d.push(true, 0)
 	case opNEWFALSE:
 		return d.push(false, 0)
-	case opBININT1:
-		v, err := d.readUint(1)
-		if err != nil {
-			return err
-		}
-		return d.push(int64(v), 0) // boxing 0..255 allocates nothing
-	case opBININT2:
-		v, err := d.readUint(2)
-		if err != nil {
-			return err
-		}
-		return d.push(int64(v), 0)
+	case opBININT1, opBININT2:
+		return d.push(int64(n), 0) // boxing 0..255 allocates nothing
 	case opBININT:
-		v, err := d.readUint(4)
-		if err != nil {
-			return err
-		}
-		return d.push(int64(int32(uint32(v))), 0)
+		return d.push(int64(int32(uint32(n))), 0)
 	case opLONG1, opLONG4:
-		size := 1
-		if d.op == opLONG4 {
-			size = 4
-		}
-		n, err := d.readUint(size)
-		if err != nil {
-			return err
-		}
 		if n > maxLongBytes {
 			return d.limit("integer of %d bytes exceeds the limit of %d", n, maxLongBytes)
 		}
@@ -122,101 +115,44 @@ func (d *decoder) step() error {
 		}
 		return d.push(math.Float64frombits(binary.BigEndian.Uint64(b)), 0)
 	case opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8:
-		n, err := d.readLen(lenSize(d.op))
-		if err != nil {
-			return err
-		}
-		b, err := d.read(n)
+		b, err := d.readCounted(n)
 		if err != nil {
 			return err
 		}
 		return d.push(d.str(b), 0)
 	case opSHORT_BINBYTES, opBINBYTES, opBINBYTES8, opBYTEARRAY8:
-		n, err := d.readLen(lenSize(d.op))
-		if err != nil {
-			return err
-		}
-		b, err := d.read(n)
+		b, err := d.readCounted(n)
 		if err != nil {
 			return err
 		}
 		return d.push(append([]byte(nil), b...), 0)
 
 	// Containers.
-	case opEMPTY_TUPLE:
-		return d.pushTuple(nil)
-	case opTUPLE1, opTUPLE2, opTUPLE3:
-		items, err := d.popN(int(d.op-opTUPLE1) + 1)
-		if err != nil {
-			return err
-		}
-		return d.pushTuple(items)
-	case opTUPLE:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		return d.pushTuple(items)
+	case opEMPTY_TUPLE, opTUPLE1, opTUPLE2, opTUPLE3, opTUPLE:
+		return d.pushTuple(args)
 	case opEMPTY_LIST:
 		return d.push(&List{node: newNode()}, 1)
 	case opLIST:
-		items, err := d.popMark()
-		if err != nil {
+		args = slices.Clone(args) // the push below overwrites them
+		if err := d.push(&List{node: newNode()}, 1); err != nil {
 			return err
 		}
-		items = slices.Clone(items) // the push below overwrites them
-		l := &List{node: newNode()}
-		if err := d.push(l, 1); err != nil {
-			return err
-		}
-		return d.appendTo(items)
-	case opAPPEND:
-		s, err := d.pop()
-		if err != nil {
-			return err
-		}
-		return d.appendTo([]slot{s})
-	case opAPPENDS:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		return d.appendTo(items)
+		return d.appendTo(args)
+	case opAPPEND, opAPPENDS:
+		return d.appendTo(args)
 	case opEMPTY_DICT:
 		return d.push(d.newDict(), 1)
 	case opDICT:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		items = slices.Clone(items) // the push below overwrites them
+		args = slices.Clone(args) // the push below overwrites them
 		if err := d.push(d.newDict(), 1); err != nil {
 			return err
 		}
-		return d.setItems(items)
-	case opSETITEM:
-		v, err := d.pop()
-		if err != nil {
-			return err
-		}
-		k, err := d.pop()
-		if err != nil {
-			return err
-		}
-		return d.setItems([]slot{k, v})
-	case opSETITEMS:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		return d.setItems(items)
+		return d.setItems(args)
+	case opSETITEM, opSETITEMS:
+		return d.setItems(args)
 	case opEMPTY_SET:
 		return d.push(&Set{node: newNode()}, 1)
 	case opADDITEMS:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
 		t, err := d.top()
 		if err != nil {
 			return err
@@ -225,14 +161,10 @@ func (d *decoder) step() error {
 		if !ok || s.Frozen {
 			return d.fail("cannot add items to %s", typeName(t.v))
 		}
-		return d.addToSet(s, items)
+		return d.addToSet(s, args)
 	case opFROZENSET:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
 		s := &Set{Frozen: true, node: newNode()}
-		if err := d.addToSet(s, items); err != nil {
+		if err := d.addToSet(s, args); err != nil {
 			return err
 		}
 		return d.push(s, int(s.depth))
@@ -245,29 +177,13 @@ func (d *decoder) step() error {
 		}
 		return d.memoPut(uint32(d.memo.n), s)
 	case opBINPUT, opLONG_BINPUT:
-		size := 1
-		if d.op == opLONG_BINPUT {
-			size = 4
-		}
-		idx, err := d.readUint(size)
-		if err != nil {
-			return err
-		}
 		s, err := d.top()
 		if err != nil {
 			return err
 		}
-		return d.memoPut(uint32(idx), s)
+		return d.memoPut(uint32(n), s)
 	case opBINGET, opLONG_BINGET:
-		size := 1
-		if d.op == opLONG_BINGET {
-			size = 4
-		}
-		idx, err := d.readUint(size)
-		if err != nil {
-			return err
-		}
-		return d.memoGet(uint32(idx))
+		return d.memoGet(uint32(n))
 
 	// Globals and objects.
 	case opGLOBAL:
@@ -288,49 +204,17 @@ func (d *decoder) step() error {
 		}
 		return d.push(g, 0)
 	case opSTACK_GLOBAL:
-		name, err := d.pop()
-		if err != nil {
-			return err
-		}
-		module, err := d.pop()
-		if err != nil {
-			return err
-		}
-		ms, ok1 := module.v.(string)
-		ns, ok2 := name.v.(string)
+		module, ok1 := args[0].v.(string)
+		name, ok2 := args[1].v.(string)
 		if !ok1 || !ok2 {
-			return d.fail("STACK_GLOBAL needs two strings, got %s and %s", typeName(module.v), typeName(name.v))
+			return d.fail("STACK_GLOBAL needs two strings, got %s and %s", typeName(args[0].v), typeName(args[1].v))
 		}
-		return d.push(Global{Module: ms, Name: ns}, 0)
+		return d.push(Global{Module: module, Name: name}, 0)
 	case opREDUCE, opNEWOBJ:
-		args, err := d.pop()
-		if err != nil {
-			return err
-		}
-		callable, err := d.pop()
-		if err != nil {
-			return err
-		}
-		return d.newObject(callable, args, nil)
+		return d.newObject(args[0], args[1], nil)
 	case opNEWOBJ_EX:
-		kwargs, err := d.pop()
-		if err != nil {
-			return err
-		}
-		args, err := d.pop()
-		if err != nil {
-			return err
-		}
-		cls, err := d.pop()
-		if err != nil {
-			return err
-		}
-		return d.newObject(cls, args, &kwargs)
+		return d.newObject(args[0], args[1], &args[2])
 	case opBUILD:
-		state, err := d.pop()
-		if err != nil {
-			return err
-		}
 		t, err := d.top()
 		if err != nil {
 			return err
@@ -339,19 +223,16 @@ func (d *decoder) step() error {
 		if !ok {
 			return d.fail("BUILD on %s", typeName(t.v))
 		}
-		if err := d.put(&obj.node, state); err != nil {
+		if err := d.put(&obj.node, args[0]); err != nil {
 			return err
 		}
-		obj.State = state.v
+		obj.State = args[0].v
 		return nil
 	case opBINPERSID:
-		pid, err := d.pop()
-		if err != nil {
-			return err
-		}
 		if d.opts.PersistentLoad == nil {
 			return d.fail("persistent id without a persistent-load hook")
 		}
+		pid := args[0]
 		v, err := d.opts.PersistentLoad(pid.v)
 		if err != nil {
 			return &Error{Offset: d.opPos, Op: opName(d.op), Msg: "persistent load: " + err.Error(), Err: err}
