@@ -1,6 +1,10 @@
 package mapping
 
-import "github.com/ckptfs/ckptfs/layout/ckpt"
+import (
+	"slices"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+)
 
 // Built-in mappings: a table per model family; of those whose every
 // required source exists in a checkpoint, the one that takes the most of
@@ -104,105 +108,106 @@ func megatronDecoder(extras bool, mlpRules []Rule) []Rule {
 	)
 }
 
-// torchtitan's names (0.3.0 saves wq/wk/wv under qkv_linear; older
-// versions directly under attention, and the output as "output").
-func titan(name string) Names {
-	return Names{"layers.{l}.attention.qkv_linear." + name + ".weight", "layers.{l}.attention." + name + ".weight"}
+// titanDecoder is a torchtitan decoder around the given attention and
+// feed-forward rules: embeddings, attention output, norms and output.
+func titanDecoder(attention, feedForward []Rule) []Rule {
+	rules := append([]Rule{{To: "model.embed_tokens.weight", From: Names{"tok_embeddings.weight"}}}, attention...)
+	rules = append(rules,
+		Rule{To: layer + "self_attn.o_proj.weight", From: Names{"layers.{l}.attention.wo.weight"}},
+		Rule{To: layer + "input_layernorm.weight", From: Names{"layers.{l}.attention_norm.weight"}},
+		Rule{To: layer + "post_attention_layernorm.weight", From: Names{"layers.{l}.ffn_norm.weight"}})
+	rules = append(rules, feedForward...)
+	return append(rules,
+		Rule{To: "model.norm.weight", From: Names{"norm.weight"}},
+		Rule{To: "lm_head.weight", From: Names{"lm_head.weight", "output.weight"}, UnlessTied: true})
+}
+
+// titanAttention is torchtitan's q/k/v (0.3.0 saves wq/wk/wv under
+// qkv_linear; older versions directly under attention), q and k permuted
+// from the interleaved-pair RoPE order to HF's rotate-half order when rope,
+// after the q/k norms when qkNorm.
+func titanAttention(rope, qkNorm bool) []Rule {
+	titan := func(name string) Names {
+		return Names{"layers.{l}.attention.qkv_linear." + name + ".weight", "layers.{l}.attention." + name + ".weight"}
+	}
+	var rules []Rule
+	if qkNorm {
+		rules = []Rule{
+			{To: layer + "self_attn.q_norm.weight", From: Names{"layers.{l}.attention.q_norm.weight"}},
+			{To: layer + "self_attn.k_norm.weight", From: Names{"layers.{l}.attention.k_norm.weight"}},
+		}
+	}
+	q := Rule{To: layer + "self_attn.q_proj.weight", From: titan("wq")}
+	k := Rule{To: layer + "self_attn.k_proj.weight", From: titan("wk")}
+	if rope {
+		q.Permute, k.Permute = &Permute{Rope: "heads"}, &Permute{Rope: "kv_heads"}
+	}
+	return append(rules, q, k, Rule{To: layer + "self_attn.v_proj.weight", From: titan("wv")})
+}
+
+// titanMLP is torchtitan's dense feed-forward block; optional in MoE
+// models, where only the dense first layers have it.
+func titanMLP(optional bool) []Rule {
+	return []Rule{
+		{To: layer + "mlp.gate_proj.weight", From: Names{"layers.{l}.feed_forward.w1.weight"}, Optional: optional},
+		{To: layer + "mlp.up_proj.weight", From: Names{"layers.{l}.feed_forward.w3.weight"}, Optional: optional},
+		{To: layer + "mlp.down_proj.weight", From: Names{"layers.{l}.feed_forward.w2.weight"}, Optional: optional},
+	}
+}
+
+// titanMoE is torchtitan's MoE block as its state dict adapters' to_hf()
+// make it: the router is the gate (followed by routerExtras), and the
+// grouped experts, saved stacked [experts, ...] (0.3.0 under
+// routed_experts.inner_experts with their axes in the name; older versions
+// under experts), become one tensor per expert.
+func titanMoE(routerExtras ...Rule) []Rule {
+	experts := func(name, older string) Names {
+		return Names{"layers.{l}.moe.routed_experts.inner_experts." + name, "layers.{l}.moe.experts." + older}
+	}
+	rules := append([]Rule{{To: layer + "mlp.gate.weight", From: Names{"layers.{l}.moe.router.gate.weight"}}}, routerExtras...)
+	return append(rules,
+		Rule{To: layer + "mlp.experts.{e}.gate_proj.weight", From: experts("w1_EFD", "w1"), Stacked: Axes{"e"}},
+		Rule{To: layer + "mlp.experts.{e}.up_proj.weight", From: experts("w3_EFD", "w3"), Stacked: Axes{"e"}},
+		Rule{To: layer + "mlp.experts.{e}.down_proj.weight", From: experts("w2_EDF", "w2"), Stacked: Axes{"e"}})
 }
 
 // torchtitanLlama is torchtitan's Llama 3 as HF LlamaForCausalLM, as its own
 // state dict adapter's to_hf() makes it: renames, and q/k rows from the
 // interleaved-pair RoPE order to HF's rotate-half order.
-var torchtitanLlama = &Spec{Name: "torchtitan-llama", Rules: []Rule{
-	{To: "model.embed_tokens.weight", From: Names{"tok_embeddings.weight"}},
-	{To: layer + "self_attn.q_proj.weight", From: titan("wq"), Permute: &Permute{Rope: "heads"}},
-	{To: layer + "self_attn.k_proj.weight", From: titan("wk"), Permute: &Permute{Rope: "kv_heads"}},
-	{To: layer + "self_attn.v_proj.weight", From: titan("wv")},
-	{To: layer + "self_attn.o_proj.weight", From: Names{"layers.{l}.attention.wo.weight"}},
-	{To: layer + "input_layernorm.weight", From: Names{"layers.{l}.attention_norm.weight"}},
-	{To: layer + "post_attention_layernorm.weight", From: Names{"layers.{l}.ffn_norm.weight"}},
-	{To: layer + "mlp.gate_proj.weight", From: Names{"layers.{l}.feed_forward.w1.weight"}},
-	{To: layer + "mlp.up_proj.weight", From: Names{"layers.{l}.feed_forward.w3.weight"}},
-	{To: layer + "mlp.down_proj.weight", From: Names{"layers.{l}.feed_forward.w2.weight"}},
-	{To: "model.norm.weight", From: Names{"norm.weight"}},
-	{To: "lm_head.weight", From: Names{"lm_head.weight", "output.weight"}, UnlessTied: true},
-}}
+var torchtitanLlama = &Spec{Name: "torchtitan-llama", Rules: titanDecoder(titanAttention(true, false), titanMLP(false))}
 
 // torchtitanQwen3 is torchtitan's Qwen3 as HF Qwen3ForCausalLM: renames
 // only (Qwen3 rotates halves already), plus the q/k norms.
-var torchtitanQwen3 = &Spec{Name: "torchtitan-qwen3", Rules: append([]Rule{
-	{To: layer + "self_attn.q_norm.weight", From: Names{"layers.{l}.attention.q_norm.weight"}},
-	{To: layer + "self_attn.k_norm.weight", From: Names{"layers.{l}.attention.k_norm.weight"}},
-	{To: layer + "self_attn.q_proj.weight", From: titan("wq")},
-	{To: layer + "self_attn.k_proj.weight", From: titan("wk")},
-}, withoutRules(torchtitanLlama.Rules, layer+"self_attn.q_proj.weight", layer+"self_attn.k_proj.weight")...)}
+var torchtitanQwen3 = &Spec{Name: "torchtitan-qwen3", Rules: titanDecoder(titanAttention(false, true), titanMLP(false))}
 
 // torchtitanQwen3MoE is torchtitan's Qwen3 with MoE layers as HF
-// Qwen3MoeForCausalLM, as its state dict adapter's to_hf() makes it: each
-// layer's grouped experts, saved stacked [experts, ...], become one tensor
-// per expert; the router is the gate. Dense layers (mlp_only_layers) keep
-// the dense names.
-var torchtitanQwen3MoE = &Spec{Name: "torchtitan-qwen3-moe", Rules: append(
-	optional(torchtitanQwen3.Rules, layer+"mlp.gate_proj.weight", layer+"mlp.up_proj.weight", layer+"mlp.down_proj.weight"),
-	Rule{To: layer + "mlp.gate.weight", From: Names{"layers.{l}.moe.router.gate.weight"}},
-	Rule{To: layer + "mlp.experts.{e}.gate_proj.weight", From: titanExperts("w1_EFD", "w1"), Stacked: Axes{"e"}},
-	Rule{To: layer + "mlp.experts.{e}.up_proj.weight", From: titanExperts("w3_EFD", "w3"), Stacked: Axes{"e"}},
-	Rule{To: layer + "mlp.experts.{e}.down_proj.weight", From: titanExperts("w2_EDF", "w2"), Stacked: Axes{"e"}},
-)}
+// Qwen3MoeForCausalLM. Dense layers (mlp_only_layers) keep the dense names.
+var torchtitanQwen3MoE = &Spec{Name: "torchtitan-qwen3-moe",
+	Rules: titanDecoder(titanAttention(false, true), append(titanMLP(true), titanMoE()...))}
 
 // torchtitanDeepSeekV3 is torchtitan's DeepSeek-V3 as HF
 // DeepseekV3ForCausalLM, as its state dict adapter's to_hf() makes it:
 // multi-head latent attention (with or without a low-rank query), dense
-// first layers, MoE layers with grouped routed experts one tensor per
-// expert, shared experts, and the router's score correction bias.
-// Multi-token-prediction layers are not mapped (they are listed as left
-// out): HF numbers them after the main layers.
-var torchtitanDeepSeekV3 = &Spec{Name: "torchtitan-deepseek-v3", Rules: []Rule{
-	{To: "model.embed_tokens.weight", From: Names{"tok_embeddings.weight"}},
-	{To: layer + "self_attn.q_a_proj.weight", From: Names{"layers.{l}.attention.wq_a.weight"}, Optional: true},
-	{To: layer + "self_attn.q_a_layernorm.weight", From: Names{"layers.{l}.attention.q_norm.weight"}, Optional: true},
-	{To: layer + "self_attn.q_b_proj.weight", From: Names{"layers.{l}.attention.wq_b.weight"}, Optional: true},
-	{To: layer + "self_attn.q_proj.weight", From: Names{"layers.{l}.attention.wq.weight"}, Optional: true},
-	{To: layer + "self_attn.kv_a_proj_with_mqa.weight", From: Names{"layers.{l}.attention.wkv_a.weight"}},
-	{To: layer + "self_attn.kv_a_layernorm.weight", From: Names{"layers.{l}.attention.kv_norm.weight"}},
-	{To: layer + "self_attn.kv_b_proj.weight", From: Names{"layers.{l}.attention.wkv_b.weight"}},
-	{To: layer + "self_attn.o_proj.weight", From: Names{"layers.{l}.attention.wo.weight"}},
-	{To: layer + "input_layernorm.weight", From: Names{"layers.{l}.attention_norm.weight"}},
-	{To: layer + "post_attention_layernorm.weight", From: Names{"layers.{l}.ffn_norm.weight"}},
-	{To: layer + "mlp.gate_proj.weight", From: Names{"layers.{l}.feed_forward.w1.weight"}, Optional: true},
-	{To: layer + "mlp.up_proj.weight", From: Names{"layers.{l}.feed_forward.w3.weight"}, Optional: true},
-	{To: layer + "mlp.down_proj.weight", From: Names{"layers.{l}.feed_forward.w2.weight"}, Optional: true},
-	{To: layer + "mlp.gate.weight", From: Names{"layers.{l}.moe.router.gate.weight"}},
-	{To: layer + "mlp.gate.e_score_correction_bias", From: Names{"layers.{l}.moe.expert_bias_E", "layers.{l}.moe.expert_bias"}, Optional: true},
-	{To: layer + "mlp.experts.{e}.gate_proj.weight", From: titanExperts("w1_EFD", "w1"), Stacked: Axes{"e"}},
-	{To: layer + "mlp.experts.{e}.up_proj.weight", From: titanExperts("w3_EFD", "w3"), Stacked: Axes{"e"}},
-	{To: layer + "mlp.experts.{e}.down_proj.weight", From: titanExperts("w2_EDF", "w2"), Stacked: Axes{"e"}},
-	{To: layer + "mlp.shared_experts.gate_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w1.weight"}, Optional: true},
-	{To: layer + "mlp.shared_experts.up_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w3.weight"}, Optional: true},
-	{To: layer + "mlp.shared_experts.down_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w2.weight"}, Optional: true},
-	{To: "model.norm.weight", From: Names{"norm.weight"}},
-	{To: "lm_head.weight", From: Names{"lm_head.weight", "output.weight"}, UnlessTied: true},
-}}
-
-// titanExperts names torchtitan's grouped expert weights (0.3.0 under
-// routed_experts.inner_experts with their axes in the name; older versions
-// under experts).
-func titanExperts(name, older string) Names {
-	return Names{"layers.{l}.moe.routed_experts.inner_experts." + name, "layers.{l}.moe.experts." + older}
-}
-
-// optional is rules with those making the given names optional.
-func optional(rules []Rule, to ...string) []Rule {
-	out := append([]Rule(nil), rules...)
-	for i := range out {
-		for _, t := range to {
-			if out[i].To == t {
-				out[i].Optional = true
-			}
-		}
-	}
-	return out
-}
+// first layers, MoE layers with the router's score correction bias, and
+// shared experts. Multi-token-prediction layers are not mapped (they are
+// listed as left out): HF numbers them after the main layers.
+var torchtitanDeepSeekV3 = &Spec{Name: "torchtitan-deepseek-v3", Rules: titanDecoder(
+	[]Rule{
+		{To: layer + "self_attn.q_a_proj.weight", From: Names{"layers.{l}.attention.wq_a.weight"}, Optional: true},
+		{To: layer + "self_attn.q_a_layernorm.weight", From: Names{"layers.{l}.attention.q_norm.weight"}, Optional: true},
+		{To: layer + "self_attn.q_b_proj.weight", From: Names{"layers.{l}.attention.wq_b.weight"}, Optional: true},
+		{To: layer + "self_attn.q_proj.weight", From: Names{"layers.{l}.attention.wq.weight"}, Optional: true},
+		{To: layer + "self_attn.kv_a_proj_with_mqa.weight", From: Names{"layers.{l}.attention.wkv_a.weight"}},
+		{To: layer + "self_attn.kv_a_layernorm.weight", From: Names{"layers.{l}.attention.kv_norm.weight"}},
+		{To: layer + "self_attn.kv_b_proj.weight", From: Names{"layers.{l}.attention.wkv_b.weight"}},
+	},
+	slices.Concat(titanMLP(true),
+		titanMoE(Rule{To: layer + "mlp.gate.e_score_correction_bias", From: Names{"layers.{l}.moe.expert_bias_E", "layers.{l}.moe.expert_bias"}, Optional: true}),
+		[]Rule{
+			{To: layer + "mlp.shared_experts.gate_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w1.weight"}, Optional: true},
+			{To: layer + "mlp.shared_experts.up_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w3.weight"}, Optional: true},
+			{To: layer + "mlp.shared_experts.down_proj.weight", From: Names{"layers.{l}.moe.shared_experts.w2.weight"}, Optional: true},
+		}))}
 
 // kempnerForgeLlama is KempnerForge's Llama as HF LlamaForCausalLM: renames
 // only, as KempnerForge's own HF converter does.
@@ -220,20 +225,6 @@ var kempnerForgeLlama = &Spec{Name: "kempnerforge-llama", Rules: []Rule{
 	{To: "model.norm.weight", From: Names{"norm.weight"}},
 	{To: "lm_head.weight", From: Names{"output_head.proj.weight"}, UnlessTied: true},
 }}
-
-func withoutRules(rules []Rule, to ...string) []Rule {
-	var out []Rule
-	for _, r := range rules {
-		drop := false
-		for _, t := range to {
-			drop = drop || r.To == t
-		}
-		if !drop {
-			out = append(out, r)
-		}
-	}
-	return out
-}
 
 // Detect returns the built-in mapping whose every required source (rules
 // neither optional nor skipped when tied) exists and that takes the most
