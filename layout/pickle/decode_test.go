@@ -3,6 +3,7 @@ package pickle
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math/big"
 	"os"
@@ -317,4 +318,21 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A container that holds itself is written once, then "...", where it
+// recurs on its own path (and again in full on a sibling path).
+func TestReprOfCycles(t *testing.T) {
+	for _, tc := range []struct{ hex, repr string }{
+		// l = []; l.append(l); pickle.dumps(l, 2)
+		{"80025d71006800612e", "[...]"},
+		// d = {}; d["me"] = d; d["l"] = [l, l]
+		{"80027d71002858020000006d657101680058010000006c71025d7103285d7104680461680465752e", `{"me": ..., "l": [[...], [...]]}`},
+	} {
+		b, err := hex.DecodeString(tc.hex)
+		require.NoError(t, err)
+		v, err := DecodeBytes(b, Options{})
+		require.NoError(t, err)
+		assert.Equal(t, tc.repr, Repr(v))
+	}
 }

@@ -121,26 +121,28 @@ func (e *Encoder) IntTuple(v []int64) {
 	})
 }
 
-// Dict pushes a dict of the n key, value pairs items pushes.
-func (e *Encoder) Dict(n int, items func()) {
-	e.b = append(e.b, opEMPTY_DICT)
-	if n == 0 {
-		return
-	}
-	e.b = append(e.b, opMARK)
-	items()
-	e.b = append(e.b, opSETITEMS)
-}
+// Dict pushes a dict of the key, value pairs items pushes.
+func (e *Encoder) Dict(items func()) { e.container(opEMPTY_DICT, opSETITEMS, items) }
 
-// List pushes a list of the n values items pushes.
-func (e *Encoder) List(n int, items func()) {
-	e.b = append(e.b, opEMPTY_LIST)
-	if n == 0 {
+// List pushes a list of the values items pushes.
+func (e *Encoder) List(items func()) { e.container(opEMPTY_LIST, opAPPENDS, items) }
+
+// container pushes an empty container and adds what items pushes in one
+// MARK … add batch; an empty one is the empty opcode alone, as pickle
+// writes it.
+func (e *Encoder) container(empty, add byte, items func()) {
+	e.b = append(e.b, empty)
+	if items == nil {
 		return
 	}
+	mark := len(e.b)
 	e.b = append(e.b, opMARK)
 	items()
-	e.b = append(e.b, opAPPENDS)
+	if len(e.b) == mark+1 {
+		e.b = e.b[:mark]
+		return
+	}
+	e.b = append(e.b, add)
 }
 
 // Object pushes module.name.__new__(module.name) with the state that state

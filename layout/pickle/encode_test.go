@@ -37,25 +37,33 @@ func TestEncodeInts(t *testing.T) {
 	e = NewEncoder()
 	e.Str("ab")
 	assert.Equal(t, "8002580200000061622e", hex.EncodeToString(e.Bytes()))
+	// A container whose items push nothing is its empty opcode alone; one
+	// that has items adds them in one MARK … APPENDS/SETITEMS batch.
+	e = NewEncoder()
+	e.Dict(func() {})
+	assert.Equal(t, "80027d2e", hex.EncodeToString(e.Bytes()))
+	e = NewEncoder()
+	e.List(func() { e.Int(1) })
+	assert.Equal(t, "80025d284b01652e", hex.EncodeToString(e.Bytes()))
 }
 
 // TestEncodeRoundTrip encodes every shape the Encoder writes and decodes it.
 func TestEncodeRoundTrip(t *testing.T) {
 	e := NewEncoder()
 	e.Object("m", "C", func() {
-		e.Dict(6, func() {
+		e.Dict(func() {
 			e.Str("none")
 			e.None()
 			e.Str("bools")
 			e.Tuple(2, func() { e.Bool(true); e.Bool(false) })
 			e.Str("list")
-			e.List(5, func() {
+			e.List(func() {
 				for i := range 5 {
 					e.Int(int64(i) << 40)
 				}
 			})
 			e.Str("empty")
-			e.List(0, nil)
+			e.List(nil)
 			e.Str("call")
 			e.Call("torch", "Size", 1, func() { e.IntTuple([]int64{2, 3}) })
 			e.Str("pid")

@@ -39,15 +39,6 @@ func (r *reprer) s(s string) {
 	r.b.WriteString(s)
 }
 
-func (r *reprer) enter(p any) bool {
-	if r.seen[p] {
-		r.s("...")
-		return false
-	}
-	r.seen[p] = true
-	return true
-}
-
 func (r *reprer) seq(items []any, depth int) {
 	for i, it := range items {
 		if i > 0 {
@@ -64,6 +55,14 @@ func (r *reprer) write(v any, depth int) {
 	if depth > maxReprDepth {
 		r.s("…")
 		return
+	}
+	if nodeOf(v) != nil { // a container, which may hold itself
+		if r.seen[v] {
+			r.s("...")
+			return
+		}
+		r.seen[v] = true
+		defer delete(r.seen, v)
 	}
 	switch x := v.(type) {
 	case nil:
@@ -94,34 +93,19 @@ func (r *reprer) write(v any, depth int) {
 		}
 		r.s(")")
 	case *List:
-		if !r.enter(x) {
-			return
-		}
 		r.s("[")
 		r.seq(x.Items, depth)
 		r.s("]")
-		delete(r.seen, x)
 	case *Set:
-		if !r.enter(x) {
-			return
-		}
 		if x.Frozen {
 			r.s("frozenset")
 		}
 		r.s("{")
 		r.seq(x.Items, depth)
 		r.s("}")
-		delete(r.seen, x)
 	case *Dict:
-		if !r.enter(x) {
-			return
-		}
 		r.dict(x, depth)
-		delete(r.seen, x)
 	case *Object:
-		if !r.enter(x) {
-			return
-		}
 		e := x.Extras()
 		if e.Func != nil {
 			r.write(e.Func, depth+1)
@@ -153,7 +137,6 @@ func (r *reprer) write(v any, depth int) {
 			r.seq(e.Appended, depth)
 			r.s("]>")
 		}
-		delete(r.seen, x)
 	default:
 		r.s("<" + typeName(v) + ">")
 	}

@@ -414,12 +414,8 @@ func decodeIndex(v any) (Index, error) {
 	if err != nil {
 		return idx, err
 	}
-	fv, ok := st.Get("fqn")
-	if !ok {
-		return idx, fieldErr(".fqn", "missing")
-	}
-	if idx.FQN, ok = fv.(string); !ok {
-		return idx, fieldErr(".fqn", "expected str, got %s", pickle.TypeName(fv))
+	if idx.FQN, err = strField(st, "fqn", ".fqn"); err != nil {
+		return idx, err
 	}
 	if ov, ok := st.Get("offset"); ok && ov != nil {
 		if idx.Offset, err = decodeSize(".offset", ov); err != nil {
@@ -443,6 +439,19 @@ func intField(d *pickle.Dict, key any, name string) (int64, error) {
 	return n, nil
 }
 
+// strField decodes the str in field key of d, as intField.
+func strField(d *pickle.Dict, key any, name string) (string, error) {
+	v, ok := d.Get(key)
+	if !ok {
+		return "", fieldErr(name, "missing")
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", fieldErr(name, "expected str, got %s", pickle.TypeName(v))
+	}
+	return s, nil
+}
+
 // decodeStorageInfo decodes a _StorageInfo (fields named relative to it:
 // see within).
 func decodeStorageInfo(v any) (StorageInfo, error) {
@@ -451,12 +460,8 @@ func decodeStorageInfo(v any) (StorageInfo, error) {
 	if err != nil {
 		return info, err
 	}
-	rv, ok := st.Get("relative_path")
-	if !ok {
-		return info, fieldErr(".relative_path", "missing")
-	}
-	if info.RelativePath, ok = rv.(string); !ok {
-		return info, fieldErr(".relative_path", "expected str, got %s", pickle.TypeName(rv))
+	if info.RelativePath, err = strField(st, "relative_path", ".relative_path"); err != nil {
+		return info, err
 	}
 	if info.Offset, err = intField(st, "offset", ".offset"); err != nil {
 		return info, err

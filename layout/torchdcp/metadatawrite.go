@@ -22,17 +22,13 @@ import (
 func EncodeMetadata(w io.Writer, m *Metadata) error {
 	e := pickle.NewEncoder()
 	e.Object(modMetadata, "Metadata", func() {
-		n := 3
-		if m.Version != "" {
-			n++
-		}
-		e.Dict(n, func() {
+		e.Dict(func() {
 			e.Str("state_dict_metadata")
-			e.Dict(len(m.Items), func() {
+			e.Dict(func() {
 				for _, it := range m.Items {
 					e.Str(it.FQN)
 					if it.Tensor == nil {
-						e.Object(modMetadata, "BytesStorageMetadata", func() { e.Dict(0, nil) })
+						e.Object(modMetadata, "BytesStorageMetadata", func() { e.Dict(nil) })
 					} else {
 						encodeTensor(e, it.Tensor)
 					}
@@ -41,7 +37,7 @@ func EncodeMetadata(w io.Writer, m *Metadata) error {
 			e.Str("planner_data")
 			encodePlanner(e, m)
 			e.Str("storage_data")
-			e.Dict(len(m.Storage), func() {
+			e.Dict(func() {
 				pos := chunkPositions(m)
 				for _, s := range m.Storage {
 					encodeIndex(e, s.Index, pos)
@@ -75,7 +71,7 @@ func encodePlanner(e *pickle.Encoder, m *Metadata) {
 		}
 		paths[p.Key] = p.Path
 	}
-	e.Dict(len(m.Items)+len(extra), func() {
+	e.Dict(func() {
 		for _, it := range m.Items {
 			e.Str(it.FQN)
 			path, ok := paths[it.FQN]
@@ -131,7 +127,7 @@ func encodeSize(e *pickle.Encoder, v []int64) {
 
 func encodeTensor(e *pickle.Encoder, t *TensorMetadata) {
 	e.Object(modMetadata, "TensorStorageMetadata", func() {
-		e.Dict(3, func() {
+		e.Dict(func() {
 			e.Str("properties")
 			p := t.Properties
 			e.Object(modMetadata, "TensorProperties", func() {
@@ -157,10 +153,10 @@ func encodeTensor(e *pickle.Encoder, t *TensorMetadata) {
 			e.Str("size")
 			encodeSize(e, t.Size)
 			e.Str("chunks")
-			e.List(len(t.Chunks), func() {
+			e.List(func() {
 				for _, c := range t.Chunks {
 					e.Object(modMetadata, "ChunkStorageMetadata", func() {
-						e.Dict(2, func() {
+						e.Dict(func() {
 							e.Str("offsets")
 							encodeSize(e, c.Offsets)
 							e.Str("sizes")
@@ -177,11 +173,7 @@ func encodeTensor(e *pickle.Encoder, t *TensorMetadata) {
 // then offset only for tensor chunks.
 func encodeIndex(e *pickle.Encoder, idx Index, pos map[string]int) {
 	e.Object(modMetadata, "MetadataIndex", func() {
-		n := 2
-		if idx.Offset != nil {
-			n = 3
-		}
-		e.Dict(n, func() {
+		e.Dict(func() {
 			e.Str("fqn")
 			e.Str(idx.FQN)
 			e.Str("index")
@@ -200,11 +192,7 @@ func encodeIndex(e *pickle.Encoder, idx Index, pos map[string]int) {
 
 func encodeStorageInfo(e *pickle.Encoder, info StorageInfo) {
 	e.Object(modFilesystem, "_StorageInfo", func() {
-		n := 3
-		if info.TransformDescriptors != nil {
-			n = 4
-		}
-		e.Dict(n, func() {
+		e.Dict(func() {
 			e.Str("relative_path")
 			e.Str(info.RelativePath)
 			e.Str("offset")
@@ -213,7 +201,7 @@ func encodeStorageInfo(e *pickle.Encoder, info StorageInfo) {
 			e.Int(info.Length)
 			if info.TransformDescriptors != nil {
 				e.Str("transform_descriptors")
-				e.List(len(info.TransformDescriptors), func() {
+				e.List(func() {
 					for _, d := range info.TransformDescriptors {
 						e.Str(d)
 					}
