@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 )
 
 // FuzzOpen: a ZeRO checkpoint whose model states file is the input, beside
@@ -11,7 +13,7 @@ import (
 // or allocate past the files' sizes.
 func FuzzOpen(f *testing.F) {
 	const states = "mp_rank_00_model_states.pt"
-	fixture := filepath.Join("..", "..", "testdata", "deepspeed_zero2_llama", "ckpt", "global_step1")
+	fixture := treetest.Testdata("deepspeed_zero2_llama", "ckpt", "global_step1")
 	ents, err := os.ReadDir(fixture)
 	if err != nil {
 		f.Fatal(err) // committed with the code
@@ -40,13 +42,6 @@ func FuzzOpen(f *testing.F) {
 			return
 		}
 		defer c.Close()
-		for _, tn := range c.Tensors {
-			if n := tn.ByteSize(); n <= 1<<20 {
-				for _, ch := range tn.Chunks {
-					buf := make([]byte, min(n, 4096))
-					_, _ = ch.Source.ReadAt(buf, 0)
-				}
-			}
-		}
+		treetest.ReadChunks(t, c)
 	})
 }

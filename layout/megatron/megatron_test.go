@@ -2,7 +2,6 @@ package megatron
 
 import (
 	"bytes"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -89,13 +88,7 @@ func read(t *testing.T, tn *ckpt.Tensor) []byte {
 	t.Helper()
 	var out []byte
 	for _, c := range tn.Chunks {
-		n, err := ckpt.NumElements(c.Sizes)
-		require.NoError(t, err)
-		buf := make([]byte, n*int64(tn.DType.Size()))
-		got, err := c.Source.ReadAt(buf, 0)
-		if err == io.EOF && got == len(buf) {
-			err = nil
-		}
+		buf, err := treetest.ReadChunk(t, tn, c)
 		require.NoError(t, err)
 		out = append(out, buf...)
 	}

@@ -44,12 +44,8 @@ func TestStagesMerge(t *testing.T) {
 	// the stages' bytes are served from their own shard files
 	for _, tn := range c.Tensors {
 		for _, ch := range tn.Chunks {
-			n, err := ckpt.NumElements(ch.Sizes)
-			require.NoError(t, err)
-			buf := make([]byte, n*int64(tn.DType.Size()))
-			got, err := ch.Source.ReadAt(buf, 0)
+			_, err := treetest.ReadChunk(t, tn, ch)
 			require.NoError(t, err, tn.Name)
-			require.Equal(t, len(buf), got)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
 
@@ -76,7 +77,7 @@ func TestRecordCRC(t *testing.T) {
 	tn, rs := chunkSource(t, c, "f32")
 
 	// A read of the whole chunk is the whole record entry: checked.
-	_, err = readChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
 	assertCRCError(t, err, dir, "f32")
 	assert.Contains(t, err.Error(), "in the bytes read")
 
@@ -96,7 +97,7 @@ func TestRecordCRC(t *testing.T) {
 		if other.Name == "f32" {
 			continue
 		}
-		_, err := readChunk(t, other, other.Chunks[0])
+		_, err := treetest.ReadChunk(t, other, other.Chunks[0])
 		require.NoError(t, err, other.Name)
 		require.NoError(t, other.Chunks[0].Source.(ckpt.Verifier).Verify(), other.Name)
 	}
@@ -160,7 +161,7 @@ func TestZstdRecordCRC(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	tn, rs := chunkSource(t, c, fqn)
-	_, err = readChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
 	assertCRCError(t, err, dir, fqn)
 	assert.Contains(t, err.Error(), "after decompression")
 	assert.Contains(t, err.Error(), "(zstd)")

@@ -3,7 +3,6 @@ package torchdcp
 import (
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 )
 
 // manifest.json, written by testdata/gen.py from what torch reads back.
@@ -98,19 +98,6 @@ func copyDir(t testing.TB, name string) string {
 	return dst
 }
 
-// readChunk reads a chunk's bytes through its Source.
-func readChunk(t testing.TB, tn *ckpt.Tensor, c ckpt.Chunk) ([]byte, error) {
-	t.Helper()
-	n, err := ckpt.NumElements(c.Sizes)
-	require.NoError(t, err)
-	buf := make([]byte, n*int64(tn.DType.Size()))
-	got, err := c.Source.ReadAt(buf, 0)
-	if err == io.EOF && got == len(buf) {
-		err = nil
-	}
-	return buf[:got], err
-}
-
 // assemble reads every chunk and scatters it into the C-order bytes of the
 // whole tensor.
 func assemble(t testing.TB, tn *ckpt.Tensor) []byte {
@@ -126,7 +113,7 @@ func assemble(t testing.TB, tn *ckpt.Tensor) []byte {
 		s *= tn.Shape[d]
 	}
 	for _, c := range tn.Chunks {
-		data, err := readChunk(t, tn, c)
+		data, err := treetest.ReadChunk(t, tn, c)
 		require.NoError(t, err, "tensor %s chunk %v", tn.Name, c.Offsets)
 		n := int64(len(data)) / es
 		idx := make([]int64, len(c.Sizes))

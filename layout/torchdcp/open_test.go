@@ -108,12 +108,12 @@ func TestOpenIsLazy(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	tn := c.Tensors[0]
-	_, err = readChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
 	require.ErrorContains(t, err, "torchdcp: "+p+"@", "names the shard by its full path")
 	assert.ErrorContains(t, err, `tensor "f32" chunk (0,0): not a torch.save zip archive`)
 	assert.ErrorIs(t, err, ckpt.ErrInvalid)
 	// The error is remembered.
-	_, err2 := readChunk(t, tn, tn.Chunks[0])
+	_, err2 := treetest.ReadChunk(t, tn, tn.Chunks[0])
 	assert.Equal(t, err, err2)
 }
 
@@ -446,7 +446,7 @@ func TestOpenBad(t *testing.T) {
 				if tn.Name != tc.readFQN {
 					continue
 				}
-				_, err := readChunk(t, tn, tn.Chunks[0])
+				_, err := treetest.ReadChunk(t, tn, tn.Chunks[0])
 				require.Error(t, err)
 				assert.ErrorContains(t, err, tc.readErr)
 				assert.True(t, strings.HasPrefix(err.Error(), "torchdcp: "), err.Error())
@@ -468,7 +468,7 @@ func TestSourceChangedAfterOpen(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(p, append(b, 0), 0o644))
 	tn := c.Tensors[0]
-	_, err = readChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
 	require.ErrorIs(t, err, ckpt.ErrSourceChanged)
 	assert.ErrorContains(t, err, `tensor "f32" chunk (0,0)`)
 }
@@ -501,9 +501,9 @@ func TestOpenDecodedIsOpenTree(t *testing.T) {
 				assert.Equal(t, wt.Shape, gt.Shape)
 				require.Len(t, gt.Chunks, len(wt.Chunks), wt.Name)
 				for j := range wt.Chunks {
-					wb, err := readChunk(t, wt, wt.Chunks[j])
+					wb, err := treetest.ReadChunk(t, wt, wt.Chunks[j])
 					require.NoError(t, err)
-					gb, err := readChunk(t, gt, gt.Chunks[j])
+					gb, err := treetest.ReadChunk(t, gt, gt.Chunks[j])
 					require.NoError(t, err)
 					assert.True(t, bytes.Equal(wb, gb), "%s chunk %d", wt.Name, j)
 				}

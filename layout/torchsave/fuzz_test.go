@@ -4,12 +4,14 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 )
 
 // FuzzOpen opens an arbitrary pytorch_model.bin and reads every tensor it
 // shows: errors, never a panic, a hang or an allocation beyond the bounds.
 func FuzzOpen(f *testing.F) {
-	if b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "torchsave_llama_tied", "ckpt", SingleFile)); err == nil {
+	if b, err := os.ReadFile(treetest.Testdata("torchsave_llama_tied", "ckpt", SingleFile)); err == nil {
 		f.Add(b)
 	}
 	f.Add(model(f, dict(w0())))
@@ -24,11 +26,6 @@ func FuzzOpen(f *testing.F) {
 			return
 		}
 		defer c.Close()
-		for _, tn := range c.Tensors {
-			if n := tn.ByteSize(); n <= 1<<20 {
-				buf := make([]byte, n)
-				_, _ = tn.Chunks[0].Source.ReadAt(buf, 0)
-			}
-		}
+		treetest.ReadChunks(t, c)
 	})
 }

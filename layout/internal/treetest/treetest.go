@@ -2,6 +2,7 @@
 package treetest
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -86,4 +87,38 @@ func OpenLocal(dir string, open func(source.Tree) (*ckpt.Checkpoint, error)) (*c
 	}
 	c.Files.Adopt(tree)
 	return c, nil
+}
+
+// ReadChunk reads a chunk's bytes through its Source (a read that fills the
+// chunk and says io.EOF succeeded).
+func ReadChunk(t testing.TB, tn *ckpt.Tensor, c ckpt.Chunk) ([]byte, error) {
+	t.Helper()
+	n, err := ckpt.NumElements(c.Sizes)
+	if err != nil {
+		t.Fatalf("%s: %v", tn.Name, err)
+	}
+	buf := make([]byte, n*int64(tn.DType.Size()))
+	got, err := c.Source.ReadAt(buf, 0)
+	if err == io.EOF && got == len(buf) {
+		err = nil
+	}
+	return buf[:got], err
+}
+
+// ReadChunks reads the first bytes (up to 64 KiB) of every chunk of c,
+// errors ignored: a fuzz target of a reader calls it so that the sources
+// of what Open accepted are read too. Open validated c: a chunk whose size
+// does not count is a test failure.
+func ReadChunks(t testing.TB, c *ckpt.Checkpoint) {
+	t.Helper()
+	for _, tn := range c.Tensors {
+		for _, ch := range tn.Chunks {
+			n, err := ckpt.NumElements(ch.Sizes)
+			if err != nil {
+				t.Fatalf("%s: a chunk Open let through: %v", tn.Name, err)
+			}
+			buf := make([]byte, min(n*int64(tn.DType.Size()), 64<<10))
+			_, _ = ch.Source.ReadAt(buf, 0)
+		}
+	}
 }
