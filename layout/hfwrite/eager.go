@@ -13,15 +13,16 @@ import (
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
-// Eager reshard. A tensor file is resharded while it is written: a
-// goroutine per file waits for the header to arrive, starts a
-// dcpwrite.Reshard, and feeds it the bytes as the contiguous written prefix
-// grows (stream.wait), so that Commit only finishes the tail and writes
-// .metadata. The attempt is dropped, and Commit reshards the complete file
-// instead, whenever its input may differ from the final file: a write or
-// truncate that changes bytes the resharder may have read, a rename to
-// another kind of file, a header that differs from the final one, or any
-// error of the attempt.
+// Eager reshard. A file is resharded while it is written: a goroutine per
+// file waits for the header to arrive, starts a dcpwrite.Reshard, and feeds
+// it the bytes as the contiguous written prefix grows (stream.wait), so
+// that Commit only finishes the tail and writes .metadata. While it waits
+// it writes the file's queued writes to the spool (stream.go). The attempt
+// is dropped, and Commit reshards the complete file instead, whenever its
+// input may differ from the final file: a write or truncate that changes
+// bytes the resharder may have read, a rename to another kind of file, a
+// header that differs from the final one, or any error of the attempt. It
+// gives up at once on content that is not safetensors (a sidecar).
 
 var errAbandoned = errors.New("hfwrite: eager reshard abandoned")
 
@@ -51,6 +52,7 @@ func (f *File) startEager() {
 	}
 	run := &eagerRun{done: make(chan struct{})}
 	f.eager = run
+	f.stream.serve()
 	go f.runEager(f.f, run)
 }
 
@@ -74,6 +76,7 @@ func (f *File) takeEager() *dcpwrite.Reshard {
 // runEager is the goroutine of an eager reshard of the spool fd.
 func (f *File) runEager(fd *os.File, run *eagerRun) {
 	defer close(run.done)
+	defer f.stream.unserve()
 	src := growing{fd, f.stream}
 	h, err := earlyHeader(src)
 	if err != nil {

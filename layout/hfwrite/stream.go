@@ -15,25 +15,25 @@ import (
 // one stream per file, one lock and one condition for both.
 //
 // Write-behind. A write returns once its bytes are copied into one of a
-// few buffers; a goroutine per file then writes them to the spool, in the
-// order they came. A writer (cp, save_pretrained) waits for each write
-// before it reads the next bytes of its source, and the spool's copy into
-// fresh page-cache pages is the costliest step of a write: done in the
-// handler, it ran serially with the writer's reads, and a third of the
-// two cores' time went idle during a cp. The error of a write that
-// already returned fails the next write, fsync (Handle.Written) and the
-// commit, as a write-back cache reports it. A full disk is still reported
-// by the write that does not fit: writes are queued only while the spool's
-// filesystem has room for every queued byte and a margin (another writer
-// filling the disk meanwhile is caught by the next write or the commit).
+// few buffers; the file's eager resharder (eager.go), the one goroutine a
+// file being written has, writes them to the spool in the order they came,
+// whenever it waits for bytes (wait). A writer (cp, save_pretrained) waits
+// for each write before it reads the next bytes of its source, and the
+// spool's copy into fresh page-cache pages is the costliest step of a
+// write: done in the handler, it ran serially with the writer's reads, and
+// a third of the two cores' time went idle during a cp. Whoever else must
+// see the queue written (the next write that is not queued, fsync, a read,
+// the commit) writes what is left itself rather than wait. Writes are not
+// queued when no resharder serves the file (an index or config file, a
+// reshard that ended or was abandoned), when every buffer is taken (the
+// resharder is busy: the writer then writes, and so helps), or when the
+// spool's filesystem is nearly full: a full disk is still reported by the
+// write that does not fit, as writes are queued only while the filesystem
+// has room for every queued byte and a margin (another writer filling the
+// disk meanwhile is caught by the next write or the commit). The error of
+// a write that already returned fails the next write, fsync
+// (Handle.Written) and the commit, as a write-back cache reports it.
 //
-// Progress. The eager reshard (eager.go) reads the file while it is
-// written: it waits for the bytes it needs to be written (wait) and claims
-// them; a write or truncate that changes claimed bytes breaks the attempt,
-// and the commit then reshards the complete file instead. A write counts as
-// under way from begin until it is in the spool (queued ones included), so
-// the resharder never reads bytes not yet there, and seal waits for them.
-
 // behindBufSize is the largest write that is queued: the mount's largest
 // FUSE write. Larger ones are written in the handler, after those queued.
 const behindBufSize = 1 << 20
@@ -86,12 +86,13 @@ type stream struct {
 	buffers chan []byte // the session's Limits.buffers
 
 	mu   sync.Mutex
-	cond sync.Cond // a queue drained, the attempt ended, or bytes a waiter wants written
+	cond sync.Cond // a write queued or landed, the attempt ended, or bytes a waiter wants written
 	// Write-behind.
-	pending []pendingWrite // GUARDED_BY(mu)
-	running bool           // GUARDED_BY(mu): a goroutine is writing pending
-	err     error          // GUARDED_BY(mu): of the first queued write that failed
-	room    int64          // GUARDED_BY(mu): bytes that may be queued before the free space is looked at again
+	pending  []pendingWrite // GUARDED_BY(mu)
+	served   bool           // GUARDED_BY(mu): a resharder writes pending while it waits
+	draining bool           // GUARDED_BY(mu): someone is writing the head of pending
+	err      error          // GUARDED_BY(mu): of the first queued write that failed
+	room     int64          // GUARDED_BY(mu): bytes that may be queued before the free space is looked at again
 	// Progress.
 	done     []span // GUARDED_BY(mu): bytes written, sorted, merged
 	inflight []span // GUARDED_BY(mu): writes under way
@@ -167,34 +168,38 @@ func (s *stream) landed(off, n, written int64) {
 }
 
 // queue copies p, registered with begin, to be written at off. It returns
-// false, queueing nothing, when p is larger than a buffer or the spool's
-// filesystem is nearly full: the caller writes it (after drain) and calls
-// end.
+// false, queueing nothing, when p is larger than a buffer, no resharder
+// serves the file, every buffer is taken or the spool's filesystem is
+// nearly full: the caller writes it (after drain) and calls end.
 func (s *stream) queue(p []byte, off int64) bool {
-	if len(p) > behindBufSize || !s.reserve(int64(len(p))) {
+	if len(p) > behindBufSize {
 		return false
 	}
-	buf := <-s.buffers
+	var buf []byte
+	select {
+	case buf = <-s.buffers:
+	default:
+		return false
+	}
 	if buf == nil {
 		buf = make([]byte, behindBufSize)
 	}
 	buf = buf[:copy(buf[:cap(buf)], p)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pending = append(s.pending, pendingWrite{buf, off})
-	if !s.running {
-		s.running = true
-		go s.run()
+	if !s.served || !s.reserve(int64(len(p))) {
+		s.buffers <- buf[:0]
+		return false
 	}
+	s.pending = append(s.pending, pendingWrite{buf, off})
+	s.cond.Broadcast() // the resharder, if it waits, writes it
 	return true
 }
 
 // reserve takes n bytes of the room the spool's filesystem has above
 // behindMinFree, looking at its free space (fstatfs) again once the room
-// taken at the last look, at most behindRecheck, is used up.
+// taken at the last look, at most behindRecheck, is used up. Holding mu.
 func (s *stream) reserve(n int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.room < n {
 		var st unix.Statfs_t
 		if unix.Fstatfs(int(s.fd.Fd()), &st) != nil {
@@ -210,36 +215,63 @@ func (s *stream) reserve(n int64) bool {
 	return true
 }
 
-// run writes the queue until it is empty.
-func (s *stream) run() {
-	s.mu.Lock()
-	for len(s.pending) > 0 {
-		pw := s.pending[0]
-		s.pending = s.pending[1:]
-		s.mu.Unlock()
-		n, err := s.fd.WriteAt(pw.buf, pw.off)
-		s.buffers <- pw.buf[:0]
-		s.mu.Lock()
-		s.landed(pw.off, int64(len(pw.buf)), int64(n))
-		if err != nil && s.err == nil {
-			s.err = fmt.Errorf("hfwrite: a write that returned failed: %w", err)
-		}
+// writeQueued writes the oldest queued write to the spool, unless the queue
+// is empty or another is writing one, and reports whether it did. Holding
+// mu, which it releases during the write.
+func (s *stream) writeQueued() bool {
+	if s.draining || len(s.pending) == 0 {
+		return false
 	}
-	s.pending = nil
-	s.running = false
-	s.cond.Broadcast() // drain waits for this
+	pw := s.pending[0]
+	s.pending = s.pending[1:]
+	s.draining = true
 	s.mu.Unlock()
+	n, err := s.fd.WriteAt(pw.buf, pw.off)
+	s.buffers <- pw.buf[:0]
+	s.mu.Lock()
+	s.draining = false
+	s.landed(pw.off, int64(len(pw.buf)), int64(n))
+	if err != nil && s.err == nil {
+		s.err = fmt.Errorf("hfwrite: a write that returned failed: %w", err)
+	}
+	if len(s.pending) == 0 {
+		s.pending = nil
+		s.cond.Broadcast() // drain waits for this
+	}
+	return true
 }
 
-// drain waits until every queued write is in the spool and returns the
-// error of the first that failed.
+// drain makes sure every queued write is in the spool, writing those left
+// itself, and returns the error of the first that failed.
 func (s *stream) drain() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.running {
-		s.cond.Wait()
-	}
+	s.drainLocked()
 	return s.err
+}
+
+// drainLocked is drain, holding mu.
+func (s *stream) drainLocked() {
+	for len(s.pending) > 0 || s.draining {
+		if !s.writeQueued() {
+			s.cond.Wait() // another writes the head: it broadcasts when it lands
+		}
+	}
+}
+
+// serve makes the file's resharder the writer of its queue, until unserve
+// (called by the resharder when it ends) writes what is left.
+func (s *stream) serve() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.served = true
+}
+
+func (s *stream) unserve() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.served = false
+	s.drainLocked()
 }
 
 // prefix is the end of the contiguous written bytes from 0. Holding mu.
@@ -341,7 +373,9 @@ func (s *stream) seal() {
 	defer s.mu.Unlock()
 	s.sealed = true
 	for len(s.inflight) > 0 {
-		s.cond.Wait()
+		if !s.writeQueued() {
+			s.cond.Wait()
+		}
 	}
 	s.cond.Broadcast()
 }
@@ -366,6 +400,9 @@ func (s *stream) wait(end int64) error {
 		if (s.sealed && len(s.inflight) == 0) || (s.prefix() >= end && !s.writing(s.claimed, end)) {
 			s.claimed = max(s.claimed, end)
 			return nil
+		}
+		if s.writeQueued() {
+			continue
 		}
 		if s.want == 0 || end < s.want {
 			s.want = end

@@ -28,6 +28,8 @@ func TestWriteBehindWritesInOrderAndReportsEach(t *testing.T) {
 	require.NoError(t, err)
 	defer fd.Close()
 	w := newStream(fd, NewLimits())
+	require.False(t, queued(t, w, []byte("x"), 0), "no resharder serves the file: the caller writes")
+	w.serve()
 
 	// Overlapping writes land in the order they were queued.
 	require.True(t, queued(t, w, bytes.Repeat([]byte("a"), 100), 0))
@@ -44,6 +46,50 @@ func TestWriteBehindWritesInOrderAndReportsEach(t *testing.T) {
 	assert.Empty(t, w.inflight, "and no longer as under way")
 }
 
+// The resharder writes the queue while it waits for bytes; a write finds
+// no buffer once every one is queued, and is written by its caller, after
+// the queue (which the caller then writes itself).
+func TestWriteBehindIsWrittenByTheResharderOrTheWriter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "spool")
+	fd, err := os.Create(path)
+	require.NoError(t, err)
+	defer fd.Close()
+	w := newStream(fd, NewLimits())
+	w.serve()
+
+	waited := make(chan error)
+	go func() { waited <- w.wait(3 * behindBufSize) }()
+	for i := range 3 {
+		require.True(t, queued(t, w, bytes.Repeat([]byte{byte('a' + i)}, behindBufSize), int64(i*behindBufSize)))
+	}
+	require.NoError(t, <-waited, "the waiter wrote what it waited for")
+	w.mu.Lock()
+	assert.Empty(t, w.pending)
+	assert.Equal(t, []span{{0, 3 * behindBufSize}}, w.done)
+	w.mu.Unlock()
+
+	// Nobody waits now: the queue fills every buffer, then the writer
+	// writes.
+	for i := range behindQueued {
+		require.True(t, queued(t, w, []byte{byte('A' + i)}, int64(i)))
+	}
+	require.False(t, queued(t, w, []byte("z"), 0), "no buffer is free")
+	require.NoError(t, w.drain(), "the caller writes the queue")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "ABCDEFGH", string(b[:behindQueued]))
+	assert.Equal(t, bytes.Repeat([]byte("c"), 10), b[3*behindBufSize-10:])
+
+	// A write queued as the resharder ends is written by it.
+	require.True(t, queued(t, w, []byte("end"), 0))
+	w.unserve()
+	w.mu.Lock()
+	assert.Empty(t, w.pending)
+	assert.Empty(t, w.inflight)
+	w.mu.Unlock()
+	require.False(t, queued(t, w, []byte("x"), 0), "not served now")
+}
+
 func TestWriteBehindKeepsTheFirstErrorForLater(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "spool")
 	require.NoError(t, os.WriteFile(path, nil, 0o600))
@@ -51,6 +97,7 @@ func TestWriteBehindKeepsTheFirstErrorForLater(t *testing.T) {
 	require.NoError(t, err)
 	defer fd.Close()
 	w := newStream(fd, NewLimits())
+	w.serve()
 
 	require.True(t, queued(t, w, []byte("x"), 0))
 	err = w.drain()
