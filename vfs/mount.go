@@ -167,81 +167,70 @@ type observedFS struct {
 	observe func(op string, took time.Duration, errno syscall.Errno)
 }
 
-func (o *observedFS) done(op string, start time.Time, st fuse.Status) {
-	o.observe(op, time.Since(start), syscall.Errno(st))
+// done records a request of op begun at start whose status is *st (nil:
+// none, as Release).
+func (o *observedFS) done(op string, start time.Time, st *fuse.Status) {
+	errno := syscall.Errno(0)
+	if st != nil {
+		errno = syscall.Errno(*st)
+	}
+	o.observe(op, time.Since(start), errno)
 }
 
 func (o *observedFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
 	start := time.Now()
 	st := o.RawFileSystem.Lookup(cancel, h, name, out)
+	counted := st
 	if st == fuse.OK && out.NodeId == 0 {
 		// A negative entry (cached for NegativeTimeout) is how a missing
 		// name is answered: count it as the ENOENT it is.
-		o.done("lookup", start, fuse.ENOENT)
-		return st
+		counted = fuse.ENOENT
 	}
-	o.done("lookup", start, st)
+	o.done("lookup", start, &counted)
 	return st
 }
 
-func (o *observedFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
-	start := time.Now()
-	st := o.RawFileSystem.GetAttr(cancel, in, out)
-	o.done("getattr", start, st)
-	return st
+func (o *observedFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
+	defer o.done("getattr", time.Now(), &st)
+	return o.RawFileSystem.GetAttr(cancel, in, out)
 }
 
-func (o *observedFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	start := time.Now()
-	st := o.RawFileSystem.Open(cancel, in, out)
-	o.done("open", start, st)
-	return st
+func (o *observedFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) (st fuse.Status) {
+	defer o.done("open", time.Now(), &st)
+	return o.RawFileSystem.Open(cancel, in, out)
 }
 
-func (o *observedFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
-	start := time.Now()
-	r, st := o.RawFileSystem.Read(cancel, in, buf)
-	o.done("read", start, st)
-	return r, st
+func (o *observedFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (_ fuse.ReadResult, st fuse.Status) {
+	defer o.done("read", time.Now(), &st)
+	return o.RawFileSystem.Read(cancel, in, buf)
 }
 
 func (o *observedFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
-	start := time.Now()
+	defer o.done("release", time.Now(), nil)
 	o.RawFileSystem.Release(cancel, in)
-	o.done("release", start, fuse.OK)
 }
 
-func (o *observedFS) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	start := time.Now()
-	st := o.RawFileSystem.OpenDir(cancel, in, out)
-	o.done("opendir", start, st)
-	return st
+func (o *observedFS) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) (st fuse.Status) {
+	defer o.done("opendir", time.Now(), &st)
+	return o.RawFileSystem.OpenDir(cancel, in, out)
 }
 
-func (o *observedFS) ReadDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
-	start := time.Now()
-	st := o.RawFileSystem.ReadDir(cancel, in, out)
-	o.done("readdir", start, st)
-	return st
+func (o *observedFS) ReadDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
+	defer o.done("readdir", time.Now(), &st)
+	return o.RawFileSystem.ReadDir(cancel, in, out)
 }
 
-func (o *observedFS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
-	start := time.Now()
-	st := o.RawFileSystem.ReadDirPlus(cancel, in, out)
-	o.done("readdirplus", start, st)
-	return st
+func (o *observedFS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
+	defer o.done("readdirplus", time.Now(), &st)
+	return o.RawFileSystem.ReadDirPlus(cancel, in, out)
 }
 
-func (o *observedFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
-	start := time.Now()
-	n, st := o.RawFileSystem.Write(cancel, in, data)
-	o.done("write", start, st)
-	return n, st
+func (o *observedFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (_ uint32, st fuse.Status) {
+	defer o.done("write", time.Now(), &st)
+	return o.RawFileSystem.Write(cancel, in, data)
 }
 
-func (o *observedFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
-	start := time.Now()
-	st := o.RawFileSystem.Flush(cancel, in)
-	o.done("flush", start, st)
-	return st
+func (o *observedFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) (st fuse.Status) {
+	defer o.done("flush", time.Now(), &st)
+	return o.RawFileSystem.Flush(cancel, in)
 }
