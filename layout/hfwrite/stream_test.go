@@ -2,13 +2,25 @@ package hfwrite
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/dcpwrite"
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
+	"github.com/ckptfs/ckptfs/layout/view"
+	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 // queued registers and queues a write, as File.writeAt does.
@@ -170,4 +182,65 @@ func TestWriteBehindLooksAtFreeSpacePer16MiB(t *testing.T) {
 	assert.Zero(t, w.room)
 	require.True(t, w.reserve(1), "used up: it looks again")
 	assert.Equal(t, int64(behindRecheck-1), w.room)
+}
+
+// More files written at once than a Limits has write-behind buffers and
+// eager reshards: every write lands (queued, or written by its caller when
+// no buffer is free), every file commits, and the checkpoint holds every
+// tensor byte for byte.
+func TestManyFilesWrittenAtOnce(t *testing.T) {
+	const files = 2*behindQueued + 2
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	s, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
+	require.NoError(t, err)
+	want := map[string][]byte{}
+	var wg sync.WaitGroup
+	for i := range files {
+		fill := func(ti safetensors.TensorInfo) []byte {
+			b := make([]byte, ti.Size())
+			for j := range b {
+				b[j] = byte(i*31 + j*7 + j/251)
+			}
+			return b
+		}
+		data, tensors := sttest.Build(t, nil, fill,
+			sttest.Spec{Name: fmt.Sprintf("f%d.embed", i), DType: safetensors.BF16, Shape: []int64{1031, 256}},
+			sttest.Spec{Name: fmt.Sprintf("f%d.norm", i), DType: safetensors.F32, Shape: []int64{256}})
+		maps.Copy(want, tensors)
+		f := create(t, s, fmt.Sprintf("model-%02d.safetensors", i))
+		wg.Go(func() {
+			piece := 4096 << (i % 3) // 4, 8 and 16 KiB writes
+			for off := 0; off < len(data); off += piece {
+				_, err := f.WriteAt(data[off:min(off+piece, len(data))], int64(off))
+				assert.NoError(t, err)
+			}
+			assert.NoError(t, f.Commit())
+		})
+	}
+	wg.Wait()
+	require.NoError(t, s.Close())
+
+	c, err := layout.Open(dir)
+	require.NoError(t, err)
+	v, err := view.Plan(c, view.Options{})
+	require.NoError(t, err)
+	defer v.Close()
+	got := map[string][]byte{}
+	for _, vf := range v.Files {
+		if !strings.HasSuffix(vf.Name, ".safetensors") {
+			continue
+		}
+		b := make([]byte, vf.Size)
+		_, err := vf.ReadAt(b, 0)
+		require.True(t, err == nil || errors.Is(err, io.EOF), "%v", err)
+		h, err := safetensors.ReadHeader(bytes.NewReader(b), int64(len(b)))
+		require.NoError(t, err)
+		for _, ti := range h.Tensors {
+			got[ti.Name] = b[h.DataStart+ti.Begin : h.DataStart+ti.End]
+		}
+	}
+	require.Len(t, got, len(want))
+	for name, w := range want {
+		require.True(t, bytes.Equal(w, got[name]), name)
+	}
 }
