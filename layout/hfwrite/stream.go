@@ -15,9 +15,9 @@ import (
 // one stream per file, one lock and one condition for both.
 //
 // Write-behind. A write returns once its bytes are copied into one of a
-// few buffers; the file's eager resharder (eager.go), the one goroutine a
-// file being written has, writes them to the spool in the order they came,
-// whenever it waits for bytes (wait). A writer (cp, save_pretrained) waits
+// few buffers; the file's eager resharder (eager.go) writes them to the
+// spool in the order they came, whenever one of its workers waits for
+// bytes (wait): a file being written has no goroutine of its own for them. A writer (cp, save_pretrained) waits
 // for each write before it reads the next bytes of its source, and the
 // spool's copy into fresh page-cache pages is the costliest step of a
 // write: done in the handler, it ran serially with the writer's reads, and
@@ -34,6 +34,13 @@ import (
 // a write that already returned fails the next write, fsync
 // (Handle.Written) and the commit, as a write-back cache reports it.
 //
+// Progress. The eager reshard (eager.go) reads the file while it is
+// written: it waits for the bytes it needs to be written (wait) and claims
+// them; a write or truncate that changes claimed bytes breaks the attempt,
+// and the commit then reshards the complete file instead. A write counts as
+// under way from begin until it is in the spool (queued ones included), so
+// the resharder never reads bytes not yet there, and seal waits for them.
+
 // behindBufSize is the largest write that is queued: the mount's largest
 // FUSE write. Larger ones are written in the handler, after those queued.
 const behindBufSize = 1 << 20
@@ -236,8 +243,8 @@ func (s *stream) writeQueued() bool {
 	}
 	if len(s.pending) == 0 {
 		s.pending = nil
-		s.cond.Broadcast() // drain waits for this
 	}
+	s.cond.Broadcast() // one waiting in drainLocked may write the next
 	return true
 }
 
@@ -254,7 +261,7 @@ func (s *stream) drain() error {
 func (s *stream) drainLocked() {
 	for len(s.pending) > 0 || s.draining {
 		if !s.writeQueued() {
-			s.cond.Wait() // another writes the head: it broadcasts when it lands
+			s.cond.Wait() // another writes the head: it broadcasts when it is in
 		}
 	}
 }
