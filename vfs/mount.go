@@ -20,10 +20,46 @@ import (
 // maxBackground is the mount's FUSE max_background.
 const maxBackground = 64
 
-// DefaultReadAhead is the default MountOptions.ReadAheadKB, in bytes: as far
-// as a disk's own read-ahead commonly goes, so that an mmap load faults a
-// view in windows as large as it would fault a copy's (BENCHMARKS.md, run Q).
+// DefaultReadAhead is the read-ahead of a mount whose source is not on a
+// block device (tmpfs, an object store), in bytes: as far as a disk's own
+// read-ahead commonly goes (BENCHMARKS.md, run Q).
 const DefaultReadAhead = 8 << 20
+
+// SourceReadAhead is the read-ahead (read_ahead_kb, in bytes) of the block
+// device that holds dir, false when dir is on none (tmpfs, overlay, FUSE).
+// A mount that reads ahead as far faults a view in the windows a copy on
+// that disk is faulted in: a load that touches only part of a file reads
+// no more through the mount than from the copy (BENCHMARKS.md, run T).
+func SourceReadAhead(dir string) (int64, bool) {
+	var st unix.Stat_t
+	if unix.Stat(dir, &st) != nil {
+		return 0, false
+	}
+	return blockReadAhead("/sys", unix.Major(st.Dev), unix.Minor(st.Dev))
+}
+
+// blockReadAhead reads the read_ahead_kb of block device major:minor under
+// sysfs: its own queue's, or its disk's for a partition.
+func blockReadAhead(sysfs string, major, minor uint32) (int64, bool) {
+	// A link to the device's directory, a partition's inside its disk's.
+	dev, err := filepath.EvalSymlinks(filepath.Join(sysfs, "dev", "block", fmt.Sprintf("%d:%d", major, minor)))
+	if err != nil {
+		return 0, false
+	}
+	queue := filepath.Join(dev, "queue")
+	if _, err := os.Stat(filepath.Join(dev, "partition")); err == nil {
+		queue = filepath.Join(filepath.Dir(dev), "queue")
+	}
+	b, err := os.ReadFile(filepath.Join(queue, "read_ahead_kb"))
+	if err != nil {
+		return 0, false
+	}
+	kb, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil || kb < 0 {
+		return 0, false
+	}
+	return kb << 10, true
+}
 
 // MountOptions are the kernel-facing settings of a mount.
 type MountOptions struct {

@@ -499,3 +499,39 @@ func TestMountReadAheadAndBackground(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, strconv.Itoa(maxBackground), strings.TrimSpace(string(got)))
 }
+
+// The read-ahead of a source's disk is read from sysfs as the kernel lays
+// it out: /sys/dev/block/MAJ:MIN links to the device, a partition's inside
+// its disk's directory, whose queue holds read_ahead_kb.
+func TestBlockReadAhead(t *testing.T) {
+	sysfs := t.TempDir()
+	disk := filepath.Join(sysfs, "devices", "pci0000:00", "block", "nvme0n1")
+	require.NoError(t, os.MkdirAll(filepath.Join(disk, "queue"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(disk, "queue", "read_ahead_kb"), []byte("8192\n"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(disk, "nvme0n1p1"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(disk, "nvme0n1p1", "partition"), []byte("1\n"), 0o644))
+	dm := filepath.Join(sysfs, "devices", "virtual", "block", "dm-0")
+	require.NoError(t, os.MkdirAll(filepath.Join(dm, "queue"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dm, "queue", "read_ahead_kb"), []byte("128\n"), 0o644))
+	links := filepath.Join(sysfs, "dev", "block")
+	require.NoError(t, os.MkdirAll(links, 0o755))
+	for link, target := range map[string]string{"259:0": disk, "259:1": filepath.Join(disk, "nvme0n1p1"), "253:0": dm} {
+		rel, err := filepath.Rel(links, target)
+		require.NoError(t, err)
+		require.NoError(t, os.Symlink(rel, filepath.Join(links, link)))
+	}
+	for _, tc := range []struct {
+		major, minor uint32
+		want         int64
+		ok           bool
+	}{
+		{259, 0, 8 << 20, true},   // a disk
+		{259, 1, 8 << 20, true},   // a partition: its disk's
+		{253, 0, 128 << 10, true}, // device mapper: its own queue
+		{0, 42, 0, false},         // tmpfs, overlay: no block device
+	} {
+		got, ok := blockReadAhead(sysfs, tc.major, tc.minor)
+		assert.Equal(t, tc.ok, ok, "%d:%d", tc.major, tc.minor)
+		assert.Equal(t, tc.want, got, "%d:%d", tc.major, tc.minor)
+	}
+}

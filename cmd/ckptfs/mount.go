@@ -61,9 +61,11 @@ type mountFlags struct {
 	logFormat   string
 	logFile     string
 	options     []string // -o, applied onto the flags above by applyOptions
+	flags       *pflag.FlagSet
 }
 
 func (f *mountFlags) register(fs *pflag.FlagSet) {
+	f.flags = fs
 	f.view.register(fs)
 	f.source.register(fs, true)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
@@ -74,7 +76,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; s3:// sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as s3:// sources always are (see README)")
-	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default)")
+	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default): unless given, the disk's under SRC, so that the view is read as a copy there would be; the default below where SRC is on no disk (tmpfs, s3://)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
 	fs.BoolVar(&f.nonEmpty, "allow-non-empty", false, "mount over a directory that has files, hiding them (-o nonempty too)")
 	fs.BoolVar(&f.fuseDebug, "debug", false, "log every FUSE request (debug records: sets --log-level debug)")
@@ -262,13 +264,18 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		}
 		defer stop()
 	}
+	readAhead := f.readAhead.Int64()
+	if ra, ok := vfs.SourceReadAhead(src); ok && !remote && !f.flags.Changed("read-ahead") {
+		readAhead = ra
+	}
 	// Logged before the mount appears, so whoever waits for the mount sees it.
-	attrs := []any{"source", src, "mountpoint", mnt, "mode", f.write.describe(), "cache", human(f.cacheSize.Int64())}
+	attrs := []any{"source", src, "mountpoint", mnt, "mode", f.write.describe(), "cache", human(f.cacheSize.Int64()),
+		"read_ahead", human(readAhead)}
 	if f.metricsAddr != "" {
 		attrs = append(attrs, "metrics", "http://"+f.metricsAddr+"/metrics")
 	}
 	log.Info("mounting", attrs...)
-	mo := vfs.MountOptions{ReadAheadKB: int(f.readAhead.Int64() >> 10),
+	mo := vfs.MountOptions{ReadAheadKB: int(readAhead >> 10),
 		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src}
 	if m != nil {
 		mo.ObserveOp = m.ObserveOp

@@ -12,14 +12,19 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
+	"github.com/ckptfs/ckptfs/vfs"
 )
 
 var sample = filepath.Join("..", "..", "testdata", "sample")
@@ -304,4 +309,31 @@ func startMount(t *testing.T, args ...string) *mountProcess {
 		}
 	})
 	return p
+}
+
+// TestMountReadAheadFollowsTheSourceDisk: a mount reads ahead as far as the
+// disk that holds its source does (8 MiB where the source is on no disk),
+// unless --read-ahead or -o read_ahead says otherwise.
+func TestMountReadAheadFollowsTheSourceDisk(t *testing.T) {
+	testenv.RequireSystem(t, os.Geteuid() == 0, "root (read_ahead_kb is root's)")
+	want := int64(vfs.DefaultReadAhead)
+	if ra, ok := vfs.SourceReadAhead(sample); ok {
+		want = ra
+	}
+	for _, tc := range []struct {
+		flags []string
+		kb    int64
+	}{
+		{nil, want >> 10},
+		{[]string{"--read-ahead", "2MiB"}, 2048},
+		{[]string{"-o", "read_ahead=3MiB"}, 3072},
+	} {
+		mnt, unmount := mountSample(t, tc.flags...)
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(mnt, &st))
+		got, err := os.ReadFile(fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)))
+		require.NoError(t, err)
+		assert.Equal(t, strconv.FormatInt(tc.kb, 10), strings.TrimSpace(string(got)), "%v", tc.flags)
+		unmount()
+	}
 }

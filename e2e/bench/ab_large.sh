@@ -1,6 +1,7 @@
 #!/bin/bash
 # A/B of two ckptfs builds on a large Llama-shaped bf16 DCP checkpoint (8 gloo ranks): cold loads
-# onto the GPU through each build's mount vs a physical copy, cold cat, 8 readers; logits compared.
+# onto the GPU through each build's mount vs a physical copy, cold cat, 8 readers; logits compared;
+# one load and one cat of each kind traced (e2e/bench/iotrace.py: the disks and the mount's CPU).
 # Time-aware (LIMIT seconds). Run as root on a GPU host (BENCHMARKS.md, run R):
 #   BINS=DIR PRESET=llama3-8b OUT=DIR bash e2e/bench/ab_large.sh     (DIR: ckptfs-base, ckptfs-new)
 set -u
@@ -28,6 +29,10 @@ load() { # case dir
   log "TIME load-$1 $(dt $t)"; }
 catv() { local t=$(now); cat "$@" > /dev/null; echo "$(dt $t)"; }
 par8() { python3 "$B/par_read.py" 8 "$@"; }
+warm() { python3 -c 'import torch, transformers, safetensors; torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")'; }
+trace() { # case cmd...: one cold run under iotrace.py (the disks' reads in flight, sizes, gaps; the mount's CPU)
+  local c=$1; shift
+  python3 "$B/iotrace.py" --label "$c" ${MP:+--pid $MP} -- "$@" 2>>"$OUT/trace.err" | tee -a "$OUT/trace.jsonl" | sed "s/^/TRACE /" >> "$L"; }
 r=0
 while [ $r -lt 3 ]; do
   r=$((r+1)); [ $r -gt 1 ] && [ $(el) -gt $((LIMIT - 130)) ] && break
@@ -41,6 +46,13 @@ while [ $r -lt 3 ]; do
   drop; log "TIME cat-shards $(catv $CK/*.distcp)"
   for c in base new; do drop; mnt $c; log "TIME par8-view-$c $(par8 $W/m-$c/step_1/*.safetensors)"; umnt; done
   drop; log "TIME par8-copy $(par8 $W/copy/*.safetensors)"
+  # Where the load's extra time goes: the same cold load from the copy and through the new build.
+  [ $(el) -gt $((LIMIT - 200)) ] && continue
+  # The libraries are read back after the drop, so that only the checkpoint is read cold.
+  drop; warm; MP=; trace load-copy timeout 150 python3 "$H/load.py" hf "$W/copy" "$W/l_trace_copy.pt"
+  drop; warm; mnt new; trace load-new timeout 150 python3 "$H/load.py" hf "$W/m-new/step_1" "$W/l_trace_new.pt"; umnt
+  drop; MP=; trace cat-shards sh -c "cat $CK/*.distcp > /dev/null"
+  drop; mnt new; trace cat-view-new sh -c "cat $W/m-new/step_1/*.safetensors > /dev/null"; umnt; MP=
 done
 if [ $(el) -lt $((LIMIT - 70)) ]; then # the byte path without a disk: shards in tmpfs
   mkdir -p /dev/shm/ck && cp -r "$CK" /dev/shm/ck/ && T=/dev/shm/ck/step_1
@@ -61,4 +73,4 @@ fs = sorted(glob.glob(f"{sys.argv[1]}/l_*.pt")); ref = torch.load(fs[0])
 for f in fs:
     x = torch.load(f); print("LOGITS", f.split("/")[-1], "equal" if torch.equal(x, ref) else f"DIFF {(x-ref).abs().max()}")
 PY
-grep -h "TIME\|LOGITS\|rc=" "$L"
+grep -h "TIME\|TRACE\|LOGITS\|rc=" "$L"
