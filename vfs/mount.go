@@ -26,7 +26,8 @@ const maxBackground = 64
 const DefaultReadAhead = 8 << 20
 
 // SourceReadAhead is the read-ahead (read_ahead_kb, in bytes) of the block
-// device that holds dir, false when dir is on none (tmpfs, overlay, FUSE).
+// device that holds dir, false when dir is on none (tmpfs, overlay, NFS,
+// FUSE: those keep DefaultReadAhead).
 // A mount that reads ahead as far faults a view in the windows a copy on
 // that disk is faulted in: a load that touches only part of a file reads
 // no more through the mount than from the copy (BENCHMARKS.md, run T).

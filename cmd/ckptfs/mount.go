@@ -265,8 +265,10 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		defer stop()
 	}
 	readAhead := f.readAhead.Int64()
-	if ra, ok := vfs.SourceReadAhead(src); ok && !remote && !f.flags.Changed("read-ahead") {
-		readAhead = ra
+	if !remote && !f.flags.Changed("read-ahead") {
+		if ra, ok := vfs.SourceReadAhead(src); ok {
+			readAhead = ra
+		}
 	}
 	// Logged before the mount appears, so whoever waits for the mount sees it.
 	attrs := []any{"source", src, "mountpoint", mnt, "mode", f.write.describe(), "cache", human(f.cacheSize.Int64()),
