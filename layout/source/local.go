@@ -71,7 +71,8 @@ func (l *Local) Open(name string) (File, error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, l.Path(name), typeName(fi.Mode()))
 	}
-	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi), stamp: stampOf(fi.Sys()), inMemory: inMemory(f)}, nil
+	st, _ := stampOf(fi.Sys())
+	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi), stamp: st, inMemory: inMemory(f)}, nil
 }
 
 func (l *Local) Stat(name string) (Info, error) {
@@ -351,36 +352,37 @@ func (f *localFile) Check() error {
 	if err := syscall.Fstat(int(f.f.Fd()), &st); err != nil {
 		return fmt.Errorf("source: %s: %w", f.path, err)
 	}
-	if stampOf(&st) != f.stamp {
+	if now, _ := stampOf(&st); now != f.stamp {
 		return fmt.Errorf("%w: %s was modified (size %d→%d)", ErrChanged, f.path, f.info.Size, st.Size)
 	}
 	return nil
 }
 
 // stamp is what an in-place rewrite, a replacement or a removal of a file
-// changes: its inode, size, mtime or ctime (infoOf's Version, unformatted).
+// changes: its inode, size, mtime or ctime. Info's ID and Version are it,
+// formatted (infoOf).
 type stamp struct {
 	dev, ino     uint64
 	size         int64
 	mtime, ctime syscall.Timespec
 }
 
-// stampOf is the stamp of a FileInfo's Sys(); the zero stamp when it is
-// not a Stat_t.
-func stampOf(sys any) stamp {
+// stampOf is the stamp of a FileInfo's Sys(); false when it is not a
+// Stat_t.
+func stampOf(sys any) (stamp, bool) {
 	st, ok := sys.(*syscall.Stat_t)
 	if !ok {
-		return stamp{}
+		return stamp{}, false
 	}
-	return stamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	return stamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, true
 }
 
 func infoOf(name string, fi fs.FileInfo) Info {
 	info := Info{Name: name, Size: fi.Size(), ModTime: fi.ModTime(), Mode: fi.Mode().Type()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		info.ID = fmt.Sprintf("%x:%x", st.Dev, st.Ino)
-		info.Version = fmt.Sprintf("%s:%x:%x:%x", info.ID, st.Size,
-			time.Unix(st.Mtim.Unix()).UnixNano(), time.Unix(st.Ctim.Unix()).UnixNano())
+	if s, ok := stampOf(fi.Sys()); ok {
+		info.ID = fmt.Sprintf("%x:%x", s.dev, s.ino)
+		info.Version = fmt.Sprintf("%s:%x:%x:%x", info.ID, s.size,
+			time.Unix(s.mtime.Unix()).UnixNano(), time.Unix(s.ctime.Unix()).UnixNano())
 	}
 	return info
 }

@@ -69,15 +69,12 @@ type recordSource struct {
 // chunkBytes is a located chunk: readers of its bytes and of the whole data
 // entry holding them, and the entry's CRC32.
 type chunkBytes struct {
-	chunk io.ReaderAt // the chunk's nbytes bytes
-	off   int64       // where chunk starts in the record read
-	// inFile is where the chunk lies in the shard; nil for a decompressed
-	// record.
-	inFile *ckpt.Location
-	entry  *io.SectionReader // the data entry
-	name   string            // the entry's name in the record
-	crc    uint32
-	whole  bool // the chunk is the whole entry
+	chunk io.ReaderAt       // the chunk's nbytes bytes
+	off   int64             // where chunk starts in the record read
+	entry *io.SectionReader // the data entry
+	name  string            // the entry's name in the record
+	crc   uint32
+	whole bool // the chunk is the whole entry
 }
 
 var (
