@@ -25,6 +25,10 @@ mount before each timed run. Sections:
           reading disjoint ranges of the view vs one; two mapped views vs the same bytes
           unmapped (--map none): Megatron-style (stacked, fused QKV) and torchtitan's
           Llama names (q/k rows RoPE-permuted)
+  transport  the FUSE transport alone: a cold read of a 1 GB null server's file through
+          go-fuse (nullfs) vs e2e/bench/rawfuse on one /dev/fuse fd, on cloned fds
+          (FUSE_DEV_IOC_CLONE) and over io_uring (where the kernel has it), at 128 KiB
+          and 8 MiB read-ahead; GB/s, server CPU per GB, ratio to go-fuse
   large   what a user of a GPU node sees, at Llama 3 sizes (--preset llama3-3b | llama3-8b, bf16,
           saved by dcp.save from 8 gloo ranks; not in the default set): cold
           from_pretrained(dtype=bf16, device_map="cuda" where there is a GPU) through the mount vs
@@ -458,6 +462,82 @@ def read_ranges(paths, readers, bs=1 << 20):
     return time.perf_counter() - t
 
 
+def go_build(work, name):
+    """Build the benchmark server e2e/bench/NAME into work; return its path."""
+    out = os.path.join(work, name)
+    subprocess.run(["go", "build", "-o", out, f"./e2e/bench/{name}"], check=True,
+                   cwd=os.path.dirname(os.path.dirname(HERE)))
+    return out
+
+
+def null_server_read(cmd, mnt, read_ahead_kb=None, cpu=None):
+    """Seconds for a cold read of the one file ("data") a null FUSE server
+    (nullfs, rawfuse) mounts at mnt, with 1 MiB read(2)s; with read_ahead_kb
+    the mount's kernel read-ahead is set first, and cpu gets the server's CPU
+    seconds."""
+    drop_caches()
+    os.makedirs(mnt, exist_ok=True)
+    p = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while not os.path.exists(os.path.join(mnt, "data")):
+            if p.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{cmd[0]} did not mount")
+            time.sleep(0.02)
+        if read_ahead_kb is not None:
+            dev = os.stat(mnt).st_dev
+            with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb", "w") as f:
+                f.write(str(read_ahead_kb))
+        secs = read_ranges([os.path.join(mnt, "data")], 1)
+        if cpu is not None:
+            cpu.append(proc_cpu_seconds(p.pid))
+        return secs
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+
+
+def bench_transport(work, repeat, gb=1.0):
+    """The FUSE transport with no source at all: a cold read of a null
+    server's file, go-fuse v2.12.1 (nullfs) against the transports go-fuse
+    lacks (rawfuse: one /dev/fuse fd as go-fuse reads it, cloned fds, FUSE over
+    io_uring), each at the kernel's 128 KiB read-ahead and at the 8 MiB ckptfs
+    sets on a tmpfs source."""
+    nullfs, rawfuse = go_build(work, "nullfs"), go_build(work, "rawfuse")
+    mnt = os.path.join(work, "mnt")
+    size = int(gb * 1e9) // 4096 * 4096
+    knob = "/sys/module/fuse/parameters/enable_uring"
+    was = open(knob).read().strip() if os.path.exists(knob) else None
+    servers = {"go-fuse": [nullfs, "-size", str(size), mnt]}
+    for t in ("dev", "clone", "uring"):
+        if t != "uring" or was is not None:
+            servers[t] = [rawfuse, "-size", str(size), "-transport", t, mnt]
+    cpu = {}
+    cases = {}
+    for ra in (128, 8192):
+        for name, cmd in servers.items():
+            key = f"{name}@{ra}k"
+            cpu[key] = []
+            cases[key] = functools.partial(null_server_read, cmd, mnt, ra, cpu[key])
+    try:
+        if was is not None:
+            with open(knob, "w") as f:
+                f.write("Y")
+        med, runs = interleaved(cases, repeat)
+    finally:
+        if was is not None:
+            with open(knob, "w") as f:
+                f.write(was)
+    gbs = size / 1e9
+    out = {"file_GB": round(gbs, 2), "uring": was is not None}
+    for key in cases:
+        base = key.split("@")[1]
+        out[key] = dict(GBps=round(gbs / med[key], 2), cpu_s_per_GB=round(statistics.median(cpu[key]) / gbs, 2),
+                        over_go_fuse=round(med[f"go-fuse@{base}"] / med[key], 2))
+    out["runs"] = runs
+    return out
+
+
 def bench_tmpfs(binary, work, repeat):
     """The byte path against its physical limits, with no disk in the way."""
     shm = "/dev/shm/ckptfs-bench"
@@ -465,9 +545,7 @@ def bench_tmpfs(binary, work, repeat):
     mapped = gen(shm, "mapped", "gen_megatron_like.py", "--gib", "0.5")
     rope = gen(shm, "rope", "gen_llama.py", "--layers", "2", "--names", "torchtitan")
     shards = files(src, "*.distcp")
-    nullfs = os.path.join(work, "nullfs")
-    subprocess.run(["go", "build", "-o", nullfs, "./e2e/bench/nullfs"], check=True,
-                   cwd=os.path.dirname(os.path.dirname(HERE)))
+    nullfs = go_build(work, "nullfs")
     mnt = os.path.join(work, "mnt")
     cpu = []
 
@@ -491,19 +569,7 @@ def bench_tmpfs(binary, work, repeat):
         m.close()
 
     def null_read():
-        drop_caches()
-        os.makedirs(mnt, exist_ok=True)
-        p = subprocess.Popen([nullfs, "-size", str(view_bytes), mnt], stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.time() + 30
-            while not os.path.exists(os.path.join(mnt, "data")):
-                if p.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("nullfs did not mount")
-                time.sleep(0.02)
-            return read_ranges([os.path.join(mnt, "data")], 1)
-        finally:
-            p.send_signal(signal.SIGTERM)
-            p.wait(timeout=30)
+        return null_server_read([nullfs, "-size", str(view_bytes), mnt], mnt)
 
     med, runs = interleaved({"shards": lambda: read_ranges(shards, 1), "view": view_read(src), "null": null_read,
                              "view_8_readers": view_read(src, 8),
@@ -651,7 +717,7 @@ def print_table(results):
               f"--direct-reads=false (cache {r['cache_MiB']} MiB + 64 target); "
               f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1; "
               f"a load of the physical copy grows it {r['copy_page_cache_growth_x_model']} x)")
-    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs", "large"):
+    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs", "transport", "large"):
         if k in results:
             print(f"\n{k}: {json.dumps(results[k])}")
 
@@ -663,7 +729,7 @@ def main():
     ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,large")
+    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,large")
     ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
                     help="the large section's model (tiny: to try the section out)")
     ap.add_argument("--lever", default="", help="the large section: mount flags measured beside the defaults "
@@ -671,7 +737,7 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: cold runs drop the page cache (/proc/sys/vm/drop_caches): run as root")
-    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write", "rss", "tmpfs"}
+    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write", "rss", "tmpfs", "transport"}
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
     binary = os.path.abspath(a.bin)
@@ -691,6 +757,8 @@ def main():
         results["write"] = json.loads(r.stdout)
     if "tmpfs" in only:
         results["tmpfs"] = bench_tmpfs(binary, work, a.repeat)
+    if "transport" in only:
+        results["transport"] = bench_transport(work, a.repeat)
     if "large" in only:
         results["large"] = bench_large(binary, work, a.repeat, a.preset, a.lever.split())
     if "rss" in only:

@@ -4,7 +4,7 @@
 // default options unless flags say otherwise. A cold read of it is the
 // fastest any go-fuse server can serve a file of that size here.
 //
-//	nullfs [-size BYTES] [-max-write BYTES] [-max-background N] [-file PATH [-splice]] MNT
+//	nullfs [-size BYTES] [-max-write BYTES] [-max-background N] [-attr-timeout D] [-file PATH [-splice]] MNT
 //
 // With -file it serves that file's bytes instead: read into each reply, or,
 // with -splice, spliced from the file by go-fuse (one copy fewer).
@@ -81,6 +81,7 @@ func main() {
 	maxBackground := flag.Int("max-background", 0, "background requests (0: go-fuse's default)")
 	path := flag.String("file", "", "serve this file's bytes (read into each reply), not a static buffer")
 	splice := flag.Bool("splice", false, "with -file: reply with the file's range, spliced by go-fuse")
+	attrTimeout := flag.Duration("attr-timeout", 0, "entry and attribute timeout (go-fuse's default 0: with AUTO_INVAL_DATA the kernel asks GETATTR before every read)")
 	flag.Parse()
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: nullfs [flags] MNT")
@@ -99,7 +100,7 @@ func main() {
 		fi, _ := f.Stat()
 		r.src, r.size = f, fi.Size()
 	}
-	server, err := fs.Mount(flag.Arg(0), r, &fs.Options{MountOptions: fuse.MountOptions{
+	server, err := fs.Mount(flag.Arg(0), r, &fs.Options{EntryTimeout: attrTimeout, AttrTimeout: attrTimeout, MountOptions: fuse.MountOptions{
 		FsName: "nullfs", Name: "nullfs", MaxWrite: *maxWrite, MaxReadAhead: *maxReadAhead,
 		MaxBackground: *maxBackground, DirectMount: true, DisableSplice: !*splice,
 	}})
