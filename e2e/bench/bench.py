@@ -21,14 +21,17 @@ mount before each timed run. Sections:
   rss     peak RSS of a mount with a 64 MiB cache under 1, 16, 64 random readers
   tmpfs   the byte path with no disk: shards in /dev/shm, a cold read of the view vs
           read(2) of the shards vs a null go-fuse server (e2e/bench/nullfs, built in the
-          run) serving a file of the same size; mount CPU seconds per GB; 8 processes
+          run) serving a file of the same size with go-fuse's defaults, and two that cache
+          attributes as the mount does: a static buffer, and the view's bytes pread from
+          one tmpfs file; mount CPU seconds per GB; 8 processes
           reading disjoint ranges of the view vs one; two mapped views vs the same bytes
           unmapped (--map none): Megatron-style (stacked, fused QKV) and torchtitan's
           Llama names (q/k rows RoPE-permuted)
   transport  the FUSE transport alone: a cold read of a 1 GB null server's file through
           go-fuse (nullfs) vs e2e/bench/rawfuse on one /dev/fuse fd, on cloned fds
-          (FUSE_DEV_IOC_CLONE) and over io_uring (where the kernel has it), at 128 KiB
-          and 8 MiB read-ahead; GB/s, server CPU per GB, ratio to go-fuse
+          (FUSE_DEV_IOC_CLONE) and over io_uring (where the kernel has it; queue threads
+          pinned to their CPUs or not), all caching attributes, at 128 KiB and 8 MiB
+          read-ahead; GB/s, server CPU per GB, ratio to go-fuse
   large   what a user of a GPU node sees, at Llama 3 sizes (--preset llama3-3b | llama3-8b, bf16,
           saved by dcp.save from 8 gloo ranks; not in the default set): cold
           from_pretrained(dtype=bf16, device_map="cuda" where there is a GPU) through the mount vs
@@ -501,17 +504,20 @@ def bench_transport(work, repeat, gb=1.0):
     """The FUSE transport with no source at all: a cold read of a null
     server's file, go-fuse v2.12.1 (nullfs) against the transports go-fuse
     lacks (rawfuse: one /dev/fuse fd as go-fuse reads it, cloned fds, FUSE over
-    io_uring), each at the kernel's 128 KiB read-ahead and at the 8 MiB ckptfs
-    sets on a tmpfs source."""
+    io_uring with each CPU queue's thread pinned to its CPU as libfuse does, or
+    not), each at the kernel's 128 KiB read-ahead and at the 8 MiB ckptfs sets
+    on a tmpfs source."""
     nullfs, rawfuse = go_build(work, "nullfs"), go_build(work, "rawfuse")
     mnt = os.path.join(work, "mnt")
     size = int(gb * 1e9) // 4096 * 4096
     knob = "/sys/module/fuse/parameters/enable_uring"
     was = open(knob).read().strip() if os.path.exists(knob) else None
-    servers = {"go-fuse": [nullfs, "-size", str(size), mnt]}
-    for t in ("dev", "clone", "uring"):
-        if t != "uring" or was is not None:
-            servers[t] = [rawfuse, "-size", str(size), "-transport", t, mnt]
+    # Every server caches attributes, as the mount does: go-fuse's default
+    # would add a GETATTR before every read(2) to go-fuse's case alone.
+    servers = {"go-fuse": [nullfs, "-attr-timeout", "1h", "-size", str(size), mnt]}
+    for name, flags in (("dev", []), ("clone", []), ("uring", []), ("uring-unpinned", ["-pin=false"])):
+        if not name.startswith("uring") or was is not None:
+            servers[name] = [rawfuse, "-size", str(size), "-transport", name.split("-")[0], *flags, mnt]
     cpu = {}
     cases = {}
     for ra in (128, 8192):
@@ -562,16 +568,31 @@ def bench_tmpfs(binary, work, repeat):
                 m.close()
         return go
 
+    # The view's bytes as one tmpfs file, for a null server that serves them.
+    flat = os.path.join(shm, "view.bin")
     m = Mount(binary, os.path.dirname(src), mnt)
     try:
-        view_bytes = size_of(files(os.path.join(mnt, "llama"), "*.safetensors"))
+        view_files = files(os.path.join(mnt, "llama"), "*.safetensors")
+        view_bytes = size_of(view_files)
+        with open(flat, "wb") as out:
+            for v in view_files:
+                with open(v, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
     finally:
         m.close()
 
-    def null_read():
-        return null_server_read([nullfs, "-size", str(view_bytes), mnt], mnt)
+    # The target's null server has go-fuse's defaults: its attributes are
+    # never cached, so the kernel asks GETATTR before every read(2). The
+    # other two cache them as the mount does and get the view's read-ahead
+    # (8 MiB on tmpfs): one serves a static buffer, one preads the bytes.
+    def null_read(*flags, ra=None):
+        return lambda: null_server_read([nullfs, *flags, mnt], mnt, ra)
 
-    med, runs = interleaved({"shards": lambda: read_ranges(shards, 1), "view": view_read(src), "null": null_read,
+    cached = ("-attr-timeout", "1h")
+    med, runs = interleaved({"shards": lambda: read_ranges(shards, 1), "view": view_read(src),
+                             "null": null_read("-size", str(view_bytes)),
+                             "null_cached": null_read(*cached, "-size", str(view_bytes), ra=8192),
+                             "file_null_cached": null_read(*cached, "-file", flat, ra=8192),
                              "view_8_readers": view_read(src, 8),
                              "mapped_view": view_read(mapped), "mapped_unmapped": view_read(mapped, 1, "--map", "none"),
                              "rope_view": view_read(rope), "rope_unmapped": view_read(rope, 1, "--map", "none")},
@@ -579,6 +600,10 @@ def bench_tmpfs(binary, work, repeat):
     gb = view_bytes / 1e9
     return dict(view_GB=round(gb, 2), shards_GBps=round(gb / med["shards"], 2), view_GBps=round(gb / med["view"], 2),
                 null_GBps=round(gb / med["null"], 2), view_over_null=round(med["null"] / med["view"], 2),
+                null_cached_GBps=round(gb / med["null_cached"], 2),
+                view_over_null_cached=round(med["null_cached"] / med["view"], 2),
+                file_null_cached_GBps=round(gb / med["file_null_cached"], 2),
+                view_over_file_null_cached=round(med["file_null_cached"] / med["view"], 2),
                 view_over_shards=round(med["shards"] / med["view"], 2),
                 mount_cpu_s_per_GB=round(statistics.median(cpu) / gb, 2),
                 readers8_over_1=round(med["view"] / med["view_8_readers"], 2),
