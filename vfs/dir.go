@@ -198,7 +198,7 @@ func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errn
 		return fn()
 	}
 	select {
-	case detached <- struct{}{}:
+	case f.detached <- struct{}{}:
 	default:
 		return fn()
 	}
@@ -213,7 +213,7 @@ func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errn
 			if v := recover(); v != nil {
 				a.errno = toErrno(f.log, "lookup", f.internalError("lookup", v))
 			}
-			<-detached
+			<-f.detached
 			ch <- a
 		}()
 		a.v, a.errno = fn()
@@ -227,10 +227,8 @@ func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errn
 	}
 }
 
-// detached bounds the source calls of interruptibly running on their own
-// goroutines, process-wide.
-var detached = make(chan struct{}, maxDetached)
-
+// maxDetached bounds the source calls of interruptibly running on their own
+// goroutines, per mount (FS.detached).
 const maxDetached = 64
 
 // sourceEntries lists the source directory, or with only != "" just that

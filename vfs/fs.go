@@ -100,7 +100,10 @@ type FS struct {
 
 	nextID atomic.Uint64
 	reads  *readpath.Path // how view file bytes reach a reply
-	seed   maphash.Seed
+	// detached holds a token for each source call left running at an
+	// INTERRUPT (interruptibly), at most maxDetached.
+	detached chan struct{}
+	seed     maphash.Seed
 
 	// Bounds on the open views (see fdBudget): the shard descriptors they may
 	// hold, from RLIMIT_NOFILE at mount time, and how many stay open.
@@ -170,7 +173,8 @@ func New(opts Options) (*FS, error) {
 func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
-		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now()}
+		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
+		detached: make(chan struct{}, maxDetached)}
 	f.reads = readpath.New(readpath.Options{Cache: opts.Cache, Local: local, DirectReads: opts.DirectReads,
 		ReadDeadline: opts.ReadDeadline, Prefill: opts.Prefill, Logger: opts.Logger})
 	return f

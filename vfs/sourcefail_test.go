@@ -194,7 +194,7 @@ func TestStatsFileWithoutTheSource(t *testing.T) {
 // A source call is left running on its own goroutine at an INTERRUPT, but
 // no more than maxDetached at once: past that the caller waits for it.
 func TestInterruptiblyBoundsDetachedCalls(t *testing.T) {
-	f := &FS{log: discard} // a remote source: no local tree
+	f := &FS{log: discard, detached: make(chan struct{}, maxDetached)} // a remote source: no local tree
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // interrupted before it starts
 	release := make(chan struct{})
@@ -207,5 +207,5 @@ func TestInterruptiblyBoundsDetachedCalls(t *testing.T) {
 	require.Equal(t, syscall.Errno(0), errno, "with maxDetached calls running on, a call runs in the caller")
 	require.Equal(t, 2, v)
 	close(release)
-	require.Eventually(t, func() bool { return len(detached) == 0 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return len(f.detached) == 0 }, 5*time.Second, time.Millisecond)
 }
