@@ -1,8 +1,10 @@
 // Command nullfs is the FUSE transport's own ceiling for the benchmarks: a
 // go-fuse server with one read-only file of a given size whose every read
 // returns a static buffer (no source, no copy), mounted with go-fuse's
-// default options unless flags say otherwise. A cold read of it is the
-// fastest any go-fuse server can serve a file of that size here.
+// default options unless flags say otherwise. With -attr-timeout, a cold
+// read of it is the fastest any go-fuse server can serve a file of that size
+// here; without, its attributes are never cached, and the kernel asks
+// GETATTR before every read(2) (go-fuse negotiates AUTO_INVAL_DATA).
 //
 //	nullfs [-size BYTES] [-max-write BYTES] [-max-background N] [-attr-timeout D] [-file PATH [-splice]] MNT
 //
