@@ -23,21 +23,8 @@ func FuzzOpen(f *testing.F) {
 		f.Fatal(err) // committed with the code
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		dir := t.TempDir()
-		for rank, data := range [][]byte{b, rank1} {
-			sub := filepath.Join(dir, "mp_rank_0"+string(rune('0'+rank)))
-			if err := os.Mkdir(sub, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(sub, "model_optim_rng.pt"), data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		c, err := Open(dir)
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		treetest.ReadChunks(t, c)
+		treetest.OpenWritten(t, map[string][]byte{
+			"mp_rank_00/model_optim_rng.pt": b, "mp_rank_01/model_optim_rng.pt": rank1,
+		}, OpenTree)
 	})
 }

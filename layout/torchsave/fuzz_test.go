@@ -2,7 +2,6 @@ package torchsave
 
 import (
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
@@ -17,15 +16,6 @@ func FuzzOpen(f *testing.F) {
 	f.Add(model(f, dict(w0())))
 	f.Add(withZip64Count(model(f, dict(w0())), 3))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		dir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dir, SingleFile), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		c, err := Open(dir)
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		treetest.ReadChunks(t, c)
+		treetest.OpenWritten(t, map[string][]byte{SingleFile: b}, OpenTree)
 	})
 }

@@ -122,3 +122,27 @@ func ReadChunks(t testing.TB, c *ckpt.Checkpoint) {
 		}
 	}
 }
+
+// OpenWritten is a reader's fuzz target body: it writes files (a relative
+// path, slash-separated, to its bytes) into a fresh directory, opens the
+// checkpoint there with open, and reads what it accepted (ReadChunks). A
+// hostile input may fail to open; it must never panic.
+func OpenWritten(t *testing.T, files map[string][]byte, open func(source.Tree) (*ckpt.Checkpoint, error)) {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := OpenLocal(dir, open)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	ReadChunks(t, c)
+}
