@@ -3,33 +3,18 @@ package convert
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
 // vectors reads testdata/vectors.safetensors: inputs and what torch 2.15's
 // Tensor.to made of them on CPU (testdata/gen.py).
 func vectors(t *testing.T) map[string][]byte {
-	t.Helper()
-	f, err := os.Open("testdata/vectors.safetensors")
-	require.NoError(t, err)
-	defer f.Close()
-	fi, err := f.Stat()
-	require.NoError(t, err)
-	h, err := safetensors.ReadHeader(f, fi.Size())
-	require.NoError(t, err)
-	out := map[string][]byte{}
-	for _, info := range h.Tensors {
-		b := make([]byte, info.End-info.Begin)
-		_, err := f.ReadAt(b, h.DataStart+info.Begin)
-		require.NoError(t, err)
-		out[info.Name] = b
-	}
-	return out
+	return sttest.FileTensors(t, "testdata/vectors.safetensors")
 }
 
 // every16 is every 16-bit pattern in order, little-endian.

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
-	"github.com/ckptfs/ckptfs/safetensors"
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
 )
 
 // readTensor reads a tensor's bytes through its chunk source.
@@ -30,24 +30,6 @@ func readTensor(t *testing.T, tn *ckpt.Tensor) []byte {
 	}
 	require.NoError(t, err, tn.Name)
 	return b
-}
-
-func readExpected(t *testing.T, path string) map[string][]byte {
-	t.Helper()
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	fi, err := f.Stat()
-	require.NoError(t, err)
-	h, err := safetensors.ReadHeader(f, fi.Size())
-	require.NoError(t, err)
-	out := map[string][]byte{}
-	for _, info := range h.Tensors {
-		b, err := io.ReadAll(h.Section(f, info))
-		require.NoError(t, err)
-		out[info.Name] = b
-	}
-	return out
 }
 
 // TestFixtures: the tensors of the transformers-written fixtures are byte for
@@ -68,7 +50,7 @@ func TestFixtures(t *testing.T) {
 			require.NoError(t, err)
 			defer c.Close()
 			assert.Equal(t, ckpt.FormatTorchSave, c.Format)
-			want := readExpected(t, filepath.Join(dir, "expected.safetensors"))
+			want := sttest.FileTensors(t, filepath.Join(dir, "expected.safetensors"))
 			got := map[string][]byte{}
 			for _, tn := range c.Tensors {
 				got[tn.Name] = readTensor(t, tn)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/convert"
+	"github.com/ckptfs/ckptfs/layout/internal/sttest"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -110,14 +111,8 @@ func TestPlanDType(t *testing.T) {
 	v, err := Plan(c, Options{DType: safetensors.BF16})
 	require.NoError(t, err)
 	f := v.Lookup("model.safetensors")
-	h, err := safetensors.ReadHeader(f, f.Size)
-	require.NoError(t, err)
-	got := map[string][]byte{}
+	got, h := sttest.Tensors(t, f, f.Size)
 	for _, info := range h.Tensors {
-		b := make([]byte, info.End-info.Begin)
-		_, err := f.ReadAt(b, h.DataStart+info.Begin)
-		require.NoError(t, err)
-		got[info.Name] = b
 		if info.Name == "w" {
 			require.Equal(t, safetensors.BF16, info.DType)
 		}

@@ -1,8 +1,11 @@
-// Package sttest writes safetensors files for the write path's tests.
+// Package sttest writes safetensors files for tests, and reads their tensors
+// back.
 package sttest
 
 import (
 	"bytes"
+	"io"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -40,4 +43,31 @@ func Build(t testing.TB, meta map[string]string, fill func(safetensors.TensorInf
 	}
 	require.NoError(t, w.Close())
 	return buf.Bytes(), raw
+}
+
+// Tensors is every tensor of the safetensors file r of size bytes, by name,
+// with its header, read with the package's strict reader.
+func Tensors(t testing.TB, r io.ReaderAt, size int64) (map[string][]byte, *safetensors.Header) {
+	t.Helper()
+	h, err := safetensors.ReadHeader(r, size)
+	require.NoError(t, err)
+	out := make(map[string][]byte, len(h.Tensors))
+	for _, info := range h.Tensors {
+		b, err := io.ReadAll(h.Section(r, info))
+		require.NoError(t, err, info.Name)
+		out[info.Name] = b
+	}
+	return out, h
+}
+
+// FileTensors is Tensors of the file at path.
+func FileTensors(t testing.TB, path string) map[string][]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	fi, err := f.Stat()
+	require.NoError(t, err)
+	out, _ := Tensors(t, f, fi.Size())
+	return out
 }
