@@ -199,8 +199,8 @@ func (s *server) devLoop(fd int, done func()) {
 	}
 }
 
-// initConn answers the kernel's INIT on fd and returns the negotiated
-// maximum request size.
+// initConn answers the kernel's INIT on fd: requests of up to maxWrite
+// bytes, and FUSE over io_uring if uring.
 func initConn(fd int, maxWrite int, uring bool) error {
 	buf := make([]byte, 64*1024)
 	n, err := unix.Read(fd, buf)
@@ -248,7 +248,8 @@ func main() {
 	pin := flag.Bool("pin", true, "uring: pin each queue's thread to its CPU, as libfuse does")
 	flag.Parse()
 	if flag.NArg() != 1 || (*transport != "dev" && *transport != "clone" && *transport != "uring") {
-		fmt.Fprintln(os.Stderr, "usage: rawfuse [-size BYTES] [-transport dev|clone|uring] [-threads N] [-depth N] MNT")
+		fmt.Fprintln(os.Stderr, "usage: rawfuse [flags] MNT")
+		flag.PrintDefaults()
 		os.Exit(2)
 	}
 	if err := run(flag.Arg(0), *size, *transport, *threads, *depth, *maxWrite, *pin); err != nil {
@@ -300,6 +301,7 @@ func run(mnt string, size int64, transport string, threads, depth, maxWrite int,
 		go s.devLoop(fd, wg.Done)
 		ncpu, err := possibleCPUs()
 		if err != nil {
+			unix.Unmount(mnt, unix.MNT_DETACH)
 			return err
 		}
 		errs := make(chan error, ncpu)
