@@ -252,20 +252,24 @@ func main() {
 		flag.PrintDefaults()
 		os.Exit(2)
 	}
-	if err := run(flag.Arg(0), *size, *transport, *threads, *depth, *maxWrite, *pin); err != nil {
+	dev, ring, err := run(flag.Arg(0), *size, *transport, *threads, *depth, *maxWrite, *pin)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "rawfuse:", err)
 		os.Exit(1)
 	}
+	fmt.Fprintf(os.Stderr, "rawfuse: %s: %d requests on /dev/fuse, %d on rings\n", *transport, dev, ring)
 }
 
-func run(mnt string, size int64, transport string, threads, depth, maxWrite int, pin bool) error {
+// run mounts the server at mnt and serves until the mount goes away; it
+// returns how many requests came on /dev/fuse and how many on the rings.
+func run(mnt string, size int64, transport string, threads, depth, maxWrite int, pin bool) (devReqs, ringReqs int64, err error) {
 	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other", fd)
 	if err := unix.Mount("rawfuse", mnt, "fuse.rawfuse", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount %s: %w", mnt, err)
+		return 0, 0, fmt.Errorf("mount %s: %w", mnt, err)
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -273,7 +277,7 @@ func run(mnt string, size int64, transport string, threads, depth, maxWrite int,
 
 	if err := initConn(fd, maxWrite, transport == "uring"); err != nil {
 		unix.Unmount(mnt, unix.MNT_DETACH)
-		return err
+		return 0, 0, err
 	}
 	s := newServer(size, maxWrite)
 	var wg sync.WaitGroup
@@ -289,7 +293,7 @@ func run(mnt string, size int64, transport string, threads, depth, maxWrite int,
 			if i > 0 {
 				if cfd, err = cloneDev(fd); err != nil {
 					unix.Unmount(mnt, unix.MNT_DETACH)
-					return err
+					return 0, 0, err
 				}
 			}
 			wg.Add(1)
@@ -302,7 +306,7 @@ func run(mnt string, size int64, transport string, threads, depth, maxWrite int,
 		ncpu, err := possibleCPUs()
 		if err != nil {
 			unix.Unmount(mnt, unix.MNT_DETACH)
-			return err
+			return 0, 0, err
 		}
 		errs := make(chan error, ncpu)
 		var ready sync.WaitGroup
@@ -319,14 +323,13 @@ func run(mnt string, size int64, transport string, threads, depth, maxWrite int,
 		case err := <-errs:
 			if err != nil {
 				unix.Unmount(mnt, unix.MNT_DETACH)
-				return err
+				return 0, 0, err
 			}
 		default:
 		}
 	}
 	wg.Wait()
-	fmt.Fprintf(os.Stderr, "rawfuse: %s: %d requests on /dev/fuse, %d on rings\n", transport, s.devReqs.Load(), s.ringReqs.Load())
-	return nil
+	return s.devReqs.Load(), s.ringReqs.Load(), nil
 }
 
 func cloneDev(fd int) (int, error) {
