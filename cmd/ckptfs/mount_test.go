@@ -331,9 +331,17 @@ func TestMountReadAheadFollowsTheSourceDisk(t *testing.T) {
 		mnt, unmount := mountSample(t, tc.flags...)
 		var st unix.Stat_t
 		require.NoError(t, unix.Stat(mnt, &st))
-		got, err := os.ReadFile(fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)))
-		require.NoError(t, err)
-		assert.Equal(t, strconv.FormatInt(tc.kb, 10), strings.TrimSpace(string(got)), "%v", tc.flags)
+		knob := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+		// Written once the kernel has answered INIT (which would lower it),
+		// so shortly after the mount starts answering: mountSample waits for
+		// a view, not for the mount's readiness.
+		want, got := strconv.FormatInt(tc.kb, 10), ""
+		for deadline := time.Now().Add(5 * time.Second); got != want && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			b, err := os.ReadFile(knob)
+			require.NoError(t, err)
+			got = strings.TrimSpace(string(b))
+		}
+		assert.Equal(t, want, got, "%v", tc.flags)
 		unmount()
 	}
 }
