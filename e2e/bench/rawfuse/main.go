@@ -173,7 +173,9 @@ func (s *server) devLoop(fd int, done func()) {
 	var hdr fuse.OutHeader
 	for {
 		n, err := unix.Read(fd, buf)
-		if err == syscall.EINTR || err == syscall.EAGAIN {
+		// ENOENT: the request was interrupted before it was read (its
+		// caller got a signal); the next one follows.
+		if err == syscall.EINTR || err == syscall.EAGAIN || err == syscall.ENOENT {
 			continue
 		}
 		if err != nil || n < inHeaderSize {
@@ -543,6 +545,10 @@ func (s *server) uringQueue(fd, qid, depth int, pin bool, registered func()) err
 				fuseCmd(sqe, fd, cmdRegister, i, qid, 0)
 				binary.LittleEndian.PutUint64(sqe[16:], uint64(uintptr(unsafe.Pointer(&e.iov[0]))))
 				binary.LittleEndian.PutUint32(sqe[24:], 2)
+				continue
+			case res == -int32(syscall.ENOENT):
+				// The commit's request was interrupted and is gone; so is
+				// this entry's slot (the queue serves on with the others).
 				continue
 			case res < 0:
 				return fmt.Errorf("queue %d: %w", qid, syscall.Errno(-res))
