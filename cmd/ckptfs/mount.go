@@ -287,12 +287,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 	// Mounted: from here every way out ends the mount, and the watchdog
-	// ends it (this one only) if the process dies first.
-	// A mount missing from this process's mountinfo is served without a
-	// watchdog, as when the watchdog cannot start: under the tests'
-	// concurrent mounts a mount has, rarely, stayed out of its own
-	// process's mountinfo while other processes listed and used it, and
-	// failing it then took down a mount that worked.
+	// ends it (this one only) if the process dies first. A mount missing
+	// from this process's mountinfo is served without a watchdog, as when
+	// the watchdog cannot start: under the tests' concurrent mounts a mount
+	// has, rarely, stayed out of its own process's mountinfo while other
+	// processes listed and used it, and failing it took down a mount that
+	// worked.
 	wd := &watchdog{}
 	if own, err := findOwnMount(mnt); err != nil {
 		log.Warn("no unmount watchdog", "err", err)
@@ -305,7 +305,6 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// waiting for the root to change, was seen under concurrent test mounts
 	// to find the directory under the mount for 30 s while other processes
 	// used the mount.)
-
 	defer unmountOnSignal(sigs, server, mnt, log, ready, interruptRequests)()
 	ready.ready()
 	server.Wait()

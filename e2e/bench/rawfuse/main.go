@@ -24,6 +24,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -117,10 +118,7 @@ func (s *server) handle(h *fuse.InHeader, op []byte, scratch []byte) reply {
 	case opDestroy:
 		return reply{destroy: true}
 	case opLookup:
-		name := op
-		if i := indexByte(name, 0); i >= 0 {
-			name = name[:i]
-		}
+		name, _, _ := bytes.Cut(op, []byte{0})
 		if h.NodeId != 1 || string(name) != "data" {
 			return reply{errno: syscall.ENOENT}
 		}
@@ -156,15 +154,6 @@ func (s *server) handle(h *fuse.InHeader, op []byte, scratch []byte) reply {
 	return reply{errno: syscall.ENOSYS}
 }
 
-func indexByte(b []byte, c byte) int {
-	for i, x := range b {
-		if x == c {
-			return i
-		}
-	}
-	return -1
-}
-
 // devLoop serves requests read from fd until the mount goes away.
 func (s *server) devLoop(fd int, done func()) {
 	defer done()
@@ -190,11 +179,10 @@ func (s *server) devLoop(fd int, done func()) {
 		if r.noReply {
 			continue
 		}
-		hdr = fuse.OutHeader{Length: uint32(outHeaderSize + len(r.out) + len(r.data)), Status: -int32(r.errno), Unique: h.Unique}
 		if r.errno != 0 {
-			hdr.Length = outHeaderSize
-			r.out, r.data = nil, nil
+			r.out, r.data = nil, nil // an error is the header alone
 		}
+		hdr = fuse.OutHeader{Length: uint32(outHeaderSize + len(r.out) + len(r.data)), Status: -int32(r.errno), Unique: h.Unique}
 		if _, err := unix.Writev(fd, [][]byte{asBytes(&hdr), r.out, r.data}); err != nil && err != syscall.ENOENT {
 			return
 		}
