@@ -15,7 +15,7 @@ VERSITYGW_VERSION := v1.8.0
 VERSITYGW := .tools/bin/versitygw
 VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
 
-.PHONY: all build install test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
+.PHONY: all build install test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools demo bench bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
 all: build
 
@@ -63,6 +63,7 @@ deps: go-deps fuse venv tools
 
 vet:
 	$(GO) vet ./...
+	cd e2e/bench && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 
 test: deps vet build test-go test-e2e
@@ -83,6 +84,18 @@ test-go: venv tools
 
 test-e2e: build venv
 	CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider e2e
+	ATEN_CPU_CAPABILITY=default CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider $(MODEL_TESTS)
+
+# The model tests compare logits bitwise with a reference computed in the
+# same run (e2e/oracle.py), so they pass whatever kernels torch picks. make
+# test runs them once more with torch's plain kernels; this target runs them
+# under each x86 capability, and with MKL held to AVX2.
+MODEL_TESTS  := e2e/test_frameworks.py e2e/test_hub.py e2e/test_transformers.py
+CPU_VARIANTS := ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX2
+test-cpu-variants: export CKPTFS_DEBUG_POISON = 1
+test-cpu-variants: build venv
+	@set -e; for v in $(CPU_VARIANTS); do echo "== $$v"; \
+	  env $$v CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider $(MODEL_TESTS); done
 
 # The README's first command: inspect and export the embedded sample, then
 # mount it, list it, load it with safetensors and unmount. Its venv holds
@@ -100,8 +113,14 @@ $(DEMO_STAMP): e2e/requirements-demo.txt
 	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -r e2e/requirements-demo.txt
 	rm -f $(DEMO_VENV)/.installed-* && touch $@
 
-bench: build venv
+bench: build venv bench-test
 	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
+
+# The benchmark-only FUSE servers (e2e/bench/nullfs, e2e/bench/rawfuse) are a
+# module of their own, out of the product and of make test; their own test
+# (every transport serves its pattern) runs before they measure anything.
+bench-test:
+	cd e2e/bench && CKPTFS_REQUIRE_SYSTEM=1 $(GO) test -count=1 ./...
 
 # What a user of a GPU node sees at Llama 3 sizes (PRESET=llama3-3b or
 # llama3-8b; 2x the model's size free under .bench/; see BENCHMARKS.md).
@@ -126,9 +145,8 @@ fuzz:
 	    echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
 	  done; done
 
-# The reference logits are computed with torch's AVX2 kernels, the ones the
-# e2e tests pin (e2e/conftest.py): AVX-512 kernels round sums differently.
-fixtures: export ATEN_CPU_CAPABILITY = avx2
+# The logits stored beside the fixtures are a cross-check only (another
+# CPU's kernels round differently); the tests' oracle is computed in the run.
 fixtures: venv
 	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements-fixtures.txt
 	$(PY) e2e/fixtures/gen.py testdata

@@ -2,34 +2,16 @@
 `ckptfs mount` processes serving a directory while the test process (the
 client: safetensors, transformers, ls, cat) reads through the mount."""
 
+import gc
 import os
 import pathlib
 import signal
 import subprocess
 import sys
 import time
+import traceback
 
 import pytest
-
-def pin_torch_kernels():
-    """Have torch pick its AVX2 kernels on an x86 CPU that has AVX-512.
-
-    The fixtures' reference logits (testdata/*/logits.safetensors) were
-    computed with torch's AVX2 kernels. On a CPU with AVX-512 torch picks
-    other kernels, whose float sums round differently, and a comparison "to
-    the bit" then fails for every view, the plain pass-through ones too, for
-    reasons that are not ckptfs's. Set before anything imports torch; the
-    subprocesses the tests start inherit it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
-    except OSError:
-        return
-    if "avx2" in flags:
-        os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
-
-
-pin_torch_kernels()
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTDATA = ROOT / "testdata"
@@ -148,9 +130,24 @@ class Mount:
         self.log.close()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item (the mount fixture's
+    teardown reads it), and let go of what a failed test's frames held: a
+    model loaded through a mount maps its view, and the mount it keeps busy
+    would not exit cleanly. The report is written by then."""
+    report = yield
+    setattr(item, "report_" + report.when, report)
+    if call.excinfo is not None:
+        traceback.clear_frames(call.excinfo.tb)
+    return report
+
+
 @pytest.fixture
-def mount(tmp_path):
-    """Factory: mount(src, *flags) -> Mount; every mount is torn down after the test."""
+def mount(tmp_path, request):
+    """Factory: mount(src, *flags) -> Mount; every mount is torn down after
+    the test, and must exit cleanly unless the test failed already (its
+    failure is the one to read)."""
     mounts = []
 
     def make(src, *flags, **kw):
@@ -159,8 +156,12 @@ def mount(tmp_path):
         return m
 
     yield make
+    gc.collect()  # models the test loaded through the mounts
     for m in mounts:
         m.close()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        return
     for m in mounts:
         assert m.proc.returncode == 0, m.exit_report()
         assert not is_mounted(m.mnt)

@@ -1,17 +1,17 @@
 """Checkpoints written by the frameworks' own save code (torch's
 HuggingFaceStorageWriter, save_pretrained, NeMo AutoModel, a KempnerForge
 pipeline-parallel layout) load in transformers through the mount: no
-missing or unexpected keys, and the original model's fp32 logits to the
-bit."""
+missing or unexpected keys, and the fp32 logits of the original tensors
+through transformers, computed in the same run, to the bit (oracle.py)."""
 
 import json
 import os
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from conftest import TESTDATA, case_info, ckptfs, fixture_cases
+from oracle import check_logits
 
 
 def hf_loadable():
@@ -48,30 +48,6 @@ def test_from_pretrained_through_mount_is_bitwise(case, view, mount):
     assert not loading["missing_keys"], loading
     assert not loading["unexpected_keys"], loading
     check_logits(model, case)
-
-
-def check_logits(model, case):
-    """The model's fp32 logits on the case's input are the original model's,
-    to the bit; or, when the original is another framework's model
-    (torchtitan), as close as transformers on the original HF tensors got
-    when the case was written."""
-    logits = case_info(case)["logits"]
-    if isinstance(logits, str):
-        logits = {"file": logits}
-    ref = load_file(str(TESTDATA / case / logits["file"]))
-    with torch.no_grad():
-        got = model(ref["input_ids"]).logits
-    assert got.dtype == torch.float32
-    # A vocabulary shown padded (Megatron without its tokenizer's size) has
-    # extra logits: the ones of real tokens are compared.
-    got = got[..., :ref["logits"].shape[-1]]
-    tol = logits.get("max_abs_diff_vs_transformers")
-    if tol is None:
-        assert torch.equal(got, ref["logits"])
-    else:
-        diff = (got - ref["logits"]).abs().max().item()
-        print(f"{case}: max |logits - original| = {diff:.3g}")
-        assert diff <= tol
 
 
 def test_training_roots_show_each_checkpoint(mount):

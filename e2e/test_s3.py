@@ -20,7 +20,8 @@ import torch
 
 from conftest import BIN, TESTDATA, python
 from s3 import FaultProxy, Moto
-from test_frameworks import check_logits, load
+from oracle import check_logits
+from test_frameworks import load
 from test_transformers import logits
 
 HERE = os.path.dirname(os.path.abspath(__file__))

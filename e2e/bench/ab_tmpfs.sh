@@ -2,7 +2,7 @@
 # A/B of two ckptfs builds with no disk: Llama-shaped bf16 DCP checkpoints from 8 gloo ranks in
 # /dev/shm (HF names, and torchtitan names whose view RoPE-permutes q/k); cold cat of the views
 # through both builds, of the same bytes unmapped, through a null go-fuse server; 8 readers.
-#   BINS=DIR PRESET=llama3-3b OUT=DIR bash e2e/bench/ab_tmpfs.sh   (DIR: ckptfs-base, ckptfs-new, and nullfs from go build ./e2e/bench/nullfs)
+#   BINS=DIR PRESET=llama3-3b OUT=DIR bash e2e/bench/ab_tmpfs.sh   (DIR: ckptfs-base, ckptfs-new, and nullfs from (cd e2e/bench && go build ./nullfs))
 set -u
 B=$(cd "$(dirname "$0")" && pwd)
 G=${BINS:?BINS=DIR with ckptfs-base, ckptfs-new and nullfs}; H=${GPU_BENCH:-../shared/bench-gpu}; R=$(cd "$(dirname "$0")/../.." && pwd); P=${PRESET:-llama3-3b}

@@ -1,0 +1,106 @@
+"""The logit oracle, computed where the test runs.
+
+A model loaded through the mount is compared bitwise with a reference model
+that transformers builds in the same process from the fixture's original HF
+tensors (expected_hf.safetensors, else expected.safetensors) and its
+original config. Both run the same torch kernels on the same CPU, so the
+comparison is exact on any machine. fp32 kernels round differently between
+CPUs and between ATEN_CPU_CAPABILITY levels, so the logits stored in
+testdata/ (computed on the machine that wrote the fixture) are only a
+cross-check, with a tolerance."""
+
+import functools
+import json
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import TESTDATA, case_info
+
+# How far the stored logits may be from this run's reference: kernels of
+# other CPUs differ by about 1e-7 on these tiny models; 1e-5 still catches
+# a wrong tensor, which moves logits by far more.
+CROSS_CHECK_TOLERANCE = 1e-5
+
+# The tensors a padded vocabulary pads (Megatron without its tokenizer's
+# size rounds the vocabulary up; its generator checked that the padded rows
+# of the output layer are zero).
+VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def original_tensors(case):
+    """The case's original tensors under their HF names."""
+    d = TESTDATA / case
+    path = d / "expected_hf.safetensors"
+    if not path.exists():
+        path = d / "expected.safetensors"
+    tensors = load_file(str(path))
+    names = case_info(case).get("hf_key_map")
+    if names:
+        tensors = {names[k]: v for k, v in tensors.items()}
+    return tensors
+
+
+def original_config(case):
+    """The case's original HF config (its own config.json, or the one
+    given to the mount with --hf-config)."""
+    info = case_info(case)
+    return json.loads((TESTDATA / case / (info.get("config_json") or info["hf_config"])).read_text())
+
+
+def input_ids(case):
+    """The case's input: the token ids stored beside its logits."""
+    logits = case_info(case)["logits"]
+    return load_file(str(TESTDATA / case / (logits if isinstance(logits, str) else logits["file"])))["input_ids"]
+
+
+@functools.lru_cache(maxsize=8)
+def reference_logits(case, vocab_size):
+    """fp32 logits of transformers' model of the original tensors, with the
+    vocabulary zero-padded to vocab_size when the view shows it padded."""
+    from transformers import AutoModelForCausalLM
+
+    config = original_config(case)
+    tensors = original_tensors(case)
+    pad = vocab_size - config["vocab_size"]
+    assert pad >= 0, f"{case}: the view's vocabulary ({vocab_size}) is smaller than the original's ({config['vocab_size']})"
+    if pad:
+        for name in VOCAB_TENSORS:
+            if name in tensors:
+                t = tensors[name]
+                tensors[name] = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
+        config["vocab_size"] = vocab_size
+    with tempfile.TemporaryDirectory(prefix="ckptfs-ref-") as d:
+        with open(f"{d}/config.json", "w") as f:
+            json.dump(config, f)
+        save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+        model = AutoModelForCausalLM.from_pretrained(d).eval()
+        with torch.no_grad():
+            return model(input_ids(case)).logits
+
+
+def check_logits(model, case):
+    """The model's fp32 logits on the case's input are, to the bit, those of
+    the original tensors through transformers in this run; and they are
+    within a tolerance of the logits stored when the case was written
+    (another CPU's, or another framework's own forward)."""
+    ids = input_ids(case)
+    with torch.no_grad():
+        got = model(ids).logits
+    assert got.dtype == torch.float32
+    want = reference_logits(case, model.config.vocab_size)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if not torch.equal(got, want):
+        diff = (got - want).abs().max().item()
+        raise AssertionError(f"{case}: logits through the mount differ from the original's in this run: max |diff| = {diff:.3g}")
+
+    stored = case_info(case)["logits"]
+    if isinstance(stored, str):
+        stored = {"file": stored}
+    ref = load_file(str(TESTDATA / case / stored["file"]))["logits"]
+    # A vocabulary shown padded has extra logits: the real tokens' are compared.
+    diff = (got[..., :ref.shape[-1]] - ref).abs().max().item()
+    tolerance = max(CROSS_CHECK_TOLERANCE, stored.get("max_abs_diff_vs_transformers") or 0)
+    print(f"{case}: max |logits - stored| = {diff:.3g}")
+    assert diff <= tolerance, f"{case}: logits {diff:.3g} from the stored ones (tolerance {tolerance:.3g})"
