@@ -176,31 +176,69 @@ def test_interrupted_read_of_a_frozen_store_ends_at_once(s3, tmp_path, mount):
     m = mount("s3://ckpts/run", "--read-timeout", "5s", "--max-attempts", "2", "--block-size", "1MiB",
               "--prefetch", "0")
     view = m.mnt / "big" / "model.safetensors"
-    fd = os.open(view, os.O_RDONLY)  # the view is opened (its records located) and read from
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-    assert len(os.pread(fd, 4096, 0)) == 4096
-    os.close(fd)
-    s3.stop()
+    # The reader opens the view while the store answers, then reads once told
+    # to: the signal then finds it in read(2), however long it took to start.
+    # O_DIRECT: a read the reader waits on as a FUSE request of its own. (A
+    # buffered read waits for its pages, which a fatal signal ends and the
+    # kernel sends no INTERRUPT for.)
+    reader = subprocess.Popen([sys.executable, "-c", f"import mmap, os, sys; fd = os.open({str(view)!r}, os.O_RDONLY | os.O_DIRECT); "
+                               "print('open', flush=True); sys.stdin.readline(); "
+                               "os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 20 << 20)"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        assert reader.stdout.readline() == "open\n", reader.stderr.read()
+        s3.stop()
         start = time.time()
-        # O_DIRECT: a read the reader waits on as a FUSE request of its own.
-        # (A buffered read waits for its pages, which a fatal signal ends and
-        # the kernel sends no INTERRUPT for.)
-        reader = subprocess.Popen([sys.executable, "-c", f"import mmap, os; fd = os.open({str(view)!r}, os.O_RDONLY | os.O_DIRECT); "
-                                   "os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 20 << 20)"])
+        reader.stdin.write("read\n")
+        reader.stdin.flush()
         time.sleep(1)  # blocked in read(2) on a block the store does not send
-        assert reader.poll() is None
+        assert reader.poll() is None, reader.communicate()
         # SIGINT, which Python handles: not a fatal signal, so only an answer
         # to the kernel's INTERRUPT ends the read before the fill does.
         reader.send_signal(signal.SIGINT)
-        reader.wait(timeout=60)
+        _, err = reader.communicate(timeout=60)
         took = time.time() - start
+        assert "KeyboardInterrupt" in err, err
         # The fill's own budget is 2 attempts of 5 s (and the bytes at
         # --min-rate) plus a backoff: over 10 s.
         assert took < 4, f"an interrupted reader of a frozen store ended after {took:.1f} s"
     finally:
         s3.cont()
+        reader.kill()
+        reader.wait()
     assert "INTERRUPT" not in m.output()
+
+
+def test_interrupted_open_of_a_frozen_store_ends_at_once(s3, tmp_path, mount):
+    """An open of a view file stats its sources, which asks the store once
+    the stats it keeps a second are old: a signal ends an open that waits on
+    a store that stopped answering at once, and the view still opens once
+    the store is back."""
+    m = mount("s3://ckpts/run", "--read-timeout", "5s", "--max-attempts", "2")
+    view = m.mnt / "big" / "model.safetensors"
+    with open(view, "rb") as f:
+        assert len(f.read(8)) == 8
+    # The open is made relative to the view's directory, held open: no
+    # lookup of the path on the way, whose entries are kept only a second.
+    big = os.open(m.mnt / "big", os.O_RDONLY | os.O_DIRECTORY)
+    s3.stop()
+    try:
+        time.sleep(1.5)  # the stats of the open above are old
+        start = time.time()
+        p = subprocess.Popen([sys.executable, "-c", f"import os; os.open('model.safetensors', os.O_RDONLY, dir_fd={big})"],
+                             stderr=subprocess.PIPE, text=True, pass_fds=(big,))
+        time.sleep(1)
+        assert p.poll() is None, f"the open did not wait on the store: {p.communicate()}"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        took = time.time() - start
+        assert "KeyboardInterrupt" in err, err
+        assert took < 4, f"an interrupted open ended after {took:.1f} s"
+    finally:
+        s3.cont()
+        os.close(big)
+    with open(view, "rb") as f:
+        assert len(f.read(8)) == 8
 
 
 def test_interrupted_lookup_of_a_frozen_store_ends_at_once(s3, tmp_path, mount):

@@ -194,6 +194,13 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 // calls run on (interrupted calls repeated against a store that does not
 // answer would otherwise add a goroutine each).
 func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errno)) (T, syscall.Errno) {
+	return interruptiblyDropping(ctx, f, fn, nil)
+}
+
+// interruptiblyDropping is interruptibly for an fn whose answer holds
+// something (an open's reference to its view): drop releases an answer
+// that arrives after the caller was answered EINTR.
+func interruptiblyDropping[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errno), drop func(T)) (T, syscall.Errno) {
 	if f.local || ctx.Done() == nil {
 		return fn()
 	}
@@ -222,6 +229,13 @@ func interruptibly[T any](ctx context.Context, f *FS, fn func() (T, syscall.Errn
 	case a := <-ch:
 		return a.v, a.errno
 	case <-ctx.Done():
+		if drop != nil {
+			go func() {
+				if a := <-ch; a.errno == 0 {
+					drop(a.v)
+				}
+			}()
+		}
 		var zero T
 		return zero, syscall.EINTR
 	}

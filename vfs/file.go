@@ -77,28 +77,17 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	file, id := f.file, f.id
-	var inst *viewInst
-	if f.e != nil {
-		var err error
-		if inst, err = f.fsys.acquire(f.e); err != nil {
-			f.fsys.readErrors.Add(1)
-			return nil, 0, toErrno(f.fsys.log, "open "+f.info.name, err)
+	// Opening the view again and the stats ask the source, which over an
+	// object store may not answer: a signal ends the open at once.
+	o, errno := interruptiblyDropping(ctx, f.fsys, f.openView, func(o openedView) {
+		if o.inst != nil {
+			f.fsys.unref(o.inst)
 		}
-		file, id = inst.files[f.info.name], f.info.id
-		if file == nil || file.Size != f.info.size { // reopened rules this out
-			f.fsys.unref(inst)
-			f.fsys.readErrors.Add(1)
-			return nil, 0, toErrno(f.fsys.log, "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
-		}
+	})
+	if errno != 0 {
+		return nil, 0, errno
 	}
-	if err := file.CheckFresh(); err != nil {
-		if inst != nil {
-			f.fsys.unref(inst)
-		}
-		f.fsys.readErrors.Add(1)
-		return nil, 0, toErrno(f.fsys.log, "open "+file.Name, err)
-	}
+	file, id, inst := o.file, o.id, o.inst
 	src := &viewReader{fsys: f.fsys, file: file, inst: inst}
 	r := f.fsys.reads.Open(readpath.File{Name: file.Name, ID: id, Src: src, Size: file.Size,
 		DataOffset: file.DataOffset(), Page: f.EmbeddedInode(), Hold: src.hold})
@@ -106,6 +95,39 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	// The bytes never change for the life of the mount: let the kernel keep
 	// its page cache across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// openedView is what an open of a view file holds: the file, its cache
+// id, and a reference to its checkpoint's view (nil for a write target's).
+type openedView struct {
+	file *view.File
+	id   uint64
+	inst *viewInst
+}
+
+func (f *ViewFile) openView() (openedView, syscall.Errno) {
+	o := openedView{file: f.file, id: f.id}
+	if f.e != nil {
+		inst, err := f.fsys.acquire(f.e)
+		if err != nil {
+			f.fsys.readErrors.Add(1)
+			return o, toErrno(f.fsys.log, "open "+f.info.name, err)
+		}
+		o.file, o.id, o.inst = inst.files[f.info.name], f.info.id, inst
+		if o.file == nil || o.file.Size != f.info.size { // reopened rules this out
+			f.fsys.unref(inst)
+			f.fsys.readErrors.Add(1)
+			return o, toErrno(f.fsys.log, "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
+		}
+	}
+	if err := o.file.CheckFresh(); err != nil {
+		if o.inst != nil {
+			f.fsys.unref(o.inst)
+		}
+		f.fsys.readErrors.Add(1)
+		return o, toErrno(f.fsys.log, "open "+o.file.Name, err)
+	}
+	return o, 0
 }
 
 // viewReader reads a view file for the read path: direct reads, the block
@@ -214,9 +236,12 @@ var (
 )
 
 func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	info, err := f.fsys.tree.Stat(f.rel)
-	if err != nil {
-		return f.fsys.sourceErrno("stat", f.rel, err)
+	info, errno := interruptibly(ctx, f.fsys, func() (source.Info, syscall.Errno) {
+		info, err := f.fsys.tree.Stat(f.rel)
+		return info, f.fsys.sourceErrno("stat", f.rel, err)
+	})
+	if errno != 0 {
+		return errno
 	}
 	setAttr(&out.Attr, info.ModTime, info.Size, syscall.S_IFREG|0o444)
 	out.SetTimeout(time.Second)
@@ -229,7 +254,15 @@ func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 // (backingFS); where it refuses anyway (not root), go-fuse stops asking and
 // reads come here.
 func (f *PassFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	return f.open(flags, true)
+	type opened struct {
+		h     fs.FileHandle
+		flags uint32
+	}
+	o, errno := interruptiblyDropping(ctx, f.fsys, func() (opened, syscall.Errno) {
+		h, flags, errno := f.open(flags, true)
+		return opened{h, flags}, errno
+	}, func(o opened) { o.h.(*passHandle).fd.Close() })
+	return o.h, o.flags, errno
 }
 
 func (f *PassFile) open(flags uint32, passthrough bool) (fs.FileHandle, uint32, syscall.Errno) {
