@@ -3,8 +3,6 @@ package view
 import (
 	"errors"
 	"fmt"
-	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -141,83 +139,33 @@ const InfoName = "CKPTFS_INFO.txt"
 // unmappedPrefix starts the warning of unmappedWarning.
 const unmappedPrefix = "no built-in mapping applies: "
 
-// frameworks are key shapes that only a framework's own saves have, with
-// the built-in mappings for that framework. Keys of that shape that no
-// mapping applies to are a model the built-ins do not cover (MoE, MLA, a
-// renamed module), which is worth saying rather than showing names silently.
-var frameworks = []struct {
-	name  string
-	keys  *regexp.Regexp
-	specs []string
-}{
-	{"Megatron-Core", regexp.MustCompile(`^decoder\.`), []string{"megatron-gpt"}},
-	{"torchtitan", regexp.MustCompile(`^layers\.[0-9]+\.attention\.`),
-		[]string{"torchtitan-llama", "torchtitan-qwen3", "kempnerforge-llama"}},
-}
-
 // unmappedWarning says, when the sources look like a framework's keys but
 // no built-in mapping applied, which keys the closest mapping has no rule
 // for and which required sources it lacks; "" otherwise.
 func unmappedWarning(sources []mapping.Source) string {
-	for _, fw := range frameworks {
-		looks := false
-		for _, s := range sources {
-			looks = looks || fw.keys.MatchString(s.Name)
-		}
-		if !looks {
+	fw := mapping.FrameworkOf(sources)
+	if fw == nil {
+		return ""
+	}
+	best, bestUncovered, bestMissing := "", []string(nil), []string(nil)
+	for _, name := range fw.Specs {
+		spec := mapping.ByName(name)
+		if spec == nil {
 			continue
 		}
-		best, bestUncovered, bestMissing := "", []string(nil), []string(nil)
-		for _, name := range fw.specs {
-			spec := mapping.ByName(name)
-			if spec == nil {
-				continue
-			}
-			uncovered, missing := coverage(spec, sources)
-			if best == "" || len(uncovered)+len(missing) < len(bestUncovered)+len(bestMissing) {
-				best, bestUncovered, bestMissing = name, uncovered, missing
-			}
-		}
-		msg := fmt.Sprintf("%skeys look like %s's, names shown as saved (pass --map FILE);", unmappedPrefix, fw.name)
-		if len(bestUncovered) > 0 {
-			msg += fmt.Sprintf(" no %s rule covers %d keys: %s;", best, len(bestUncovered), firstNames(bestUncovered))
-		}
-		if len(bestMissing) > 0 {
-			msg += fmt.Sprintf(" %s needs %s;", best, firstNames(bestMissing))
-		}
-		return strings.TrimSuffix(msg, ";")
-	}
-	return ""
-}
-
-// coverage returns the sources no rule of spec takes (by name: "{l}" is
-// any layer number) and the first source name of each required rule that
-// no source matches.
-func coverage(spec *mapping.Spec, sources []mapping.Source) (uncovered, missing []string) {
-	var pats []*regexp.Regexp
-	for _, r := range spec.Rules {
-		found := false
-		for _, from := range r.From {
-			re := regexp.MustCompile("^" + strings.ReplaceAll(regexp.QuoteMeta(from), `\{l\}`, "[0-9]+") + "$")
-			pats = append(pats, re)
-			for _, s := range sources {
-				found = found || re.MatchString(s.Name)
-			}
-		}
-		if !found && !r.Optional && !r.UnlessTied && len(r.From) > 0 && !slices.Contains(missing, r.From[0]) {
-			missing = append(missing, r.From[0])
+		uncovered, missing := spec.Coverage(sources)
+		if best == "" || len(uncovered)+len(missing) < len(bestUncovered)+len(bestMissing) {
+			best, bestUncovered, bestMissing = name, uncovered, missing
 		}
 	}
-	for _, s := range sources {
-		covered := false
-		for _, re := range pats {
-			covered = covered || re.MatchString(s.Name)
-		}
-		if !covered {
-			uncovered = append(uncovered, s.Name)
-		}
+	msg := fmt.Sprintf("%skeys look like %s's, names shown as saved (pass --map FILE);", unmappedPrefix, fw.Name)
+	if len(bestUncovered) > 0 {
+		msg += fmt.Sprintf(" no %s rule covers %d keys: %s;", best, len(bestUncovered), firstNames(bestUncovered))
 	}
-	return uncovered, missing
+	if len(bestMissing) > 0 {
+		msg += fmt.Sprintf(" %s needs %s;", best, firstNames(bestMissing))
+	}
+	return strings.TrimSuffix(msg, ";")
 }
 
 // firstNames lists up to 8 names, then how many more there are.
