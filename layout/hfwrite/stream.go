@@ -116,13 +116,6 @@ func newStream(fd *os.File, limits *Limits) *stream {
 	return s
 }
 
-// failed is the error of a queued write that failed, if any.
-func (s *stream) failed() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
-}
-
 // begin registers a write of n bytes at off before it is done; a write of
 // bytes the resharder may have read breaks the attempt. It fails once the
 // file is sealed, or after a queued write failed.

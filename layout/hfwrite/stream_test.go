@@ -244,3 +244,10 @@ func TestManyFilesWrittenAtOnce(t *testing.T) {
 		require.True(t, bytes.Equal(w, got[name]), name)
 	}
 }
+
+// failed is the error of a queued write that failed, if any.
+func (s *stream) failed() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}

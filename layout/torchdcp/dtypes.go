@@ -3,11 +3,8 @@ package torchdcp
 import "github.com/ckptfs/ckptfs/layout/internal/torchzip"
 
 // storageClasses maps the dtypes torch saves with typed storages to their
-// class in module torch (torchzip.StorageClasses); typedStorages inverts it.
-var (
-	storageClasses = torchzip.StorageClasses
-	typedStorages  = torchzip.TypedStorages
-)
+// class in module torch (torchzip.StorageClasses).
+var storageClasses = torchzip.StorageClasses
 
 // untypedDTypes are the torch/storage.py _new_dtypes() that safetensors can
 // carry: saved as a torch.storage.UntypedStorage of bytes, rebuilt with

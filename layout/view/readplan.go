@@ -119,16 +119,6 @@ func (p *readPlan) buf(n int64) []byte {
 // then runs fn once every read is done.
 func (p *readPlan) then(fn func() error) { p.after = append(p.after, fn) }
 
-// readContent reads c's bytes from pos into dst with a plan of its own.
-func readContent(c content, dst []byte, pos int64) error {
-	p := newPlan()
-	defer p.release()
-	if err := c.plan(p, dst, pos); err != nil {
-		return err
-	}
-	return p.run()
-}
-
 // run reads every extent, then checks and converts.
 func (p *readPlan) run() error {
 	for i := range p.extents {

@@ -164,3 +164,13 @@ func BenchmarkViewTensorRead(b *testing.B) {
 		}
 	}
 }
+
+// readContent reads c's bytes from pos into dst with a plan of its own.
+func readContent(c content, dst []byte, pos int64) error {
+	p := newPlan()
+	defer p.release()
+	if err := c.plan(p, dst, pos); err != nil {
+		return err
+	}
+	return p.run()
+}
