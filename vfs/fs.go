@@ -75,6 +75,9 @@ type Options struct {
 	Writable bool
 	// Target is the layout written into new directories.
 	Target dcpwrite.Target
+	// Objects is what a source that keeps no owners (an object store)
+	// shows; nil: DefaultObjects. A local source shows its own (attr.go).
+	Objects *Objects
 	// CommitObserver, when set, is called after every commit of a written
 	// file with how long it took and its error: the commit-duration
 	// histogram of the metrics endpoint.
@@ -125,6 +128,11 @@ type FS struct {
 	sweeps  sync.WaitGroup        // sweepStale runs; Close waits for them
 	closed  bool                  // GUARDED_BY(mu)
 
+	// objects is Options.Objects or its default; rootAccess is what the
+	// mount root shows (attr.go).
+	objects    Objects
+	rootAccess source.Access
+
 	// started is the mount root's mtime: the root never touches the source
 	// (see Dir.Getattr).
 	started time.Time
@@ -160,6 +168,14 @@ func New(opts Options) (*FS, error) {
 		return nil, fmt.Errorf("vfs: %s: a writable mount needs a local directory", root)
 	}
 	f := newState(opts, root, local)
+	if local {
+		info, err := opts.Tree.Stat(".")
+		if err != nil {
+			return nil, err
+		}
+		f.rootAccess = info.Access
+	}
+	f.rootAccess = f.known(f.rootAccess, true)
 	if opts.Writable {
 		var err error
 		if f.wroot, err = source.OpenDir(root); err != nil {
@@ -174,7 +190,10 @@ func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
-		detached: make(chan struct{}, maxDetached)}
+		detached: make(chan struct{}, maxDetached), objects: DefaultObjects()}
+	if opts.Objects != nil {
+		f.objects = *opts.Objects
+	}
 	f.reads = readpath.New(readpath.Options{Cache: opts.Cache, Local: local, DirectReads: opts.DirectReads,
 		ReadDeadline: opts.ReadDeadline, Prefill: opts.Prefill, Logger: opts.Logger})
 	return f
@@ -332,6 +351,7 @@ type viewFileInfo struct {
 	size    int64
 	modTime time.Time
 	id      uint64 // cache id, the same in every re-open (see reopened)
+	access  source.Access
 }
 
 // viewInst is one opening of a checkpoint's view.
@@ -472,6 +492,10 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 			return nil, err
 		}
 	}
+	var dirAccess source.Access
+	if !e.shown {
+		dirAccess = f.dirAccess(e.dir)
+	}
 	i := &viewInst{e: e, view: v, files: map[string]*view.File{}}
 	sources := map[*ckpt.File]bool{}
 	for _, vf := range v.Files {
@@ -492,7 +516,8 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 		e.shown, e.digest, e.note = true, digest, v.Note
 		e.format, e.tensors, e.bytes = string(v.Checkpoint.Format), len(v.Tensors), v.TotalSize()
 		for _, vf := range v.Files {
-			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1)})
+			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1),
+				access: f.viewAccess(vf, dirAccess)})
 		}
 		for s := range sources {
 			e.sources = append(e.sources, s)
