@@ -161,6 +161,10 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 	require.NoError(t, os.Mkdir(filepath.Join(src, "private"), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(src, "private", "notes.txt"), []byte("notes\n"), 0o644))
 	require.NoError(t, os.Symlink("public", filepath.Join(src, "latest")))
+	// A readable checkpoint in an unreadable directory, and a link to it
+	// from a readable one: the link does not open the directory.
+	copyCkpt(t, filepath.Join(src, "private", "step"), 0o755, byRoot, all(os.FileMode(0o644)))
+	require.NoError(t, os.Symlink("private/step", filepath.Join(src, "latest-private")))
 
 	mnt := mountAllowOther(t, src)
 	model := func(dir string) string { return "{mnt}/" + dir + "/model.safetensors" }
@@ -176,6 +180,9 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 		{name: "0600 plain file, root", as: root, argv: []string{"cat", "{mnt}/plain.txt"}},
 		{name: "0700 directory listed", as: nobody, argv: []string{"ls", "{mnt}/private"}, want: denied},
 		{name: "0700 directory's file", as: nobody, argv: []string{"cat", "{mnt}/private/notes.txt"}, want: denied},
+		{name: "link into a 0700 directory", as: nobody, argv: []string{"cat", model("latest-private")}, want: denied},
+		{name: "link into a 0700 directory, listed", as: nobody, argv: []string{"ls", "{mnt}/latest-private"}, want: denied},
+		{name: "link into a 0700 directory, root", as: root, argv: []string{"cat", model("latest-private")}},
 		{name: "mixed owners, other", as: nobody, argv: []string{"cat", model("mixed")}, want: denied},
 		{name: "mixed owners, who may read both", as: alice, argv: []string{"cat", model("mixed")}, same: true},
 		{name: "mixed owners, readable", as: nobody, argv: []string{"cat", model("mixed-open")}, same: true},
@@ -203,6 +210,7 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 		{"mixed/model.safetensors", alice, 0o440},
 		{"mixed-open/model.safetensors", root, 0o444},
 		{"latest", root, 0o555},
+		{"latest-private", root, 0o500},
 		{".ckptfs", root, 0o400},
 	} {
 		fi, err := os.Stat(filepath.Join(mnt, c.name))

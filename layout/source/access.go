@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -246,4 +247,50 @@ func pathHasACL(path string) bool {
 func fdHasACL(fd int) bool {
 	n, err := unix.Fgetxattr(fd, aclName, nil)
 	return aclResult(n, err)
+}
+
+// throughLinks narrows a, the Access of name, by the directories a link on
+// name's path leads through: a mount shows `latest` (a link to
+// private/step_100) as step_100, and the kernel checks the directories of
+// the mount's path (the tree's top, then latest), not private, which the
+// link passes through in the source. So a name whose path resolves through
+// a link is shown readable only by whom may also search every directory of
+// the path it resolves to. A name without links costs a walk of lstats.
+func (l *Local) throughLinks(name string, a Access) Access {
+	real := l.real(name)
+	resolved, err := filepath.EvalSymlinks(real)
+	if err != nil {
+		return Access{Uid: a.Uid, Gid: a.Gid, Known: true} // cannot tell: no one but root
+	}
+	if resolved == real {
+		return a
+	}
+	rel, err := filepath.Rel(l.dir, resolved)
+	if err != nil || !filepath.IsLocal(rel) {
+		return Access{Uid: a.Uid, Gid: a.Gid, Known: true}
+	}
+	accs := []Access{a}
+	for dir := filepath.Dir(rel); dir != "."; dir = filepath.Dir(dir) {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(l.dir, dir), &st); err != nil {
+			return Access{Uid: a.Uid, Gid: a.Gid, Known: true}
+		}
+		d := withACL(accessOf(&syscall.Stat_t{Uid: st.Uid, Gid: st.Gid, Mode: st.Mode}), pathHasACL(filepath.Join(l.dir, dir)))
+		accs = append(accs, searchMask(d))
+	}
+	return Intersect(accs...)
+}
+
+// searchMask is an Access that grants a class everything where the
+// directory d lets it search, and nothing where not: what passing through
+// d takes away.
+func searchMask(d Access) Access {
+	var p fs.FileMode
+	for c := uint(0); c < 3; c++ {
+		if d.class(c)&MayExec != 0 {
+			p |= 7 << (3 * (2 - c))
+		}
+	}
+	d.Perm = p
+	return d
 }

@@ -146,3 +146,29 @@ func TestLocalAccess(t *testing.T) {
 	require.Equal(t, fs.FileMode(0o600), f.Info().Access.Perm)
 	f.Close()
 }
+
+// TestLocalAccessThroughLinks: a name reached through a link is readable
+// only by whom may search the directories the link leads through.
+func TestLocalAccessThroughLinks(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "private", "step"), 0o755))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "private"), 0o711))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "private", "step", "f"), nil, 0o644))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "private", "step", "f"), 0o644))
+	require.NoError(t, os.Symlink("private/step", filepath.Join(dir, "latest")))
+	l, err := OpenLocal(dir)
+	require.NoError(t, err)
+	defer l.Close()
+	// Searchable by all (0711): nothing is taken away.
+	for name, want := range map[string]fs.FileMode{"latest": 0o755, "latest/f": 0o644} {
+		info, err := l.Stat(name)
+		require.NoError(t, err)
+		require.Equal(t, want, info.Access.Perm, name)
+	}
+	require.NoError(t, os.Chmod(filepath.Join(dir, "private"), 0o700))
+	for name, want := range map[string]fs.FileMode{"latest": 0o700, "latest/f": 0o600, "private/step/f": 0o644} {
+		info, err := l.Stat(name)
+		require.NoError(t, err)
+		require.Equal(t, want, info.Access.Perm, name)
+	}
+}

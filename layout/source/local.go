@@ -87,7 +87,7 @@ func (l *Local) Stat(name string) (Info, error) {
 		return Info{}, l.pathError("stat", name, err)
 	}
 	info := infoOf(path.Base(name), fi)
-	info.Access = withACL(info.Access, pathHasACL(l.real(name)))
+	info.Access = l.throughLinks(name, withACL(info.Access, pathHasACL(l.real(name))))
 	return info, nil
 }
 
