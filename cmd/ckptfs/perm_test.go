@@ -90,6 +90,30 @@ func mountAllowOther(t *testing.T, src string, flags ...string) string {
 	return mnt
 }
 
+const hubCommit = "0123456789abcdef0123456789abcdef01234567"
+
+// hubRepo lays testdata/plain_hf/ckpt out as an HF hub cache repo under
+// hub: blobs/ (mode blobsMode), snapshots/COMMIT/ linking into it, refs/main.
+func hubRepo(t *testing.T, hub, repo string, blobsMode os.FileMode) {
+	dir := filepath.Join(hub, repo)
+	blobs, snap := filepath.Join(dir, "blobs"), filepath.Join(dir, "snapshots", hubCommit)
+	for _, d := range []string{blobs, snap, filepath.Join(dir, "refs")} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+	}
+	src := filepath.Join("..", "..", "testdata", "plain_hf", "ckpt")
+	ents, err := os.ReadDir(src)
+	require.NoError(t, err)
+	for i, e := range ents {
+		data, err := os.ReadFile(filepath.Join(src, e.Name()))
+		require.NoError(t, err)
+		blob := fmt.Sprintf("%040x", i+1)
+		require.NoError(t, os.WriteFile(filepath.Join(blobs, blob), data, 0o644))
+		require.NoError(t, os.Symlink("../../blobs/"+blob, filepath.Join(snap, e.Name())))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "refs", "main"), []byte(hubCommit), 0o644))
+	require.NoError(t, os.Chmod(blobs, blobsMode))
+}
+
 // permCase is one access through a mount, as one user.
 type permCase struct {
 	name string
@@ -166,8 +190,16 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 	copyCkpt(t, filepath.Join(src, "private", "step"), 0o755, byRoot, all(os.FileMode(0o644)))
 	require.NoError(t, os.Symlink("private/step", filepath.Join(src, "latest-private")))
 
+	// Hub cache repos whose snapshots link into blobs/: one readable, one
+	// whose blobs/ is 0700.
+	hubRepo(t, filepath.Join(src, "hub"), "models--org--open", 0o755)
+	hubRepo(t, filepath.Join(src, "hub"), "models--org--closed", 0o700)
+
 	mnt := mountAllowOther(t, src)
 	model := func(dir string) string { return "{mnt}/" + dir + "/model.safetensors" }
+	snap := func(repo string) string {
+		return "{mnt}/hub/models--org--" + repo + "/snapshots/" + hubCommit + "/model-00001-of-00003.safetensors"
+	}
 	runCases(t, mnt, []permCase{
 		{name: "public view", as: nobody, argv: []string{"cat", model("public")}, same: true},
 		{name: "public sidecar", as: nobody, argv: []string{"cat", "{mnt}/public/config.json"}, same: true},
@@ -188,6 +220,9 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 		{name: "mixed owners, readable", as: nobody, argv: []string{"cat", model("mixed-open")}, same: true},
 		{name: "another's 0600 shards, their owner", as: alice, argv: []string{"cat", model("alices")}, same: true},
 		{name: "another's 0600 shards, other", as: nobody, argv: []string{"cat", model("alices")}, want: denied},
+		{name: "hub snapshot", as: nobody, argv: []string{"cat", snap("open")}, same: true},
+		{name: "hub snapshot, 0700 blobs", as: nobody, argv: []string{"cat", snap("closed")}, want: denied},
+		{name: "hub snapshot, 0700 blobs, root", as: root, argv: []string{"cat", snap("closed")}},
 		{name: "stats file", as: nobody, argv: []string{"cat", "{mnt}/.ckptfs"}, want: denied},
 		{name: "stats file, mounter", as: root, argv: []string{"cat", "{mnt}/.ckptfs"}},
 		{name: "read-only", as: root, argv: []string{"touch", "{mnt}/public/config.json"}, want: "Read-only"},
