@@ -255,10 +255,11 @@ func fdHasACL(fd int) bool {
 // the mount's path (the tree's top, then latest), not private, which the
 // link passes through in the source. So a name whose path resolves through
 // a link is shown readable only by whom may also search every directory of
-// the path it resolves to. A name without links costs a walk of lstats.
+// the path it resolves to. A name without links costs three syscalls
+// (realPath).
 func (l *Local) throughLinks(name string, a Access) Access {
 	real := l.real(name)
-	resolved, err := filepath.EvalSymlinks(real)
+	resolved, err := realPath(real)
 	if err != nil {
 		return Access{Uid: a.Uid, Gid: a.Gid, Known: true} // cannot tell: no one but root
 	}
@@ -293,4 +294,17 @@ func searchMask(d Access) Access {
 	}
 	d.Perm = p
 	return d
+}
+
+// realPath is the path the kernel resolves p to, links followed: the name
+// of an O_PATH descriptor of it (which opens nothing: no device is
+// touched). It only says which directories a link leads through; what is
+// read is read through os.Root.
+func realPath(p string) (string, error) {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	return os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 }
