@@ -2,8 +2,10 @@
 // shown read-only, checkpoint directories replaced by their HF views, view
 // files, and the .ckptfs stats file. In a writable mount, directories
 // created with mkdir are write targets whose files are spooled and
-// committed into DCP checkpoints (write.go). It holds no format or plan
-// logic; that lives in layout.
+// committed into DCP checkpoints (write.go). Every node shows the owner,
+// group and mode of what it is made of, which the kernel checks, and a
+// writable mount creates as its caller (attr.go, as.go). It holds no format
+// or plan logic; that lives in layout.
 //
 // How a read of a view file flows. The kernel keeps a view file's pages
 // (views never change: opens are KEEP_CACHE) and reads ahead of a reader
