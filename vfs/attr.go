@@ -23,6 +23,7 @@ package vfs
 import (
 	"io/fs"
 	"os"
+	"path"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -69,16 +70,28 @@ func (f *FS) known(a source.Access, dir bool) source.Access {
 	return a
 }
 
-// viewAccess is what the view file vf of the checkpoint directory of
-// Access dir shows (see the top of this file).
-func (f *FS) viewAccess(vf *view.File, dir source.Access) source.Access {
+// viewAccess is what the view file vf of the checkpoint directory ckpt,
+// of Access dir, shows (see the top of this file). A source file in a
+// subdirectory of the checkpoint (a pipeline stage's mp_rank_01/) counts
+// with the search bits of the directories on its way, which the kernel
+// does not see: they are no part of the view's path. masks caches those,
+// for the files of one view.
+func (f *FS) viewAccess(vf *view.File, ckpt string, dir source.Access, masks map[string]source.Access) source.Access {
 	srcs := vf.Sources()
 	if len(srcs) == 0 {
 		return dir.AsFile()
 	}
-	accs := make([]source.Access, len(srcs))
-	for i, s := range srcs {
-		accs[i] = f.known(s.Access(), false)
+	var accs []source.Access
+	for _, s := range srcs {
+		accs = append(accs, f.known(s.Access(), false))
+		for d := path.Dir(s.Rel); d != "." && d != "/" && d != ".."; d = path.Dir(d) {
+			m, ok := masks[d]
+			if !ok {
+				m = source.SearchMask(f.dirAccess(path.Join(ckpt, d)))
+				masks[d] = m
+			}
+			accs = append(accs, m)
+		}
 	}
 	return source.Intersect(accs...).ReadOnly()
 }

@@ -495,6 +495,7 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 		}
 	}
 	var dirAccess source.Access
+	masks := map[string]source.Access{}
 	if !e.shown {
 		dirAccess = f.dirAccess(e.dir)
 	}
@@ -519,7 +520,7 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 		e.format, e.tensors, e.bytes = string(v.Checkpoint.Format), len(v.Tensors), v.TotalSize()
 		for _, vf := range v.Files {
 			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1),
-				access: f.viewAccess(vf, dirAccess)})
+				access: f.viewAccess(vf, e.dir, dirAccess, masks)})
 		}
 		for s := range sources {
 			e.sources = append(e.sources, s)

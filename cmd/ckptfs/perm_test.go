@@ -195,6 +195,13 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 	hubRepo(t, filepath.Join(src, "hub"), "models--org--open", 0o755)
 	hubRepo(t, filepath.Join(src, "hub"), "models--org--closed", 0o700)
 
+	// Megatron tensor-parallel ranks in subdirectories: one of them 0700.
+	megatron := filepath.Join("..", "..", "testdata", "megatron_legacy_llama_tp2", "ckpt", "iter_0000010")
+	for _, name := range []string{"tp-open", "tp-closed"} {
+		require.NoError(t, os.CopyFS(filepath.Join(src, name), os.DirFS(megatron)))
+	}
+	require.NoError(t, os.Chmod(filepath.Join(src, "tp-closed", "mp_rank_01"), 0o700))
+
 	mnt := mountAllowOther(t, src)
 	model := func(dir string) string { return "{mnt}/" + dir + "/model.safetensors" }
 	snap := func(repo string) string {
@@ -223,6 +230,9 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 		{name: "hub snapshot", as: nobody, argv: []string{"cat", snap("open")}, same: true},
 		{name: "hub snapshot, 0700 blobs", as: nobody, argv: []string{"cat", snap("closed")}, want: denied},
 		{name: "hub snapshot, 0700 blobs, root", as: root, argv: []string{"cat", snap("closed")}},
+		{name: "ranks in subdirectories", as: nobody, argv: []string{"cat", model("tp-open")}, same: true},
+		{name: "a rank's 0700 subdirectory", as: nobody, argv: []string{"cat", model("tp-closed")}, want: denied},
+		{name: "a rank's 0700 subdirectory, root", as: root, argv: []string{"cat", model("tp-closed")}},
 		{name: "stats file", as: nobody, argv: []string{"cat", "{mnt}/.ckptfs"}, want: denied},
 		{name: "stats file, mounter", as: root, argv: []string{"cat", "{mnt}/.ckptfs"}},
 		{name: "read-only", as: root, argv: []string{"touch", "{mnt}/public/config.json"}, want: "Read-only"},

@@ -277,15 +277,15 @@ func (l *Local) throughLinks(name string, a Access) Access {
 			return Access{Uid: a.Uid, Gid: a.Gid, Known: true}
 		}
 		d := withACL(accessOf(&syscall.Stat_t{Uid: st.Uid, Gid: st.Gid, Mode: st.Mode}), pathHasACL(filepath.Join(l.dir, dir)))
-		accs = append(accs, searchMask(d))
+		accs = append(accs, SearchMask(d))
 	}
 	return Intersect(accs...)
 }
 
-// searchMask is an Access that grants a class everything where the
+// SearchMask is an Access that grants a class everything where the
 // directory d lets it search, and nothing where not: what passing through
-// d takes away.
-func searchMask(d Access) Access {
+// d takes away, to Intersect with what lies below it.
+func SearchMask(d Access) Access {
 	var p fs.FileMode
 	for c := uint(0); c < 3; c++ {
 		if d.class(c)&MayExec != 0 {
