@@ -407,3 +407,27 @@ func TestOwnerFlagsRefused(t *testing.T) {
 	require.Equal(t, 2, code, errs)
 	require.Contains(t, errs, "--uid is for s3:// sources")
 }
+
+// FuzzOwnerValues: --uid/--gid and --file-mode/--dir-mode values never
+// panic, and what is accepted is in range and reads back as given.
+func FuzzOwnerValues(f *testing.F) {
+	for _, s := range []string{"0", "1000", "4294967295", "-1", "0444", "0o555", "777", "01444", "", "0x10", "+7"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var id idValue
+		if err := id.Set(s); err == nil {
+			var again idValue
+			require.NoError(t, again.Set(id.String()))
+			require.Equal(t, id, again)
+			require.NotEqual(t, uint32(1<<32-1), id.id)
+		}
+		var m modeValue
+		if err := m.Set(s); err == nil {
+			require.Zero(t, uint32(m)&^0o555, "%q", s)
+			var again modeValue
+			require.NoError(t, again.Set(m.String()))
+			require.Equal(t, m, again)
+		}
+	})
+}

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Dir is a local directory opened for writing, confined with os.Root like
@@ -75,18 +78,23 @@ func (d *Dir) Mkdir(name string, perm fs.FileMode) error {
 }
 
 // chownDir hands the directory name, just created, to d's owner. It is
-// opened without following a link (one swapped in since the mkdir is
-// refused), and changed through that descriptor.
+// opened from its parent without following a link (os.Root would follow
+// one swapped in since the mkdir), and changed through that descriptor.
 func (d *Dir) chownDir(name string) error {
 	if d.owner == nil {
 		return nil
 	}
-	f, err := d.root.OpenFile(name, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	parent, err := d.root.Open(path.Dir(name))
 	if err != nil {
 		return d.err("chown", name, err)
 	}
-	defer f.Close()
-	return d.err("chown", name, f.Chown(d.owner.uid, d.owner.gid))
+	defer parent.Close()
+	fd, err := unix.Openat(int(parent.Fd()), path.Base(name), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return d.err("chown", name, err)
+	}
+	defer unix.Close(fd)
+	return d.err("chown", name, unix.Fchown(fd, d.owner.uid, d.owner.gid))
 }
 
 // MkdirTemp creates a new directory prefix+random and returns its name.
