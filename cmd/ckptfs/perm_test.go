@@ -46,7 +46,7 @@ func as(u user, argv ...string) ([]byte, error) {
 // 0700, which would keep them out of everything below.
 func openTempDir(t *testing.T) string {
 	dir := t.TempDir()
-	for d := dir; d != os.TempDir(); d = filepath.Dir(d) {
+	for d := dir; d != filepath.Clean(os.TempDir()) && d != filepath.Dir(d); d = filepath.Dir(d) {
 		require.NoError(t, os.Chmod(d, 0o755))
 	}
 	return dir
