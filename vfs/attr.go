@@ -9,10 +9,13 @@ package vfs
 //     narrowed where it has an ACL), without write bits; the mount root
 //     shows the source directory's, as it was at mount time;
 //   - a checkpoint's view directory is its source directory, and shows it;
-//   - a view file built from source files shows source.Intersect of theirs:
-//     a user may read it only where they may read every one of them; a
-//     generated file (config.json written from the checkpoint's arguments,
-//     an index) follows the checkpoint directory (Access.AsFile);
+//   - a view file shows source.Intersect of the files it is made of: those
+//     its bytes come from and those the reader opened to plan the view
+//     (.metadata, Megatron's arguments), so a user may read it only where
+//     they may read every one of them; a generated file (config.json
+//     written from the checkpoint's arguments, an index) also the
+//     checkpoint directory's read bits (Access.AsFile); a sidecar shown as
+//     it is, its own (viewAccess);
 //   - an object store keeps no owners: the mount's Objects say;
 //   - in a writable mount, a directory that may take new checkpoints keeps
 //     its write bits (the kernel then checks the writer against them, and
@@ -24,6 +27,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"sync"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -70,21 +74,20 @@ func (f *FS) known(a source.Access, dir bool) source.Access {
 	return a
 }
 
-// viewAccess is what the view file vf of the checkpoint directory ckpt,
-// of Access dir, shows (see the top of this file). A source file in a
-// subdirectory of the checkpoint (a pipeline stage's mp_rank_01/) counts
-// with the search bits of the directories on its way, which the kernel
-// does not see: they are no part of the view's path. masks caches those,
-// for the files of one view.
-func (f *FS) viewAccess(vf *view.File, ckpt string, dir source.Access, masks map[string]source.Access) source.Access {
-	srcs := vf.Sources()
-	if len(srcs) == 0 {
-		return dir.AsFile()
-	}
-	var accs []source.Access
-	for _, s := range srcs {
-		accs = append(accs, f.known(s.Access(), false))
-		for d := path.Dir(s.Rel); d != "." && d != "/" && d != ".."; d = path.Dir(d) {
+// viewAccess is what each file of v, the view of the checkpoint directory
+// ckpt, shows (see the top of this file), in the order of v.Files: the
+// intersection of the files its bytes come from and of every file the
+// reader opened to plan the view (read: .metadata, Megatron's arguments,
+// sidecars; the safetensors header, the index and a generated config.json
+// are made of them), and, for a file made of nothing else, the checkpoint
+// directory's. A sidecar shown as it is (KindPassthrough) is its file's. A file in a subdirectory (a rank's mp_rank_01/) counts with
+// the search bits of the directories on its way, which the kernel does not
+// see: they are no part of the view's path.
+func (f *FS) viewAccess(ckpt string, v *view.View, read *readFiles) []source.Access {
+	masks := map[string]source.Access{}
+	withPath := func(accs []source.Access, rel string, a source.Access) []source.Access {
+		accs = append(accs, f.known(a, false))
+		for d := path.Dir(rel); d != "." && d != "/" && d != ".."; d = path.Dir(d) {
 			m, ok := masks[d]
 			if !ok {
 				m = source.SearchMask(f.dirAccess(path.Join(ckpt, d)))
@@ -92,8 +95,92 @@ func (f *FS) viewAccess(vf *view.File, ckpt string, dir source.Access, masks map
 			}
 			accs = append(accs, m)
 		}
+		return accs
 	}
-	return source.Intersect(accs...).ReadOnly()
+	var planned []source.Access
+	for rel, a := range read.files() {
+		planned = withPath(planned, rel, a)
+	}
+	dir := f.dirAccess(ckpt)
+	out := make([]source.Access, len(v.Files))
+	for n, vf := range v.Files {
+		var accs []source.Access
+		if vf.Kind != view.KindPassthrough { // a sidecar is its file's bytes alone
+			accs = append(accs, planned...)
+		}
+		for _, s := range vf.Sources() {
+			accs = withPath(accs, s.Rel, s.Access())
+		}
+		if len(vf.Sources()) == 0 {
+			accs = append(accs, dir.AsFile())
+		}
+		out[n] = source.Intersect(accs...).ReadOnly()
+	}
+	return out
+}
+
+// readFiles records the files a checkpoint's reader opens while its view
+// is planned, by name in the checkpoint, with their Access.
+type readFiles struct {
+	mu      sync.Mutex
+	opened  map[string]source.Access // GUARDED_BY(mu)
+	stopped bool                     // GUARDED_BY(mu)
+}
+
+// tree is t, recording its opens into r; t itself where r is nil.
+func (r *readFiles) tree(t source.Tree) source.Tree {
+	if r == nil {
+		return t
+	}
+	return &recordingTree{Tree: t, r: r}
+}
+
+// stop ends the recording: the shards opened later, to be read, are
+// counted by the view files they make (view.File.Sources).
+func (r *readFiles) stop() {
+	if r != nil {
+		r.mu.Lock()
+		r.stopped = true
+		r.mu.Unlock()
+	}
+}
+
+func (r *readFiles) files() map[string]source.Access {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.opened
+}
+
+type recordingTree struct {
+	source.Tree
+	r *readFiles
+}
+
+// Open records name with the Access a Stat gives (narrowed by the links
+// on its way, which the open file's own does not say).
+func (t *recordingTree) Open(name string) (source.File, error) {
+	file, err := t.Tree.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	a := file.Info().Access
+	if info, err := t.Tree.Stat(name); err == nil {
+		a = info.Access
+	} else {
+		a.Perm = 0 // cannot tell: root's alone
+	}
+	t.r.mu.Lock()
+	if !t.r.stopped {
+		if t.r.opened == nil {
+			t.r.opened = map[string]source.Access{}
+		}
+		t.r.opened[name] = a
+	}
+	t.r.mu.Unlock()
+	return file, nil
 }
 
 // dirAccess is what the checkpoint directory dir shows, for the files made

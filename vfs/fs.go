@@ -472,7 +472,11 @@ func (f *FS) resident(e *viewEntry) (*viewInst, error) {
 // LRU. The first open that succeeds fills e's listing; a later one must
 // give the same view (reopened). Called with e.build held.
 func (f *FS) open(e *viewEntry) (*viewInst, error) {
-	v, err := f.openView(e.dir, e.reader)
+	var read *readFiles // what the first open reads, for the view's owners and modes
+	if !e.shown {
+		read = &readFiles{}
+	}
+	v, err := f.openView(e.dir, e.reader, read)
 	if err != nil {
 		if !e.shown {
 			f.mu.Lock()
@@ -494,10 +498,9 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 			return nil, err
 		}
 	}
-	var dirAccess source.Access
-	masks := map[string]source.Access{}
+	var access []source.Access
 	if !e.shown {
-		dirAccess = f.dirAccess(e.dir)
+		access = f.viewAccess(e.dir, v, read)
 	}
 	i := &viewInst{e: e, view: v, files: map[string]*view.File{}}
 	sources := map[*ckpt.File]bool{}
@@ -518,9 +521,9 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 	if !e.shown {
 		e.shown, e.digest, e.note = true, digest, v.Note
 		e.format, e.tensors, e.bytes = string(v.Checkpoint.Format), len(v.Tensors), v.TotalSize()
-		for _, vf := range v.Files {
+		for n, vf := range v.Files {
 			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1),
-				access: f.viewAccess(vf, e.dir, dirAccess, masks)})
+				access: access[n]})
 		}
 		for s := range sources {
 			e.sources = append(e.sources, s)
@@ -669,7 +672,9 @@ func viewDigest(seed maphash.Seed, v *view.View) uint64 {
 //
 // A panic while opening (a format reader meeting input it did not expect)
 // is this view's error, "internal error: ...", not the end of the mount.
-func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) {
+//
+// read, when set, records the files the reader opens (attr.go).
+func (f *FS) openView(dir string, format ckpt.Reader, read *readFiles) (v *view.View, err error) {
 	var c *layout.Checkpoint
 	defer func() {
 		if r := recover(); r != nil {
@@ -685,7 +690,7 @@ func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) 
 	}
 	sub, err := source.Sub(f.tree, dir)
 	if err == nil {
-		c, err = layout.OpenAs(format, sub)
+		c, err = layout.OpenAs(format, read.tree(sub))
 	}
 	if err == nil {
 		v, err = view.Plan(c, f.opts.Plan)
@@ -693,6 +698,7 @@ func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) 
 			c.Close()
 		}
 	}
+	read.stop()
 	if err != nil {
 		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 		return nil, err

@@ -181,6 +181,14 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 		return root
 	}, all(os.FileMode(0o644)))
 	copyCkpt(t, filepath.Join(src, "alices"), 0o755, all(alice), all(os.FileMode(0o600)))
+	// Readable shards, unreadable .metadata: the view's header, index and
+	// layout are made of it.
+	copyCkpt(t, filepath.Join(src, "metadata"), 0o755, byRoot, func(name string) os.FileMode {
+		if name == ".metadata" {
+			return 0o600
+		}
+		return 0o644
+	})
 	require.NoError(t, os.WriteFile(filepath.Join(src, "plain.txt"), []byte("root's\n"), 0o600))
 	require.NoError(t, os.Mkdir(filepath.Join(src, "private"), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(src, "private", "notes.txt"), []byte("notes\n"), 0o644))
@@ -233,6 +241,9 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 		{name: "ranks in subdirectories", as: nobody, argv: []string{"cat", model("tp-open")}, same: true},
 		{name: "a rank's 0700 subdirectory", as: nobody, argv: []string{"cat", model("tp-closed")}, want: denied},
 		{name: "a rank's 0700 subdirectory, root", as: root, argv: []string{"cat", model("tp-closed")}},
+		{name: "0600 .metadata, readable shards", as: nobody, argv: []string{"cat", model("metadata")}, want: denied},
+		{name: "0600 .metadata, the index", as: nobody, argv: []string{"cat", "{mnt}/metadata/model.safetensors.index.json"}, want: denied},
+		{name: "0600 .metadata, a sidecar", as: nobody, argv: []string{"cat", "{mnt}/metadata/config.json"}, same: true},
 		{name: "stats file", as: nobody, argv: []string{"cat", "{mnt}/.ckptfs"}, want: denied},
 		{name: "stats file, mounter", as: root, argv: []string{"cat", "{mnt}/.ckptfs"}},
 		{name: "read-only", as: root, argv: []string{"touch", "{mnt}/public/config.json"}, want: "Read-only"},
