@@ -6,8 +6,9 @@ package vfs
 // user do more than the source would:
 //
 //   - a directory or file of a local source shows its own (source.Access,
-//     narrowed where it has an ACL), without write bits; the mount root
-//     shows the source directory's, as it was at mount time;
+//     narrowed where it has an ACL or is reached through a link), without
+//     write bits; the mount root shows the source directory's, as it was
+//     at mount time;
 //   - a checkpoint's view directory is its source directory, and shows it;
 //   - a view file shows source.Intersect of the files it is made of: those
 //     its bytes come from and those the reader opened to plan the view
