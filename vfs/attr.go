@@ -56,6 +56,15 @@ func mounterOnly() source.Access {
 	return source.Access{Uid: uint32(os.Geteuid()), Gid: uint32(os.Getegid()), Perm: 0o400, Known: true}
 }
 
+// statsAccess is what .ckptfs shows: the mounter's, Options.StatsMode.
+func (f *FS) statsAccess() source.Access {
+	a := mounterOnly()
+	if f.opts.StatsMode != 0 {
+		a.Perm = f.opts.StatsMode &^ 0o222
+	}
+	return a
+}
+
 // access is what info shows: its own Access, or the Objects' for a tree
 // that keeps none.
 func (f *FS) access(info source.Info) source.Access {

@@ -442,7 +442,7 @@ func (f *statsFile) snapshot() []byte {
 
 func (f *statsFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	setAttr(&out.Attr, time.Now(), int64(len(f.snapshot())), syscall.S_IFREG)
-	showAccess(&out.Attr, mounterOnly())
+	showAccess(&out.Attr, f.fsys.statsAccess())
 	out.SetTimeout(0)
 	return 0
 }

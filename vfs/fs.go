@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"hash/maphash"
+	"io/fs"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -80,6 +81,9 @@ type Options struct {
 	// Objects is what a source that keeps no owners (an object store)
 	// shows; nil: DefaultObjects. A local source shows its own (attr.go).
 	Objects *Objects
+	// StatsMode is the permission bits of .ckptfs, owned by the mounter;
+	// 0: 0400, the mounter's alone (it names every checkpoint opened).
+	StatsMode fs.FileMode
 	// CommitObserver, when set, is called after every commit of a written
 	// file with how long it took and its error: the commit-duration
 	// histogram of the metrics endpoint.

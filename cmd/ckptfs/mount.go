@@ -200,7 +200,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
-		DirectReads: f.directReads, Objects: objects}
+		DirectReads: f.directReads, Objects: objects, StatsMode: f.owner.stats()}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
 		m = metrics.New()

@@ -20,6 +20,7 @@ import (
 type ownerFlags struct {
 	uid, gid          idValue
 	fileMode, dirMode modeValue
+	statsMode         modeValue // .ckptfs, any source
 	flags             *pflag.FlagSet
 }
 
@@ -33,7 +34,12 @@ func (o *ownerFlags) register(fs *pflag.FlagSet) {
 	fs.Var(&o.gid, "gid", "s3:// sources: `GID` that owns every file and directory shown (default: the mounter's)")
 	fs.Var(&o.fileMode, "file-mode", "s3:// sources: permission bits of every file, in octal, without write bits (the mount is read-only)")
 	fs.Var(&o.dirMode, "dir-mode", "s3:// sources: permission bits of every directory, in octal, without write bits")
+	o.statsMode = 0o400
+	fs.Var(&o.statsMode, "stats-mode", "permission bits of .ckptfs (owned by the mounter; it names every checkpoint opened), in octal, without write bits")
 }
+
+// stats is the mode of .ckptfs.
+func (o *ownerFlags) stats() fs.FileMode { return fs.FileMode(o.statsMode) }
 
 // objects is what the flags say an object store shows; nil for a local
 // source, where giving any of them is an error.
@@ -90,7 +96,7 @@ type modeValue fs.FileMode
 func (v *modeValue) String() string { return fmt.Sprintf("%04o", uint32(*v)) }
 func (v *modeValue) Type() string   { return "string" }
 
-var errWriteBits = errors.New("has write bits: an object store is mounted read-only")
+var errWriteBits = errors.New("has write bits: what it sets cannot be written")
 
 func (v *modeValue) Set(s string) error {
 	digits := strings.TrimPrefix(s, "0o")

@@ -161,6 +161,10 @@ func TestMountNeverGivesMoreThanTheSource(t *testing.T) {
 	require.NoError(t, os.Mkdir(src, 0o755))
 	byRoot := all(root)
 	copyCkpt(t, filepath.Join(src, "public"), 0o755, byRoot, all(os.FileMode(0o644)))
+	// The operator may open .ckptfs to all.
+	statsMnt := mountAllowOther(t, filepath.Join(src, "public"), "-o", "stats_mode=0444")
+	_, err := as(nobody, "cat", filepath.Join(statsMnt, ".ckptfs"))
+	require.NoError(t, err)
 	copyCkpt(t, filepath.Join(src, "secret"), 0o700, byRoot, all(os.FileMode(0o600)))
 	// Shards of two owners: readable by whom both are readable by.
 	copyCkpt(t, filepath.Join(src, "mixed"), 0o755, func(name string) user {
@@ -404,6 +408,8 @@ func TestOwnerFlagsRefused(t *testing.T) {
 		{[]string{"--file-mode", "0999"}, "not a mode"},
 		{[]string{"--dir-mode", "r-x"}, "not a mode"},
 		{[]string{"--dir-mode", "-0555"}, "not a mode"},
+		{[]string{"--stats-mode", "0600"}, "write bits"},
+		{[]string{"-o", "stats_mode=8"}, "not a mode"},
 		{[]string{"-o", "uid=abc"}, `mount option "uid=abc"`},
 		{[]string{"-o", "file_mode=0666"}, "write bits"},
 		{[]string{"-o", "file_mode"}, `mount option "file_mode" needs a value`},
