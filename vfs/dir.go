@@ -136,12 +136,16 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 		switch {
 		case err != nil:
 			msg := []byte("ckptfs could not show this checkpoint:\n" + err.Error() + "\n")
-			add(entry{name: errorName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
+			add(entry{name: errorName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
+				return &memFile{data: msg, access: d.fsys.dirAccess(d.name()).AsFile()}
+			}})
 		case e.note != "":
 			// Nothing to show as a model: the files are shown as they are.
 			format = nil
 			msg := []byte(e.note + "\n")
-			add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
+			add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
+				return &memFile{data: msg, access: d.fsys.dirAccess(d.name()).AsFile()}
+			}})
 		default:
 			for _, info := range e.files {
 				add(entry{name: info.name, mode: syscall.S_IFREG, view: true, make: func() fs.InodeEmbedder {
@@ -335,7 +339,7 @@ func (d *Dir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 // answers without the source (its mtime is the mount's start), so that the
 // mount comes up, and .ckptfs can be read, while the source does not answer.
 func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	mtime := d.fsys.started
+	mtime, acc := d.fsys.started, d.fsys.rootAccess
 	if d.rel != "" {
 		info, errno := interruptibly(ctx, d.fsys, func() (source.Info, syscall.Errno) {
 			info, err := d.fsys.tree.Stat(d.name())
@@ -344,13 +348,13 @@ func (d *Dir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) 
 		if errno != 0 {
 			return errno
 		}
-		mtime = info.ModTime
+		mtime, acc = info.ModTime, d.fsys.access(info)
 	}
-	perm := uint32(0o555)
-	if d.writable() {
-		perm = 0o755
+	if !d.writable() {
+		acc = acc.ReadOnly()
 	}
-	setAttr(&out.Attr, mtime, 0, syscall.S_IFDIR|perm)
+	setAttr(&out.Attr, mtime, 0, syscall.S_IFDIR)
+	showAccess(&out.Attr, acc)
 	out.Nlink = 2
 	out.SetTimeout(time.Second)
 	return 0

@@ -65,6 +65,9 @@ func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 		mtime = f.file.ModTime
 	}
 	setAttr(&out.Attr, mtime, f.size(), syscall.S_IFREG|0o444)
+	if f.e != nil {
+		showAccess(&out.Attr, f.info.access)
+	}
 	out.SetTimeout(f.fsys.opts.ViewTimeout)
 	return 0
 }
@@ -243,7 +246,8 @@ func (f *PassFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 	if errno != 0 {
 		return errno
 	}
-	setAttr(&out.Attr, info.ModTime, info.Size, syscall.S_IFREG|0o444)
+	setAttr(&out.Attr, info.ModTime, info.Size, syscall.S_IFREG)
+	showAccess(&out.Attr, f.fsys.access(info).ReadOnly())
 	out.SetTimeout(time.Second)
 	return 0
 }
@@ -345,7 +349,8 @@ func (h *passHandle) Release(ctx context.Context) syscall.Errno {
 // memFile is a small read-only file held in memory.
 type memFile struct {
 	fs.Inode
-	data []byte
+	data   []byte
+	access source.Access // its checkpoint directory's (attr.go)
 }
 
 var (
@@ -355,7 +360,8 @@ var (
 )
 
 func (f *memFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, time.Now(), int64(len(f.data)), syscall.S_IFREG|0o444)
+	setAttr(&out.Attr, time.Now(), int64(len(f.data)), syscall.S_IFREG)
+	showAccess(&out.Attr, f.access)
 	return 0
 }
 
@@ -468,7 +474,8 @@ func (f *statsFile) snapshot() []byte {
 }
 
 func (f *statsFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, time.Now(), int64(len(f.snapshot())), syscall.S_IFREG|0o444)
+	setAttr(&out.Attr, time.Now(), int64(len(f.snapshot())), syscall.S_IFREG)
+	showAccess(&out.Attr, f.fsys.statsAccess())
 	out.SetTimeout(0)
 	return 0
 }

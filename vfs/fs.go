@@ -2,8 +2,10 @@
 // shown read-only, checkpoint directories replaced by their HF views, view
 // files, and the .ckptfs stats file. In a writable mount, directories
 // created with mkdir are write targets whose files are spooled and
-// committed into DCP checkpoints (write.go). It holds no format or plan
-// logic; that lives in layout.
+// committed into DCP checkpoints (write.go). Every node shows the owner,
+// group and mode of what it is made of, which the kernel checks, and a
+// writable mount creates as its caller (attr.go, as.go). It holds no format
+// or plan logic; that lives in layout.
 //
 // How a read of a view file flows. The kernel keeps a view file's pages
 // (views never change: opens are KEEP_CACHE) and reads ahead of a reader
@@ -23,6 +25,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"hash/maphash"
+	"io/fs"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -75,6 +78,12 @@ type Options struct {
 	Writable bool
 	// Target is the layout written into new directories.
 	Target dcpwrite.Target
+	// Objects is what a source that keeps no owners (an object store)
+	// shows; nil: DefaultObjects. A local source shows its own (attr.go).
+	Objects *Objects
+	// StatsMode is the permission bits of .ckptfs, owned by the mounter;
+	// 0: 0400, the mounter's alone (it names every checkpoint opened).
+	StatsMode fs.FileMode
 	// CommitObserver, when set, is called after every commit of a written
 	// file with how long it took and its error: the commit-duration
 	// histogram of the metrics endpoint.
@@ -125,6 +134,11 @@ type FS struct {
 	sweeps  sync.WaitGroup        // sweepStale runs; Close waits for them
 	closed  bool                  // GUARDED_BY(mu)
 
+	// objects is Options.Objects or its default; rootAccess is what the
+	// mount root shows (attr.go).
+	objects    Objects
+	rootAccess source.Access
+
 	// started is the mount root's mtime: the root never touches the source
 	// (see Dir.Getattr).
 	started time.Time
@@ -160,6 +174,14 @@ func New(opts Options) (*FS, error) {
 		return nil, fmt.Errorf("vfs: %s: a writable mount needs a local directory", root)
 	}
 	f := newState(opts, root, local)
+	if local {
+		info, err := opts.Tree.Stat(".")
+		if err != nil {
+			return nil, err
+		}
+		f.rootAccess = info.Access
+	}
+	f.rootAccess = f.known(f.rootAccess, true)
 	if opts.Writable {
 		var err error
 		if f.wroot, err = source.OpenDir(root); err != nil {
@@ -174,7 +196,10 @@ func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
-		detached: make(chan struct{}, maxDetached)}
+		detached: make(chan struct{}, maxDetached), objects: DefaultObjects()}
+	if opts.Objects != nil {
+		f.objects = *opts.Objects
+	}
 	f.reads = readpath.New(readpath.Options{Cache: opts.Cache, Local: local, DirectReads: opts.DirectReads,
 		ReadDeadline: opts.ReadDeadline, Prefill: opts.Prefill, Logger: opts.Logger})
 	return f
@@ -332,6 +357,7 @@ type viewFileInfo struct {
 	size    int64
 	modTime time.Time
 	id      uint64 // cache id, the same in every re-open (see reopened)
+	access  source.Access
 }
 
 // viewInst is one opening of a checkpoint's view.
@@ -450,7 +476,11 @@ func (f *FS) resident(e *viewEntry) (*viewInst, error) {
 // LRU. The first open that succeeds fills e's listing; a later one must
 // give the same view (reopened). Called with e.build held.
 func (f *FS) open(e *viewEntry) (*viewInst, error) {
-	v, err := f.openView(e.dir, e.reader)
+	var read *readFiles // what the first open reads, for the view's owners and modes
+	if !e.shown {
+		read = &readFiles{}
+	}
+	v, err := f.openView(e.dir, e.reader, read)
 	if err != nil {
 		if !e.shown {
 			f.mu.Lock()
@@ -472,6 +502,10 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 			return nil, err
 		}
 	}
+	var access []source.Access
+	if !e.shown {
+		access = f.viewAccess(e.dir, v, read)
+	}
 	i := &viewInst{e: e, view: v, files: map[string]*view.File{}}
 	sources := map[*ckpt.File]bool{}
 	for _, vf := range v.Files {
@@ -491,8 +525,9 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 	if !e.shown {
 		e.shown, e.digest, e.note = true, digest, v.Note
 		e.format, e.tensors, e.bytes = string(v.Checkpoint.Format), len(v.Tensors), v.TotalSize()
-		for _, vf := range v.Files {
-			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1)})
+		for n, vf := range v.Files {
+			e.files = append(e.files, viewFileInfo{name: vf.Name, size: vf.Size, modTime: vf.ModTime, id: f.nextID.Add(1),
+				access: access[n]})
 		}
 		for s := range sources {
 			e.sources = append(e.sources, s)
@@ -641,7 +676,9 @@ func viewDigest(seed maphash.Seed, v *view.View) uint64 {
 //
 // A panic while opening (a format reader meeting input it did not expect)
 // is this view's error, "internal error: ...", not the end of the mount.
-func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) {
+//
+// read, when set, records the files the reader opens (attr.go).
+func (f *FS) openView(dir string, format ckpt.Reader, read *readFiles) (v *view.View, err error) {
 	var c *layout.Checkpoint
 	defer func() {
 		if r := recover(); r != nil {
@@ -657,7 +694,7 @@ func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) 
 	}
 	sub, err := source.Sub(f.tree, dir)
 	if err == nil {
-		c, err = layout.OpenAs(format, sub)
+		c, err = layout.OpenAs(format, read.tree(sub))
 	}
 	if err == nil {
 		v, err = view.Plan(c, f.opts.Plan)
@@ -665,6 +702,7 @@ func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) 
 			c.Close()
 		}
 	}
+	read.stop()
 	if err != nil {
 		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 		return nil, err

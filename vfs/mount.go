@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -119,7 +120,7 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			AllowOther:    mo.AllowOther,
 			Debug:         mo.Debug,
 			Logger:        fuseLog,
-			Options:       mo.Options,
+			Options:       withDefaultPermissions(mo.Options),
 			// Views are immutable; the kernel may cache everything it reads.
 			ExplicitDataCacheControl: false,
 			// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a
@@ -134,8 +135,11 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			DisableSplice: true,
 		},
 		Logger: fuseLog,
-		UID:    uint32(os.Getuid()),
-		GID:    uint32(os.Getgid()),
+		// A mode of 0000 (a view no one but root may read) is shown as it
+		// is, not replaced by 0644.
+		NullPermissions: true,
+		UID:             uint32(os.Getuid()),
+		GID:             uint32(os.Getgid()),
 	}
 	if abs, err := filepath.Abs(mnt); err == nil {
 		fsys.mountpoint = abs
@@ -270,4 +274,15 @@ func (o *observedFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte
 func (o *observedFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) (st fuse.Status) {
 	defer o.done("flush", time.Now(), &st)
 	return o.RawFileSystem.Flush(cancel, in)
+}
+
+// withDefaultPermissions is the kernel options opts, with
+// default_permissions always among them: the kernel checks every access
+// against the owners and modes the nodes show (attr.go), with or without
+// allow_other.
+func withDefaultPermissions(opts []string) []string {
+	if slices.Contains(opts, "default_permissions") {
+		return opts
+	}
+	return append(slices.Clip(opts), "default_permissions")
 }

@@ -3,6 +3,7 @@ package vfs
 import (
 	"context"
 	"errors"
+	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -45,6 +46,8 @@ const volatileTimeout = time.Nanosecond
 type target struct {
 	s   *hfwrite.Session
 	rel string // path inside the mount
+	// uid and gid own the target and all it holds: whoever created it.
+	uid, gid uint32
 
 	mu   sync.Mutex
 	view *hfwrite.View     // GUARDED_BY(mu): the last view listed (for stats; not a reference)
@@ -212,7 +215,7 @@ func (d *Dir) targetChildren(t *target, only string) ([]entry, syscall.Errno) {
 	}
 	for _, f := range l.Writing {
 		add(entry{name: f.Name(), mode: syscall.S_IFREG, ino: inode(path.Join(t.rel, f.Name()) + "\x00upload" + strconv.FormatUint(f.Seq(), 10)),
-			make: func() fs.InodeEmbedder { return &writeNode{fsys: d.fsys, f: f} }})
+			make: func() fs.InodeEmbedder { return &writeNode{fsys: d.fsys, f: f, t: t} }})
 	}
 	if v := l.View; v != nil {
 		ids := t.idsOf(d.fsys, v)
@@ -221,7 +224,9 @@ func (d *Dir) targetChildren(t *target, only string) ([]entry, syscall.Errno) {
 		}
 		if v.Err != nil {
 			msg := []byte("ckptfs could not show this checkpoint:\n" + v.Err.Error() + "\n")
-			add(entry{name: errorName, mode: syscall.S_IFREG, ino: ino(errorName), make: func() fs.InodeEmbedder { return &memFile{data: msg} }})
+			add(entry{name: errorName, mode: syscall.S_IFREG, ino: ino(errorName), make: func() fs.InodeEmbedder {
+				return &memFile{data: msg, access: t.access(0o444)}
+			}})
 		} else {
 			for _, vf := range v.Files {
 				id := ids[vf.Name]
@@ -299,10 +304,26 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	if err != nil {
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
-	if err := d.fsys.wroot.Mkdir(rel, 0o755); err != nil {
+	w, errno := d.mayCreate(ctx, "mkdir", name)
+	if errno != 0 {
+		return nil, errno
+	}
+	// Created through its parent, handed to the writer (as.go); the
+	// session's files, through root, too. The mounter keeps rwx: the
+	// session writes there.
+	parent, mk := d.fsys.wroot, rel
+	if w.handOver {
+		mk = name
+		if parent, err = d.fsys.wroot.Sub(path.Join(".", d.rel)); err != nil {
+			return nil, toErrno(d.fsys.log, "mkdir "+real, err)
+		}
+		defer parent.Close()
+		parent.Own(w.uid, w.gid)
+	}
+	if err := parent.Mkdir(mk, os.FileMode(mode&0o777|0o700)); err != nil {
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
 	}
-	root, err := d.fsys.wroot.Sub(rel)
+	root, err := parent.Sub(mk)
 	if err != nil {
 		d.fsys.wroot.Remove(rel)
 		return nil, toErrno(d.fsys.log, "mkdir "+real, err)
@@ -323,7 +344,8 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	closed := d.fsys.closed
 	sweep := !closed && !d.fsys.swept[d.rel]
 	if !closed {
-		d.fsys.targets[key] = &target{s: s, rel: rel}
+		uid, gid := w.owner()
+		d.fsys.targets[key] = &target{s: s, rel: rel, uid: uid, gid: gid}
 		d.fsys.cleaned[key] = true
 	}
 	if sweep {
@@ -356,18 +378,21 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 	if t == nil {
 		return nil, nil, 0, syscall.EROFS
 	}
+	if _, errno := d.mayCreate(ctx, "create", name); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	h, err := t.s.Create(name)
 	if err != nil {
 		return nil, nil, 0, toErrno(d.fsys.log, "create "+filepath.Join(d.real, name), err)
 	}
 	f := h.File()
-	node := &writeNode{fsys: d.fsys, f: f}
+	node := &writeNode{fsys: d.fsys, f: f, t: t}
 	child := d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFREG,
 		Ino: inode(path.Join(t.rel, name) + "\x00upload" + strconv.FormatUint(f.Seq(), 10))})
 	node.attr(&out.Attr)
 	out.SetEntryTimeout(volatileTimeout)
 	out.SetAttrTimeout(volatileTimeout)
-	return child, &writeHandle{fsys: d.fsys, h: h}, fuse.FOPEN_DIRECT_IO, 0
+	return child, &writeHandle{fsys: d.fsys, h: h, t: t}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 // Unlink removes a name of a write target (hfwrite.Session.Remove).

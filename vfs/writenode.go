@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"syscall"
 
@@ -22,6 +23,7 @@ type writeNode struct {
 	fs.Inode
 	fsys *FS
 	f    *hfwrite.File
+	t    *target
 }
 
 var (
@@ -35,7 +37,8 @@ func (n *writeNode) attr(a *fuse.Attr) syscall.Errno {
 	if err != nil {
 		return toErrno(n.fsys.log, "stat "+n.f.Name(), err)
 	}
-	setAttr(a, n.f.Started(), size, syscall.S_IFREG|0o644)
+	setAttr(a, n.f.Started(), size, syscall.S_IFREG)
+	showAccess(a, n.t.access(0o644))
 	return 0
 }
 
@@ -64,7 +67,7 @@ func (n *writeNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 	if err != nil {
 		return nil, 0, toErrno(n.fsys.log, "open "+n.f.Name(), err)
 	}
-	return &writeHandle{fsys: n.fsys, h: h}, fuse.FOPEN_DIRECT_IO, 0
+	return &writeHandle{fsys: n.fsys, h: h, t: n.t}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func isWrite(flags uint32) bool { return flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 }
@@ -77,6 +80,7 @@ func isTrunc(flags uint32) bool { return isWrite(flags) && flags&syscall.O_TRUNC
 type writeHandle struct {
 	fsys *FS
 	h    *hfwrite.Handle
+	t    *target
 }
 
 var (
@@ -122,7 +126,7 @@ func (h *writeHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 
 func (h *writeHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
 	out.SetTimeout(volatileTimeout)
-	return (&writeNode{fsys: h.fsys, f: h.h.File()}).attr(&out.Attr)
+	return (&writeNode{fsys: h.fsys, f: h.h.File(), t: h.t}).attr(&out.Attr)
 }
 
 func (h *writeHandle) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -169,9 +173,11 @@ func (f *targetViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fus
 		return h.Getattr(ctx, out)
 	}
 	errno := f.ViewFile.Getattr(ctx, fh, out)
+	perm := os.FileMode(0o444)
 	if f.file.Kind == view.KindPassthrough {
-		out.Mode = syscall.S_IFREG | 0o644 // a stored file: it may be rewritten
+		perm = 0o644 // a stored file: it may be rewritten
 	}
+	showAccess(&out.Attr, f.t.access(perm))
 	out.SetTimeout(volatileTimeout)
 	return errno
 }
@@ -225,7 +231,7 @@ func (f *sidecarNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.A
 		return h.Getattr(ctx, out)
 	}
 	errno := f.PassFile.Getattr(ctx, fh, out)
-	out.Mode = syscall.S_IFREG | 0o644
+	showAccess(&out.Attr, f.t.access(0o644))
 	out.SetTimeout(volatileTimeout)
 	return errno
 }
@@ -240,7 +246,7 @@ func (t *target) open(f *FS, name string, flags uint32) (fs.FileHandle, uint32, 
 	if err != nil {
 		return nil, 0, toErrno(f.log, "open "+filepath.Join(t.s.Path(), name), err)
 	}
-	return &writeHandle{fsys: f, h: h}, fuse.FOPEN_DIRECT_IO, 0
+	return &writeHandle{fsys: f, h: h, t: t}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 // setattr on an existing file of t: a size change goes to the file being
@@ -257,7 +263,7 @@ func (t *target) setattr(ctx context.Context, f *FS, name string, fh fs.FileHand
 			return toErrno(f.log, "truncate "+filepath.Join(t.s.Path(), name), err)
 		}
 		out.SetTimeout(volatileTimeout)
-		return (&writeNode{fsys: f, f: w}).attr(&out.Attr)
+		return (&writeNode{fsys: f, f: w, t: t}).attr(&out.Attr)
 	}
 	return getattr(ctx, fh, out)
 }

@@ -45,6 +45,7 @@ type mountFlags struct {
 	view        viewFlags
 	source      sourceFlags
 	write       writeFlags
+	owner       ownerFlags
 	cacheSize   *byteSize
 	blockSize   *byteSize
 	readAhead   *byteSize
@@ -68,6 +69,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.flags = fs
 	f.view.register(fs)
 	f.source.register(fs, true)
+	f.owner.register(fs)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
 	f.readAhead = newByteSize(vfs.DefaultReadAhead, true)
@@ -170,6 +172,10 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if err != nil {
 		return err
 	}
+	objects, err := f.owner.objects(remote)
+	if err != nil {
+		return err
+	}
 	// Signals are caught from the start: one that arrived while the mount
 	// was coming up, under the default action, would kill the process while
 	// a thread of it waits on its own mount (the readiness stat), a wait the
@@ -194,7 +200,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
-		DirectReads: f.directReads}
+		DirectReads: f.directReads, Objects: objects, StatsMode: f.owner.stats()}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
 		m = metrics.New()

@@ -153,6 +153,9 @@ type File struct {
 // Size is the file size seen at open time.
 func (f *File) Size() int64 { return f.info.Size }
 
+// Access is the file's owner and mode seen at open time.
+func (f *File) Access() source.Access { return f.info.Access }
+
 // ModTime is the modification time seen at open time.
 func (f *File) ModTime() time.Time { return f.info.ModTime }
 

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Dir is a local directory opened for writing, confined with os.Root like
@@ -21,7 +24,18 @@ import (
 type Dir struct {
 	root *os.Root
 	path string
+	// owner, when set (Own), is handed every file and directory created
+	// through the Dir and its Subs.
+	owner *owner
 }
+
+// owner is a uid and gid to hand what a Dir creates.
+type owner struct{ uid, gid int }
+
+// Own makes every file and directory created through d (and the Subs
+// opened after) belong to uid:gid: a root mount's write target holds its
+// writer's files, not root's.
+func (d *Dir) Own(uid, gid int) { d.owner = &owner{uid, gid} }
 
 // OpenDir opens the directory path for writing.
 func OpenDir(path string) (*Dir, error) {
@@ -48,12 +62,39 @@ func (d *Dir) Sub(name string) (*Dir, error) {
 	if err != nil {
 		return nil, d.err("open", name, err)
 	}
-	return &Dir{root: root, path: d.Path(name)}, nil
+	return &Dir{root: root, path: d.Path(name), owner: d.owner}, nil
 }
 
 // Mkdir creates the directory name.
 func (d *Dir) Mkdir(name string, perm fs.FileMode) error {
-	return d.err("mkdir", name, d.root.Mkdir(name, perm))
+	if err := d.root.Mkdir(name, perm); err != nil {
+		return d.err("mkdir", name, err)
+	}
+	if err := d.chownDir(name); err != nil {
+		d.root.Remove(name)
+		return err
+	}
+	return nil
+}
+
+// chownDir hands the directory name, just created, to d's owner. It is
+// opened from its parent without following a link (os.Root would follow
+// one swapped in since the mkdir), and changed through that descriptor.
+func (d *Dir) chownDir(name string) error {
+	if d.owner == nil {
+		return nil
+	}
+	parent, err := d.root.Open(path.Dir(name))
+	if err != nil {
+		return d.err("chown", name, err)
+	}
+	defer parent.Close()
+	fd, err := unix.Openat(int(parent.Fd()), path.Base(name), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return d.err("chown", name, err)
+	}
+	defer unix.Close(fd)
+	return d.err("chown", name, unix.Fchown(fd, d.owner.uid, d.owner.gid))
 }
 
 // MkdirTemp creates a new directory prefix+random and returns its name.
@@ -63,6 +104,9 @@ func (d *Dir) MkdirTemp(prefix string, perm fs.FileMode) (string, error) {
 		_, _ = rand.Read(b[:])
 		name := prefix + hex.EncodeToString(b[:])
 		err := d.root.Mkdir(name, perm)
+		if err == nil {
+			err = d.chownDir(name)
+		}
 		if !errors.Is(err, fs.ErrExist) {
 			return name, d.err("mkdir", name, err)
 		}
@@ -77,9 +121,19 @@ func (d *Dir) Create(name string, perm fs.FileMode) (*os.File, error) {
 }
 
 // OpenFile opens name as os.OpenFile does.
+// A file it may create is handed to d's owner (Own).
 func (d *Dir) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
 	f, err := d.root.OpenFile(name, flag, perm)
-	return f, d.err("open", name, err)
+	if err != nil {
+		return nil, d.err("open", name, err)
+	}
+	if d.owner != nil && flag&os.O_CREATE != 0 {
+		if err := f.Chown(d.owner.uid, d.owner.gid); err != nil {
+			f.Close()
+			return nil, d.err("chown", name, err)
+		}
+	}
+	return f, nil
 }
 
 // Open opens name for reading.

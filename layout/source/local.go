@@ -72,7 +72,9 @@ func (l *Local) Open(name string) (File, error) {
 		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, l.Path(name), typeName(fi.Mode()))
 	}
 	st, _ := stampOf(fi.Sys())
-	return &localFile{f: f, path: l.Path(name), info: infoOf(path.Base(name), fi), stamp: st, inMemory: inMemory(f)}, nil
+	info := infoOf(path.Base(name), fi)
+	info.Access = withACL(info.Access, fdHasACL(int(f.Fd())))
+	return &localFile{f: f, path: l.Path(name), info: info, stamp: st, inMemory: inMemory(f)}, nil
 }
 
 func (l *Local) Stat(name string) (Info, error) {
@@ -84,7 +86,9 @@ func (l *Local) Stat(name string) (Info, error) {
 	if err != nil {
 		return Info{}, l.pathError("stat", name, err)
 	}
-	return infoOf(path.Base(name), fi), nil
+	info := infoOf(path.Base(name), fi)
+	info.Access = l.throughLinks(name, withACL(info.Access, pathHasACL(l.real(name))))
+	return info, nil
 }
 
 func (l *Local) ReadDir(name string) ([]Info, error) {
@@ -118,11 +122,18 @@ func (l *Local) ReadDir(name string) ([]Info, error) {
 		if err != nil {
 			continue // removed while listing
 		}
-		out = append(out, infoOf(e.Name(), fi))
+		info := infoOf(e.Name(), fi)
+		info.Access = withACL(info.Access, pathHasACL(l.real(path.Join(name, e.Name()))))
+		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
+
+// real is the local path of the resolved name, for the one call os.Root
+// does not make (getxattr, which only reads). A name replaced between the
+// stat and it is a source changing under the mount, as for any two reads.
+func (l *Local) real(name string) string { return filepath.Join(l.dir, filepath.FromSlash(name)) }
 
 // pathError names the file by its full path. os.Root reports a name that
 // resolves outside the tree with an unexported error, the only one of its
@@ -378,7 +389,7 @@ func stampOf(sys any) (stamp, bool) {
 }
 
 func infoOf(name string, fi fs.FileInfo) Info {
-	info := Info{Name: name, Size: fi.Size(), ModTime: fi.ModTime(), Mode: fi.Mode().Type()}
+	info := Info{Name: name, Size: fi.Size(), ModTime: fi.ModTime(), Mode: fi.Mode().Type(), Access: accessOf(fi.Sys())}
 	if s, ok := stampOf(fi.Sys()); ok {
 		info.ID = fmt.Sprintf("%x:%x", s.dev, s.ino)
 		info.Version = fmt.Sprintf("%s:%x:%x:%x", info.ID, s.size,

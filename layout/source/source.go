@@ -132,6 +132,9 @@ type Info struct {
 	// file the inode, size, mtime and ctime (which a restored mtime does not
 	// hide); for an object its ETag.
 	Version string
+	// Access is who may read it (and, in a writable mount, write it): a
+	// local file's owner, group and mode, narrowed where it has an ACL.
+	Access Access
 }
 
 // IsDir reports whether the name is a directory.
