@@ -76,8 +76,9 @@ func mapErr(err error) (errno syscall.Errno, quiet bool) {
 // name the source does not show is ENOENT, an answer. Anything else is the
 // source failing (a store that does not answer, refuses the credentials or
 // times out; a local EIO), which must not read as "no such file": EIO, or
-// EACCES for a local permission error, with one log line naming the
-// source path and the cause, counted in Stats.LookupErrors.
+// EACCES for a local permission error, counted in Stats.LookupErrors, with
+// one log line naming the source path and the cause (a remote source's
+// outage gets one as it begins and one as it ends: outageTree).
 func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
 	switch {
 	case err == nil:
@@ -92,7 +93,9 @@ func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
 		errno = syscall.EACCES
 	}
 	f.lookupErrors.Add(1)
-	f.log.Error(op+" "+f.tree.Path(name), "errno", errno.Error(), "err", err)
+	if !isSourceFailing(err) { // else the outage is logged as it begins and ends (outageTree)
+		f.log.Error(op+" "+f.tree.Path(name), "errno", errno.Error(), "err", err)
+	}
 	return errno
 }
 

@@ -399,7 +399,7 @@ func (f *FS) Stats() Stats {
 	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), LookupErrors: f.lookupErrors.Load(), Cache: f.opts.Cache.Stats(),
 		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
 	s.PrefilledBytes = f.reads.Prefilled()
-	if c, ok := f.tree.(source.Counted); ok {
+	if c, ok := f.opts.Tree.(source.Counted); ok {
 		st := c.Stats()
 		s.SourceIO = &st
 	}

@@ -93,6 +93,7 @@ type FS struct {
 	// mount's, not the process's: two mounts in one process do not share
 	// them); nil unless Options.Writable.
 	limits *hfwrite.Limits
+	// tree is an outageTree unless the source is local.
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -175,6 +176,9 @@ func newState(opts Options, root string, local bool) *FS {
 		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
 		detached: make(chan struct{}, maxDetached)}
+	if !local {
+		f.tree = newOutageTree(opts.Tree, opts.Logger)
+	}
 	f.reads = readpath.New(readpath.Options{Cache: opts.Cache, Local: local, DirectReads: opts.DirectReads,
 		ReadDeadline: opts.ReadDeadline, Prefill: opts.Prefill, Logger: opts.Logger})
 	return f
@@ -452,9 +456,12 @@ func (f *FS) resident(e *viewEntry) (*viewInst, error) {
 func (f *FS) open(e *viewEntry) (*viewInst, error) {
 	v, err := f.openView(e.dir, e.reader)
 	if err != nil {
-		if !e.shown {
+		if !e.shown && !isSourceFailing(err) {
+			// As before eviction existed: a view that failed stays failed,
+			// unless the source failed (an outage), which says nothing of
+			// the checkpoint.
 			f.mu.Lock()
-			e.err = err // as before eviction existed: a view that failed stays failed
+			e.err = err
 			f.mu.Unlock()
 		}
 		return nil, err
