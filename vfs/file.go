@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"syscall"
 	"time"
 
@@ -69,6 +70,15 @@ func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 	return 0
 }
 
+// logKey is the checkpoint's path, under which the errors of its files
+// are logged (errorLog).
+func (f *ViewFile) logKey() string {
+	if f.e != nil {
+		return f.fsys.tree.Path(f.e.dir)
+	}
+	return f.file.Name // a write target's file
+}
+
 // Open checks that the files the view's bytes come from are still those
 // the view was built from (a stat each): after a source changed, opens fail
 // with EIO instead of serving blocks cached from the old content. An open
@@ -83,13 +93,13 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		var err error
 		if inst, err = f.fsys.acquire(f.e); err != nil {
 			f.fsys.readErrors.Add(1)
-			return nil, 0, toErrno(f.fsys.log, "open "+f.info.name, err)
+			return nil, 0, f.fsys.limitedErrno(f.logKey(), "open "+f.info.name, err)
 		}
 		file, id = inst.files[f.info.name], f.info.id
 		if file == nil || file.Size != f.info.size { // reopened rules this out
 			f.fsys.unref(inst)
 			f.fsys.readErrors.Add(1)
-			return nil, 0, toErrno(f.fsys.log, "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
+			return nil, 0, f.fsys.limitedErrno(f.logKey(), "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
 		}
 	}
 	if err := file.CheckFresh(); err != nil {
@@ -97,12 +107,12 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 			f.fsys.unref(inst)
 		}
 		f.fsys.readErrors.Add(1)
-		return nil, 0, toErrno(f.fsys.log, "open "+file.Name, err)
+		return nil, 0, f.fsys.limitedErrno(f.logKey(), "open "+file.Name, err)
 	}
 	src := &viewReader{fsys: f.fsys, file: file, inst: inst}
 	r := f.fsys.reads.Open(readpath.File{Name: file.Name, ID: id, Src: src, Size: file.Size,
 		DataOffset: file.DataOffset(), Page: f.EmbeddedInode(), Hold: src.hold})
-	h := &viewHandle{fsys: f.fsys, file: file, r: r, inst: inst}
+	h := &viewHandle{fsys: f.fsys, file: file, r: r, inst: inst, logKey: f.logKey()}
 	// The bytes never change for the life of the mount: let the kernel keep
 	// its page cache across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
@@ -175,6 +185,8 @@ type viewHandle struct {
 	file *view.File
 	r    *readpath.Reader
 	inst *viewInst // the view it holds a reference to; nil for a write target's
+	// logKey groups its error lines with the other files of its checkpoint's.
+	logKey string
 }
 
 var (
@@ -186,7 +198,7 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	res, err := h.r.Read(ctx, dest, off)
 	if err != nil {
 		h.fsys.readErrors.Add(1)
-		return nil, toErrno(h.fsys.log, "read "+h.file.Name, err)
+		return nil, h.fsys.limitedErrno(h.logKey, "read "+h.file.Name, err)
 	}
 	h.fsys.bytesServed.Add(int64(res.Size()))
 	return res, 0
@@ -238,7 +250,7 @@ func (f *PassFile) open(flags uint32, passthrough bool) (fs.FileHandle, uint32, 
 	}
 	fd, err := f.fsys.tree.Open(f.rel)
 	if err != nil {
-		return nil, 0, toErrno(f.fsys.log, "open "+f.fsys.tree.Path(f.rel), err)
+		return nil, 0, f.fsys.limitedErrno(f.fsys.tree.Path(path.Dir(f.rel)), "open "+f.fsys.tree.Path(f.rel), err)
 	}
 	if f.id != "" && fd.Info().ID != f.id {
 		// The name reaches another file now. The kernel takes ESTALE from
@@ -248,14 +260,15 @@ func (f *PassFile) open(flags uint32, passthrough bool) (fs.FileHandle, uint32, 
 		fd.Close()
 		return nil, 0, syscall.ESTALE
 	}
-	return &passHandle{fsys: f.fsys, fd: fd, name: f.fsys.tree.Path(f.rel), passthrough: passthrough}, 0, 0
+	return &passHandle{fsys: f.fsys, fd: fd, name: f.fsys.tree.Path(f.rel), dir: f.fsys.tree.Path(path.Dir(f.rel)), passthrough: passthrough}, 0, 0
 }
 
 type passHandle struct {
 	fsys        *FS
 	fd          source.File
 	name        string
-	passthrough bool // the kernel may read fd itself
+	dir         string // its directory's path, the key of its error lines
+	passthrough bool   // the kernel may read fd itself
 }
 
 var (
@@ -298,7 +311,7 @@ func takesBacking(fd int) bool {
 func (h *passHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n, err := h.fd.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, toErrno(h.fsys.log, "read "+h.name, err)
+		return nil, h.fsys.limitedErrno(h.dir, "read "+h.name, err)
 	}
 	h.fsys.passServed.Add(int64(n))
 	return fuse.ReadResultData(dest[:n]), 0

@@ -93,7 +93,9 @@ type FS struct {
 	// mount's, not the process's: two mounts in one process do not share
 	// them); nil unless Options.Writable.
 	limits *hfwrite.Limits
+	// errLog takes the lines of the errors a reader can repeat at will;
 	// tree is an outageTree unless the source is local.
+	errLog *errorLog
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -175,7 +177,7 @@ func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
-		detached: make(chan struct{}, maxDetached)}
+		detached: make(chan struct{}, maxDetached), errLog: newErrorLog(opts.Logger)}
 	if !local {
 		f.tree = newOutageTree(opts.Tree, opts.Logger)
 	}
