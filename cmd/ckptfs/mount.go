@@ -16,6 +16,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -305,10 +306,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// waiting for the root to change, was seen under concurrent test mounts
 	// to find the directory under the mount for 30 s while other processes
 	// used the mount.)
-	defer unmountOnSignal(sigs, server, mnt, log, ready, interruptRequests)()
+	var signalled atomic.Bool
+	defer unmountOnSignal(sigs, server, mnt, log, ready, interruptRequests, &signalled)()
 	ready.ready()
 	server.Wait()
 	wd.disarm()
+	logUnmounted(log, mnt, signalled.Load())
 	ready.stopping()
 	// Unmounted: nobody waits for what is still being fetched (read-ahead),
 	// and the cache's Close waits for its workers, so end their requests now
@@ -325,12 +328,13 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 // ended with interrupt: they would keep the unmount waiting, or a detached
 // mount busy, for as long as the store does not answer. Files that stay
 // open are served on.
-func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, interrupt func()) (stop func()) {
+func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, interrupt func(), signalled *atomic.Bool) (stop func()) {
 	go func() {
 		s, ok := <-sigs
 		if !ok {
 			return
 		}
+		signalled.Store(true)
 		log.Info("unmounting", "signal", s.String())
 		ready.stopping()
 		stalled := time.AfterFunc(unmountGrace, interrupt)
