@@ -480,9 +480,14 @@ func reopenOnHangup(hup <-chan os.Signal, lf *logFile, log *slog.Logger) {
 }
 
 // checkMountpoint refuses a mount point that is no directory, or one with
-// files unless nonEmpty, before anything is mounted on it (a FUSE mount on a
+// files or a mount on it unless nonEmpty, before anything is mounted on it (a FUSE mount on a
 // regular file succeeds, and then nothing can use it).
 func checkMountpoint(mnt string, nonEmpty bool) error {
+	if !nonEmpty {
+		if err := checkNotMounted(mnt); err != nil {
+			return err
+		}
+	}
 	fi, err := os.Stat(mnt)
 	if err != nil {
 		return err
