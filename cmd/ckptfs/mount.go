@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,6 +185,9 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	go reopenOnHangup(hup, logFile, log)
 	if err := checkMountpoint(mnt, f.nonEmpty); err != nil {
 		return err
+	}
+	if !f.write.rw && !slices.Contains(o.kernel, "ro") {
+		o.kernel = append(o.kernel, "ro") // mountinfo says what the mount is
 	}
 	if real, err := filepath.EvalSymlinks(mnt); err == nil {
 		mnt = real // as mountinfo will name it, for the watchdog
