@@ -19,8 +19,14 @@ VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
 
 all: build
 
+# The version (git describe) and commit are stamped at link time: Go's own
+# VCS stamp is missing with GOFLAGS=-buildvcs=false or outside a work tree.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT  ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null || c="$$c+dirty"; echo "$$c"; } || echo unknown)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+
 build: go-deps
-	$(GO) build -o $(BIN) ./cmd/ckptfs
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/ckptfs
 
 go-deps:
 	$(GO) mod download

@@ -14,8 +14,11 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = ""
+// version and commit are set at build time with -ldflags "-X
+// main.version=... -X main.commit=..." (the Makefile stamps git describe
+// and the commit): Go's own VCS stamp is missing from a build with
+// -buildvcs=false or outside a git work tree.
+var version, commit = "", ""
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -154,11 +157,15 @@ func versionString() string {
 }
 
 // buildInfo is the version and commit of this binary.
-func buildInfo() (v, commit string) {
-	v, commit = version, "unknown"
+func buildInfo() (v, rev string) {
+	v, rev = version, commit
 	if v == "" {
 		v = "devel"
 	}
+	if rev != "" {
+		return v, rev
+	}
+	rev = "unknown"
 	if info, ok := debug.ReadBuildInfo(); ok {
 		if v == "devel" && info.Main.Version != "" && info.Main.Version != "(devel)" {
 			v = info.Main.Version
@@ -167,12 +174,12 @@ func buildInfo() (v, commit string) {
 		for _, s := range info.Settings {
 			switch {
 			case s.Key == "vcs.revision":
-				commit = s.Value
+				rev = s.Value
 			case s.Key == "vcs.modified" && s.Value == "true":
 				dirty = "+dirty"
 			}
 		}
-		commit += dirty
+		rev += dirty
 	}
-	return v, commit
+	return v, rev
 }
