@@ -76,6 +76,8 @@ it served in the background (unless -o foreground).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetVersionTemplate("ckptfs {{.Version}}\n")
+	// --version has no short form: -v is --verbose, wherever it is taken.
+	root.Flags().Bool("version", false, "print the version (as ckptfs version)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		if r := overflowError(err); r != nil {
 			return r
