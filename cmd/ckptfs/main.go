@@ -88,6 +88,7 @@ it served in the background (unless -o foreground).`,
 	for _, c := range root.Commands() {
 		documentLimits(c.Flags())
 	}
+	completeValues(root)
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	return root, helper
