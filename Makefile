@@ -91,15 +91,18 @@ test-e2e: build venv
 	CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider e2e
 
 # The README's first command: inspect and export the embedded sample, then
-# mount it, list it, load it with safetensors and unmount. Its venv holds
+# mount it, list it, load it with safetensors and unmount, in a folder of
+# its own (two demos at once do not meet), removed after. Its venv holds
 # safetensors and numpy only (seconds to install; no torch).
 DEMO_VENV  := .demo-venv
 DEMO_STAMP := $(DEMO_VENV)/.installed-$(shell cat e2e/requirements-demo.txt 2>/dev/null | cksum | cut -d' ' -f1)
 demo: build $(DEMO_STAMP)
 	./$(BIN) inspect $(SAMPLE)
-	rm -rf /tmp/ckptfs-demo && mkdir -p /tmp/ckptfs-demo
-	./$(BIN) export --dtype fp32 $(SAMPLE) /tmp/ckptfs-demo/export
-	$(DEMO_VENV)/bin/python e2e/demo.py $(abspath $(BIN)) $(SAMPLE) /tmp/ckptfs-demo
+	@set -e; work=$$(mktemp -d "$${TMPDIR:-/tmp}/ckptfs-demo.XXXXXX"); \
+	  trap 'rm -rf --one-file-system "$$work"' EXIT; \
+	  echo "./$(BIN) export --dtype fp32 $(SAMPLE) $$work/export"; \
+	  ./$(BIN) export --dtype fp32 $(SAMPLE) "$$work/export"; \
+	  $(DEMO_VENV)/bin/python e2e/demo.py $(abspath $(BIN)) $(SAMPLE) "$$work"
 
 $(DEMO_STAMP): e2e/requirements-demo.txt
 	test -x $(DEMO_VENV)/bin/python || python3 -m venv $(DEMO_VENV)

@@ -36,3 +36,19 @@ func TestMakeBuildStampsVersion(t *testing.T) {
 	require.Equal(t, "ckptfs "+strings.TrimSpace(string(describe)), lines[0])
 	require.True(t, strings.HasPrefix(lines[1], "commit "+strings.TrimSpace(string(head))), lines[1])
 }
+
+// TestMakeDemoUsesAFolderOfItsOwn: make demo works in a fresh temporary
+// folder, so that two demos at once do not clobber each other (issue 34.7:
+// it always used /tmp/ckptfs-demo). The demo itself runs in make demo and
+// CI; here make prints what it would run.
+func TestMakeDemoUsesAFolderOfItsOwn(t *testing.T) {
+	_, err := exec.LookPath("make")
+	testenv.RequireSystem(t, err == nil, "make")
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	require.NoError(t, err)
+	// -W: as if the demo's venv were made already; -n: print, run nothing.
+	out, err := exec.Command("make", "-C", root, "-n", "-W", "e2e/requirements-demo.txt", "demo").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "/tmp/ckptfs-demo ")
+	require.Contains(t, string(out), `mktemp -d "${TMPDIR:-/tmp}/ckptfs-demo.XXXXXX"`)
+}
