@@ -15,18 +15,21 @@ VERSITYGW_VERSION := v1.8.0
 VERSITYGW := .tools/bin/versitygw
 VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
 
-.PHONY: all build install test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
+.PHONY: all build install dist test test-go test-e2e deps go-deps fuse venv tools demo bench bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
 all: build
 
 # The version (git describe) and commit are stamped at link time: Go's own
 # VCS stamp is missing with GOFLAGS=-buildvcs=false or outside a work tree.
+# The binary is static (no cgo: Go's own DNS resolver), built as make dist
+# builds the packages' (packaging/dist.sh), so that the two share one
+# compile.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 COMMIT  ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null || c="$$c+dirty"; echo "$$c"; } || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
 build: go-deps
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/ckptfs
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/ckptfs
 
 go-deps:
 	$(GO) mod download
@@ -44,6 +47,15 @@ install: build
 	  *":$(PREFIX)/bin:"*) ;; \
 	  *) echo "note: mount -t fuse.ckptfs finds ckptfs only on /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; link $(PREFIX)/bin/ckptfs into one" >&2;; esac
 	@test -x /sbin/mount.fuse3 || echo "note: mount -t fuse.ckptfs needs fuse3's /sbin/mount.fuse3 (make fuse)" >&2
+
+# make dist [DIST=dist] [DIST_ARCHES="amd64 arm64"]: for each architecture, a
+# static binary (CGO_ENABLED=0) in a tarball, a .deb (/usr/bin/ckptfs, example
+# systemd units) and a wheel whose script is the binary (pip install puts
+# ckptfs on the venv's PATH): packaging/dist.sh. Needs dpkg-deb and python3.
+DIST ?= dist
+DIST_ARCHES ?= amd64 arm64
+dist: go-deps
+	@for a in $(DIST_ARCHES); do GO='$(GO)' packaging/dist.sh $$a '$(VERSION)' '$(COMMIT)' '$(DIST)' || exit 1; done
 
 # fusermount3 lets a crashed mount be cleaned up and non-root users mount.
 fuse:
