@@ -32,7 +32,8 @@ const outageRetry = time.Second
 //
 // The memory is the store's, not a name's: a store that does not answer
 // one name does not answer the next either. A name the store says is
-// missing is an answer, and ends an outage like any other answer.
+// missing is an answer, and ends an outage like any other answer to the
+// call that asks again.
 type outageTree struct {
 	source.Tree
 	log   *slog.Logger
@@ -132,7 +133,10 @@ func (t *outageTree) settle(op, name string, err error, probe bool) error {
 		if probe {
 			t.retryAt = now.Add(t.retry)
 		}
-	case t.down && (err == nil || !errors.Is(err, context.Canceled)):
+	case t.down && probe && !errors.Is(err, context.Canceled):
+		// Only the call that asked again says the store answers: one that
+		// began before the outage may have been answered from a cache (the
+		// store tree's listings).
 		t.log.Warn("source answers again", "failed_calls", t.failed, "outage", now.Sub(t.since).Round(time.Millisecond).String(),
 			"first_err", t.first)
 		t.down, t.first, t.failed = false, nil, 0
