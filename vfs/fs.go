@@ -675,7 +675,9 @@ func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) 
 		}
 	}
 	if err != nil {
-		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+		if !isSourceFailing(err) { // an outage is logged as it begins and ends
+			f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+		}
 		return nil, err
 	}
 	for _, w := range v.Warnings {

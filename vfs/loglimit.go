@@ -82,13 +82,14 @@ func (l *errorLog) dropIdle(now time.Time) {
 
 // limitedErrno is toErrno for the errors a reader can repeat at will (the
 // opens and reads of one checkpoint): its lines go through f.errLog under
-// key.
+// key; those of an outage of the source are not logged again (outageTree).
 func (f *FS) limitedErrno(key, what string, err error) syscall.Errno {
 	if err == nil {
 		return 0
 	}
 	errno, quiet := mapErr(err)
-	if !quiet {
+	if !quiet && !isSourceFailing(err) { // an outage is logged as it begins and ends
+
 		f.errLog.Error(key, what, err, "errno", errno.Error())
 	}
 	return errno

@@ -147,3 +147,41 @@ func TestOutageIsRemembered(t *testing.T) {
 	require.Contains(t, lines[0], "failed_calls=")
 	require.NotContains(t, lines[0], "failed_calls=0 ")
 }
+
+// TestOutageDoesNotFailAViewForGood: a checkpoint whose view is first
+// opened during an outage is shown once the store answers again (a view
+// that fails to open stays failed, but an outage says nothing of the
+// checkpoint), and its opening logs nothing besides the outage.
+func TestOutageDoesNotFailAViewForGood(t *testing.T) {
+	local, err := source.OpenLocal(fixture(t, "sample"))
+	require.NoError(t, err)
+	t.Cleanup(func() { local.Close() })
+	tree := &frozenTree{Tree: local, delay: 100 * time.Millisecond}
+	logs := &logLines{}
+	fsys := newFS(t, "", func(o *Options) {
+		o.Tree = tree
+		o.Logger = slog.New(slog.NewTextHandler(&logs.buf, nil))
+	})
+	fsys.tree.(*outageTree).retry = 100 * time.Millisecond
+	// The store stops between telling the directory is a checkpoint and
+	// opening its view.
+	var once atomic.Bool
+	fsys.openHook = func(stage, dir string) {
+		if stage == "open" && once.CompareAndSwap(false, true) {
+			tree.frozen.Store(true)
+		}
+	}
+	mnt := testMount(t, fsys)
+	view := filepath.Join(mnt, "ckpt", "model.safetensors")
+	_, err = os.Stat(view)
+	require.True(t, errors.Is(err, syscall.EIO), "stat gave %v", err)
+	lines := logs.lines()
+	require.Len(t, lines, 1, "%q", lines)
+	require.Contains(t, lines[0], "source failing")
+
+	tree.frozen.Store(false)
+	time.Sleep(150 * time.Millisecond)
+	_, err = os.Stat(view)
+	require.NoError(t, err, "the view is shown once the store answers")
+	require.NotContains(t, listDir(t, filepath.Join(mnt, "ckpt")), errorName)
+}
