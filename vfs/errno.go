@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"path"
 	"syscall"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -77,8 +78,9 @@ func mapErr(err error) (errno syscall.Errno, quiet bool) {
 // source failing (a store that does not answer, refuses the credentials or
 // times out; a local EIO), which must not read as "no such file": EIO, or
 // EACCES for a local permission error, counted in Stats.LookupErrors, with
-// one log line naming the source path and the cause (a remote source's
-// outage gets one as it begins and one as it ends: outageTree).
+// one log line naming the source path and the cause, at most one per
+// directory and window with a count of the others (errorLog); a remote
+// source's outage gets one as it begins and one as it ends (outageTree).
 func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
 	switch {
 	case err == nil:
@@ -94,7 +96,9 @@ func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
 	}
 	f.lookupErrors.Add(1)
 	if !isSourceFailing(err) { // else the outage is logged as it begins and ends (outageTree)
-		f.log.Error(op+" "+f.tree.Path(name), "errno", errno.Error(), "err", err)
+		// Repeated at will by anyone who can stat the name: rate-limited
+		// per directory (errorLog).
+		f.errLog.Error(f.tree.Path(path.Dir(name)), op+" "+f.tree.Path(name), err, "errno", errno.Error())
 	}
 	return errno
 }

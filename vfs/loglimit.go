@@ -15,7 +15,8 @@ import (
 // under a busy mount could fill the disk of --log-file.
 const errorWindow = 10 * time.Second
 
-// errorLog rate-limits error lines per key (a checkpoint's path).
+// errorLog rate-limits error lines per key: a checkpoint's path (its
+// opens and reads), a source directory (its lookups).
 type errorLog struct {
 	log    *slog.Logger
 	window time.Duration // errorWindow; tests shorten it
@@ -52,7 +53,7 @@ func (l *errorLog) Error(key, msg string, err error, args ...any) {
 			l.dropIdle(now)
 		}
 		l.keys[key] = &errorKey{until: now.Add(l.window)}
-		l.log.Error(msg, append(args, "err", err, "checkpoint", key)...)
+		l.log.Error(msg, append(args, "err", err, "key", key)...)
 		return
 	}
 	k.suppressed++
@@ -66,7 +67,7 @@ func (l *errorLog) Error(key, msg string, err error, args ...any) {
 func (l *errorLog) summary(key string, k *errorKey) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.log.Warn("more errors like the one logged", "checkpoint", key, "suppressed", k.suppressed,
+	l.log.Warn("more errors like the one logged", "key", key, "suppressed", k.suppressed,
 		"in", l.window.String(), "last", k.last)
 	k.suppressed, k.last, k.timer = 0, "", nil
 	k.until = time.Now().Add(l.window)

@@ -1,6 +1,8 @@
 package vfs
 
 import (
+	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -78,4 +80,23 @@ func TestFailedReadsLogOnce(t *testing.T) {
 	require.Contains(t, lines[0], "more errors")
 	require.Contains(t, lines[0], filepath.Join(src, "ckpt"))
 	require.Regexp(t, `suppressed=[1-9]\d+`, lines[0])
+}
+
+// TestLookupErrorsAreRateLimited: a lookup error of a local source that
+// anyone can repeat (stat of a name in a directory the mount cannot read)
+// logs one line per directory and window, then the count.
+func TestLookupErrorsAreRateLimited(t *testing.T) {
+	logs := &logLines{}
+	fsys := newFS(t, fixture(t, "sample"), func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs.buf, nil)) })
+	fsys.errLog.window = 200 * time.Millisecond
+	require.True(t, fsys.local)
+	for i := range 100 {
+		err := &fs.PathError{Op: "stat", Path: "x", Err: syscall.EIO}
+		require.Equal(t, syscall.EIO, fsys.sourceErrno("stat", fmt.Sprintf("dir/name%d", i), err))
+	}
+	require.Len(t, logs.lines(), 1)
+	time.Sleep(300 * time.Millisecond)
+	lines := logs.lines()
+	require.Len(t, lines, 1, "%q", lines)
+	require.Contains(t, lines[0], "suppressed=99")
 }
