@@ -15,12 +15,21 @@ VERSITYGW_VERSION := v1.8.0
 VERSITYGW := .tools/bin/versitygw
 VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
 
-.PHONY: all build install test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools demo bench bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
+.PHONY: all build install dist test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools demo bench bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
 all: build
 
+# The version (git describe) and commit are stamped at link time: Go's own
+# VCS stamp is missing with GOFLAGS=-buildvcs=false or outside a work tree.
+# The binary is static (no cgo: Go's own DNS resolver), built as make dist
+# builds the packages' (packaging/dist.sh), so that the two share one
+# compile.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT  ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null || c="$$c+dirty"; echo "$$c"; } || echo unknown)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+
 build: go-deps
-	$(GO) build -o $(BIN) ./cmd/ckptfs
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/ckptfs
 
 go-deps:
 	$(GO) mod download
@@ -38,6 +47,15 @@ install: build
 	  *":$(PREFIX)/bin:"*) ;; \
 	  *) echo "note: mount -t fuse.ckptfs finds ckptfs only on /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; link $(PREFIX)/bin/ckptfs into one" >&2;; esac
 	@test -x /sbin/mount.fuse3 || echo "note: mount -t fuse.ckptfs needs fuse3's /sbin/mount.fuse3 (make fuse)" >&2
+
+# make dist [DIST=dist] [DIST_ARCHES="amd64 arm64"]: for each architecture, a
+# static binary (CGO_ENABLED=0) in a tarball, a .deb (/usr/bin/ckptfs, example
+# systemd units) and a wheel whose script is the binary (pip install puts
+# ckptfs on the venv's PATH): packaging/dist.sh. Needs dpkg-deb and python3.
+DIST ?= dist
+DIST_ARCHES ?= amd64 arm64
+dist: go-deps
+	@for a in $(DIST_ARCHES); do GO='$(GO)' packaging/dist.sh $$a '$(VERSION)' '$(COMMIT)' '$(DIST)' || exit 1; done
 
 # fusermount3 lets a crashed mount be cleaned up and non-root users mount.
 fuse:
@@ -98,15 +116,18 @@ test-cpu-variants: build venv
 	  env $$v CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider $(MODEL_TESTS); done
 
 # The README's first command: inspect and export the embedded sample, then
-# mount it, list it, load it with safetensors and unmount. Its venv holds
+# mount it, list it, load it with safetensors and unmount, in a folder of
+# its own (two demos at once do not meet), removed after. Its venv holds
 # safetensors and numpy only (seconds to install; no torch).
 DEMO_VENV  := .demo-venv
 DEMO_STAMP := $(DEMO_VENV)/.installed-$(shell cat e2e/requirements-demo.txt 2>/dev/null | cksum | cut -d' ' -f1)
 demo: build $(DEMO_STAMP)
 	./$(BIN) inspect $(SAMPLE)
-	rm -rf /tmp/ckptfs-demo && mkdir -p /tmp/ckptfs-demo
-	./$(BIN) export --dtype fp32 $(SAMPLE) /tmp/ckptfs-demo/export
-	$(DEMO_VENV)/bin/python e2e/demo.py $(abspath $(BIN)) $(SAMPLE) /tmp/ckptfs-demo
+	@set -e; work=$$(mktemp -d "$${TMPDIR:-/tmp}/ckptfs-demo.XXXXXX"); \
+	  trap 'rm -rf --one-file-system "$$work"' EXIT; \
+	  echo "./$(BIN) export --dtype fp32 $(SAMPLE) $$work/export"; \
+	  ./$(BIN) export --dtype fp32 $(SAMPLE) "$$work/export"; \
+	  $(DEMO_VENV)/bin/python e2e/demo.py $(abspath $(BIN)) $(SAMPLE) "$$work"
 
 $(DEMO_STAMP): e2e/requirements-demo.txt
 	test -x $(DEMO_VENV)/bin/python || python3 -m venv $(DEMO_VENV)

@@ -46,17 +46,25 @@ func (d *Dir) name() string {
 // is, it stays one; a negative answer is trusted for a second (the entry
 // timeout), so the lookups of one `ls -l` do not each re-examine the
 // directory. A directory whose format could not be told (a Detect that
-// panicked) is a checkpoint with no format: see brokenErr.
+// panicked) is a checkpoint with no format: see brokenErr. The source is
+// asked without d.mu held: a lookup that waits on a store that does not
+// answer must not hold up the others in the directory, which an outage
+// fails at once (outageTree); two lookups may then both look, and the
+// first answer is kept.
 func (d *Dir) detect() (ckpt.Reader, bool, error) {
+	d.mu.Lock()
+	if d.format != nil || d.broken != nil || time.Since(d.checked) < time.Second {
+		format, ok := d.format, d.format != nil || d.broken != nil
+		d.mu.Unlock()
+		return format, ok, nil
+	}
+	d.mu.Unlock()
+	format, ok, err, failed := d.fsys.detect(d.name())
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.format != nil || d.broken != nil {
 		return d.format, true, nil
 	}
-	if time.Since(d.checked) < time.Second {
-		return nil, false, nil
-	}
-	format, ok, err, failed := d.fsys.detect(d.name())
 	switch {
 	case failed != nil: // nothing learnt: asked again next time
 		return nil, false, failed

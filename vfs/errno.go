@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"path"
 	"syscall"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -76,8 +77,10 @@ func mapErr(err error) (errno syscall.Errno, quiet bool) {
 // name the source does not show is ENOENT, an answer. Anything else is the
 // source failing (a store that does not answer, refuses the credentials or
 // times out; a local EIO), which must not read as "no such file": EIO, or
-// EACCES for a local permission error, with one log line naming the
-// source path and the cause, counted in Stats.LookupErrors.
+// EACCES for a local permission error, counted in Stats.LookupErrors, with
+// one log line naming the source path and the cause, at most one per
+// directory and window with a count of the others (errorLog); a remote
+// source's outage gets one as it begins and one as it ends (outageTree).
 func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
 	switch {
 	case err == nil:
@@ -92,7 +95,11 @@ func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
 		errno = syscall.EACCES
 	}
 	f.lookupErrors.Add(1)
-	f.log.Error(op+" "+f.tree.Path(name), "errno", errno.Error(), "err", err)
+	if !isSourceFailing(err) { // else the outage is logged as it begins and ends (outageTree)
+		// Repeated at will by anyone who can stat the name: rate-limited
+		// per directory (errorLog).
+		f.errLog.Error(f.tree.Path(path.Dir(name)), op+" "+f.tree.Path(name), err, "errno", errno.Error())
+	}
 	return errno
 }
 

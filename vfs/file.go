@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"syscall"
 	"time"
 
@@ -72,6 +73,15 @@ func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 	return 0
 }
 
+// logKey is the checkpoint's path, under which the errors of its files
+// are logged (errorLog).
+func (f *ViewFile) logKey() string {
+	if f.e != nil {
+		return f.fsys.tree.Path(f.e.dir)
+	}
+	return f.file.Name // a write target's file
+}
+
 // Open checks that the files the view's bytes come from are still those
 // the view was built from (a stat each): after a source changed, opens fail
 // with EIO instead of serving blocks cached from the old content. An open
@@ -94,7 +104,7 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	src := &viewReader{fsys: f.fsys, file: file, inst: inst}
 	r := f.fsys.reads.Open(readpath.File{Name: file.Name, ID: id, Src: src, Size: file.Size,
 		DataOffset: file.DataOffset(), Page: f.EmbeddedInode(), Hold: src.hold})
-	h := &viewHandle{fsys: f.fsys, file: file, r: r, inst: inst}
+	h := &viewHandle{fsys: f.fsys, file: file, r: r, inst: inst, logKey: f.logKey()}
 	// The bytes never change for the life of the mount: let the kernel keep
 	// its page cache across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
@@ -114,13 +124,13 @@ func (f *ViewFile) openView() (openedView, syscall.Errno) {
 		inst, err := f.fsys.acquire(f.e)
 		if err != nil {
 			f.fsys.readErrors.Add(1)
-			return o, toErrno(f.fsys.log, "open "+f.info.name, err)
+			return o, f.fsys.limitedErrno(f.logKey(), "open "+f.info.name, err)
 		}
 		o.file, o.id, o.inst = inst.files[f.info.name], f.info.id, inst
 		if o.file == nil || o.file.Size != f.info.size { // reopened rules this out
 			f.fsys.unref(inst)
 			f.fsys.readErrors.Add(1)
-			return o, toErrno(f.fsys.log, "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
+			return o, f.fsys.limitedErrno(f.logKey(), "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
 		}
 	}
 	if err := o.file.CheckFresh(); err != nil {
@@ -128,7 +138,7 @@ func (f *ViewFile) openView() (openedView, syscall.Errno) {
 			f.fsys.unref(o.inst)
 		}
 		f.fsys.readErrors.Add(1)
-		return o, toErrno(f.fsys.log, "open "+o.file.Name, err)
+		return o, f.fsys.limitedErrno(f.logKey(), "open "+o.file.Name, err)
 	}
 	return o, 0
 }
@@ -200,6 +210,8 @@ type viewHandle struct {
 	file *view.File
 	r    *readpath.Reader
 	inst *viewInst // the view it holds a reference to; nil for a write target's
+	// logKey groups its error lines with the other files of its checkpoint's.
+	logKey string
 }
 
 var (
@@ -211,7 +223,7 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	res, err := h.r.Read(ctx, dest, off)
 	if err != nil {
 		h.fsys.readErrors.Add(1)
-		return nil, toErrno(h.fsys.log, "read "+h.file.Name, err)
+		return nil, h.fsys.limitedErrno(h.logKey, "read "+h.file.Name, err)
 	}
 	h.fsys.bytesServed.Add(int64(res.Size()))
 	return res, 0
@@ -275,7 +287,7 @@ func (f *PassFile) open(flags uint32, passthrough bool) (fs.FileHandle, uint32, 
 	}
 	fd, err := f.fsys.tree.Open(f.rel)
 	if err != nil {
-		return nil, 0, toErrno(f.fsys.log, "open "+f.fsys.tree.Path(f.rel), err)
+		return nil, 0, f.fsys.limitedErrno(f.fsys.tree.Path(path.Dir(f.rel)), "open "+f.fsys.tree.Path(f.rel), err)
 	}
 	if f.id != "" && fd.Info().ID != f.id {
 		// The name reaches another file now. The kernel takes ESTALE from
@@ -285,14 +297,15 @@ func (f *PassFile) open(flags uint32, passthrough bool) (fs.FileHandle, uint32, 
 		fd.Close()
 		return nil, 0, syscall.ESTALE
 	}
-	return &passHandle{fsys: f.fsys, fd: fd, name: f.fsys.tree.Path(f.rel), passthrough: passthrough}, 0, 0
+	return &passHandle{fsys: f.fsys, fd: fd, name: f.fsys.tree.Path(f.rel), dir: f.fsys.tree.Path(path.Dir(f.rel)), passthrough: passthrough}, 0, 0
 }
 
 type passHandle struct {
 	fsys        *FS
 	fd          source.File
 	name        string
-	passthrough bool // the kernel may read fd itself
+	dir         string // its directory's path, the key of its error lines
+	passthrough bool   // the kernel may read fd itself
 }
 
 var (
@@ -335,7 +348,7 @@ func takesBacking(fd int) bool {
 func (h *passHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n, err := h.fd.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, toErrno(h.fsys.log, "read "+h.name, err)
+		return nil, h.fsys.limitedErrno(h.dir, "read "+h.name, err)
 	}
 	h.fsys.passServed.Add(int64(n))
 	return fuse.ReadResultData(dest[:n]), 0
@@ -438,7 +451,7 @@ func (f *FS) Stats() Stats {
 	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), LookupErrors: f.lookupErrors.Load(), Cache: f.opts.Cache.Stats(),
 		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
 	s.PrefilledBytes = f.reads.Prefilled()
-	if c, ok := f.tree.(source.Counted); ok {
+	if c, ok := f.opts.Tree.(source.Counted); ok {
 		st := c.Stats()
 		s.SourceIO = &st
 	}

@@ -102,6 +102,9 @@ type FS struct {
 	// mount's, not the process's: two mounts in one process do not share
 	// them); nil unless Options.Writable.
 	limits *hfwrite.Limits
+	// errLog takes the lines of the errors a reader can repeat at will;
+	// tree is an outageTree unless the source is local.
+	errLog *errorLog
 	// mountpoint is where the tree is mounted, set before serving starts.
 	// When it lies inside the source it is hidden: stat'ing it would make
 	// the server wait on itself.
@@ -196,9 +199,12 @@ func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
-		detached: make(chan struct{}, maxDetached), objects: DefaultObjects()}
+		detached: make(chan struct{}, maxDetached), objects: DefaultObjects(), errLog: newErrorLog(opts.Logger)}
 	if opts.Objects != nil {
 		f.objects = *opts.Objects
+	}
+	if !local {
+		f.tree = newOutageTree(opts.Tree, opts.Logger)
 	}
 	f.reads = readpath.New(readpath.Options{Cache: opts.Cache, Local: local, DirectReads: opts.DirectReads,
 		ReadDeadline: opts.ReadDeadline, Prefill: opts.Prefill, Logger: opts.Logger})
@@ -482,9 +488,12 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 	}
 	v, err := f.openView(e.dir, e.reader, read)
 	if err != nil {
-		if !e.shown {
+		if !e.shown && !isSourceFailing(err) {
+			// As before eviction existed: a view that failed stays failed,
+			// unless the source failed (an outage), which says nothing of
+			// the checkpoint.
 			f.mu.Lock()
-			e.err = err // as before eviction existed: a view that failed stays failed
+			e.err = err
 			f.mu.Unlock()
 		}
 		return nil, err
@@ -704,7 +713,9 @@ func (f *FS) openView(dir string, format ckpt.Reader, read *readFiles) (v *view.
 	}
 	read.stop()
 	if err != nil {
-		f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+		if !isSourceFailing(err) { // an outage is logged as it begins and ends
+			f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
+		}
 		return nil, err
 	}
 	for _, w := range v.Warnings {

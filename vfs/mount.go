@@ -141,6 +141,11 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 		UID:             uint32(os.Getuid()),
 		GID:             uint32(os.Getgid()),
 	}
+	if slices.Contains(mo.Options, "ro") {
+		// A read-only mount, not only a read-only superblock: mountinfo's
+		// mount options say ro too.
+		opts.MountOptions.DirectMountFlags = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_RDONLY
+	}
 	if abs, err := filepath.Abs(mnt); err == nil {
 		fsys.mountpoint = abs
 	}

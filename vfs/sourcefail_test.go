@@ -97,7 +97,23 @@ func mountFailingTree(t *testing.T) (*failingTree, *FS, *logLines, string) {
 		o.Tree = tree
 		o.Logger = slog.New(slog.NewTextHandler(&logs.buf, nil))
 	})
+	fsys.tree.(*outageTree).retry = 10 * time.Millisecond
 	return tree, fsys, logs, testMount(t, fsys)
+}
+
+// endOutage lets the source answer again, past the outage's retry
+// interval, and checks that the end is logged.
+func endOutage(t *testing.T, tree *failingTree, mnt string, logs *logLines) {
+	t.Helper()
+	tree.set(nil)
+	time.Sleep(20 * time.Millisecond)
+	// A name never looked up (the kernel asks), which the source answers
+	// is not there.
+	_, err := os.Stat(filepath.Join(mnt, fmt.Sprintf("back%d", time.Now().UnixNano())))
+	require.True(t, errors.Is(err, syscall.ENOENT), "stat gave %v", err)
+	lines := logs.lines()
+	require.Len(t, lines, 1, "%q", lines)
+	require.Contains(t, lines[0], "source answers again")
 }
 
 // TestSourceFailureIsNotENOENT: a source that fails (a store that does not
@@ -127,10 +143,13 @@ func TestSourceFailureIsNotENOENT(t *testing.T) {
 		lines := logs.lines()
 		require.Len(t, lines, 1, "%v", tc.err)
 		// The lookup first asks whether the directory is a checkpoint,
-		// which fails, and stops there.
-		require.Contains(t, lines[0], "detect "+fixture(t, "sample"))
+		// which fails, and stops there: the source is failing (an outage
+		// of a source that is not local, logged as it begins).
+		require.Contains(t, lines[0], "source failing")
+		require.Contains(t, lines[0], fixture(t, "sample"))
 		require.Contains(t, lines[0], tc.cause)
 		require.Equal(t, before+1, fsys.Stats().LookupErrors)
+		endOutage(t, tree, mnt, logs)
 	}
 
 	tree.set(storeDown)
@@ -138,8 +157,9 @@ func TestSourceFailureIsNotENOENT(t *testing.T) {
 	require.True(t, errors.Is(err, syscall.EIO), "readdir gave %v", err)
 	lines := logs.lines()
 	require.Len(t, lines, 1)
-	require.Contains(t, lines[0], "detect "+fixture(t, "sample"))
+	require.Contains(t, lines[0], "source failing")
 	require.Contains(t, lines[0], "connection refused")
+	endOutage(t, tree, mnt, logs)
 
 	// Not found is an answer, whichever way the tree says it.
 	for i, missing := range []error{

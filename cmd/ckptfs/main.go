@@ -14,8 +14,11 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = ""
+// version and commit are set at build time with -ldflags "-X
+// main.version=... -X main.commit=..." (the Makefile stamps git describe
+// and the commit): Go's own VCS stamp is missing from a build with
+// -buildvcs=false or outside a git work tree.
+var version, commit = "", ""
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -73,6 +76,8 @@ it served in the background (unless -o foreground).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetVersionTemplate("ckptfs {{.Version}}\n")
+	// --version has no short form: -v is --verbose, wherever it is taken.
+	root.Flags().Bool("version", false, "print the version (as ckptfs version)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		if r := overflowError(err); r != nil {
 			return r
@@ -83,6 +88,7 @@ it served in the background (unless -o foreground).`,
 	for _, c := range root.Commands() {
 		documentLimits(c.Flags())
 	}
+	completeValues(root)
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	return root, helper
@@ -154,11 +160,15 @@ func versionString() string {
 }
 
 // buildInfo is the version and commit of this binary.
-func buildInfo() (v, commit string) {
-	v, commit = version, "unknown"
+func buildInfo() (v, rev string) {
+	v, rev = version, commit
 	if v == "" {
 		v = "devel"
 	}
+	if rev != "" {
+		return v, rev
+	}
+	rev = "unknown"
 	if info, ok := debug.ReadBuildInfo(); ok {
 		if v == "devel" && info.Main.Version != "" && info.Main.Version != "(devel)" {
 			v = info.Main.Version
@@ -167,12 +177,12 @@ func buildInfo() (v, commit string) {
 		for _, s := range info.Settings {
 			switch {
 			case s.Key == "vcs.revision":
-				commit = s.Value
+				rev = s.Value
 			case s.Key == "vcs.modified" && s.Value == "true":
 				dirty = "+dirty"
 			}
 		}
-		commit += dirty
+		rev += dirty
 	}
-	return v, commit
+	return v, rev
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -133,6 +134,19 @@ func TestHelperFormIsMount(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "ckptfs mount: ")
 	require.Contains(t, errs, "missing: no such file or directory")
+}
+
+// TestVerboseIsV: -v means --verbose wherever it is taken, never
+// --version (issue 34.7: root -v was --version, mount -v --verbose).
+func TestVerboseIsV(t *testing.T) {
+	code, out, errs := runCLI("-v")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, errs, "unknown shorthand flag: 'v' in -v")
+	root, _ := newRootCmd(io.Discard, io.Discard)
+	require.Nil(t, root.Flags().ShorthandLookup("v"))
+	mount, _, err := root.Find([]string{"mount"})
+	require.NoError(t, err)
+	require.Equal(t, "verbose", mount.Flags().ShorthandLookup("v").Name)
 }
 
 func TestVersion(t *testing.T) {

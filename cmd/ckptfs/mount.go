@@ -14,8 +14,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -190,6 +192,9 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if err := checkMountpoint(mnt, f.nonEmpty); err != nil {
 		return err
 	}
+	if !f.write.rw && !slices.Contains(o.kernel, "ro") {
+		o.kernel = append(o.kernel, "ro") // mountinfo says what the mount is
+	}
 	if real, err := filepath.EvalSymlinks(mnt); err == nil {
 		mnt = real // as mountinfo will name it, for the watchdog
 	}
@@ -311,10 +316,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// waiting for the root to change, was seen under concurrent test mounts
 	// to find the directory under the mount for 30 s while other processes
 	// used the mount.)
-	defer unmountOnSignal(sigs, server, mnt, log, ready, interruptRequests)()
+	var signalled atomic.Bool
+	defer unmountOnSignal(sigs, server, mnt, log, ready, interruptRequests, &signalled)()
 	ready.ready()
 	server.Wait()
 	wd.disarm()
+	logUnmounted(log, mnt, signalled.Load())
 	ready.stopping()
 	// Unmounted: nobody waits for what is still being fetched (read-ahead),
 	// and the cache's Close waits for its workers, so end their requests now
@@ -331,12 +338,13 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 // ended with interrupt: they would keep the unmount waiting, or a detached
 // mount busy, for as long as the store does not answer. Files that stay
 // open are served on.
-func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, interrupt func()) (stop func()) {
+func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *slog.Logger, ready *readiness, interrupt func(), signalled *atomic.Bool) (stop func()) {
 	go func() {
 		s, ok := <-sigs
 		if !ok {
 			return
 		}
+		signalled.Store(true)
 		log.Info("unmounting", "signal", s.String())
 		ready.stopping()
 		stalled := time.AfterFunc(unmountGrace, interrupt)
@@ -482,9 +490,14 @@ func reopenOnHangup(hup <-chan os.Signal, lf *logFile, log *slog.Logger) {
 }
 
 // checkMountpoint refuses a mount point that is no directory, or one with
-// files unless nonEmpty, before anything is mounted on it (a FUSE mount on a
+// files or a mount on it unless nonEmpty, before anything is mounted on it (a FUSE mount on a
 // regular file succeeds, and then nothing can use it).
 func checkMountpoint(mnt string, nonEmpty bool) error {
+	if !nonEmpty {
+		if err := checkNotMounted(mnt); err != nil {
+			return err
+		}
+	}
 	fi, err := os.Stat(mnt)
 	if err != nil {
 		return err

@@ -82,7 +82,7 @@ func TestUmountRefusesOtherFilesystems(t *testing.T) {
 func TestUnmountLeavesTheMountBelow(t *testing.T) {
 	mnt := t.TempDir()
 	mountTmpfs(t, mnt)
-	_, unmount := mountSampleAt(t, mnt)
+	_, unmount := mountSampleAt(t, mnt, "--allow-non-empty") // over a mount
 	require.Equal(t, ckptfsType, topType(t, mnt))
 	unmount()
 	waitWatchdogs(t, mnt)
@@ -104,7 +104,7 @@ func TestWatchdogEndsACrashedMountOnly(t *testing.T) {
 	mnt := t.TempDir()
 	mountTmpfs(t, mnt)
 	t.Cleanup(func() { lazyUnmount(mnt) })
-	code, _, errs := runCLI(sample, mnt, "-o", "cache_size=16MiB")
+	code, _, errs := runCLI(sample, mnt, "-o", "cache_size=16MiB,nonempty") // over a mount
 	require.Equal(t, 0, code, errs)
 	require.Equal(t, ckptfsType, topType(t, mnt))
 	var daemon []int

@@ -28,7 +28,7 @@ type Options struct {
 }
 
 // Write writes the view as an ordinary HF directory at out, which must not
-// exist. Files are streamed into a temporary directory beside out, synced,
+// exist (its missing parents are made). Files are streamed into a temporary directory beside out, synced,
 // and the directory is renamed into place at the end, so out either holds the
 // whole view or does not exist. Temporary directories that earlier exports to
 // out left behind (killed ones) are removed first; those of exports still

@@ -163,3 +163,16 @@ func TestConcurrentExportsToOneOut(t *testing.T) {
 	assert.Empty(t, tempDirsOf(t, out))
 	assert.FileExists(t, filepath.Join(out, "model.safetensors"))
 }
+
+// TestExportMakesMissingParents: OUT's missing parents are made, as mkdir
+// -p would (issue 34.5: export into a missing parent failed).
+func TestExportMakesMissingParents(t *testing.T) {
+	v, src := gatedView(t)
+	close(src.release)
+	out := filepath.Join(t.TempDir(), "models", "run1", "step_100")
+	require.NoError(t, Write(context.Background(), v, out, Options{}))
+	ents, err := os.ReadDir(out)
+	require.NoError(t, err)
+	require.NotEmpty(t, ents)
+	require.Empty(t, tempDirsOf(t, out))
+}

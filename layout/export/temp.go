@@ -3,6 +3,7 @@ package export
 import (
 	"errors"
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -52,6 +53,10 @@ type exportTemp struct {
 // locked one.
 func newExportTemp(out string) (t *exportTemp, err error) {
 	parentPath, prefix := tempPrefix(out)
+	// A missing parent is made, as mkdir -p would.
+	if err := os.MkdirAll(parentPath, 0o755); err != nil {
+		return nil, err
+	}
 	parent, err := source.OpenDir(parentPath)
 	if err != nil {
 		return nil, err

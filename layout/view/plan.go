@@ -178,6 +178,7 @@ func Plan(c *ckpt.Checkpoint, opts Options) (*View, error) {
 		sort.Slice(sidecars, func(i, j int) bool { return sidecars[i].Name < sidecars[j].Name })
 	}
 	v.Files = append(v.Files, sidecars...)
+	v.warnNoConfig()
 	return v, nil
 }
 

@@ -46,8 +46,9 @@ func New() *Metrics {
 		fillSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: "cache", Name: "fill_duration_seconds",
 			Help: "Time to read one cache block from its source (foreground and read-ahead fills, failed ones included).",
-			// 100 µs (page cache) to ~6 s (a slow object store).
-			Buckets: prometheus.ExponentialBuckets(100e-6, 4, 9),
+			// 100 µs (page cache) to ~28 min: past the longest a fill may
+			// take to fail (an s3:// block's retry budget, ~8 min by default).
+			Buckets: prometheus.ExponentialBuckets(100e-6, 4, 13),
 		}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "commit_duration_seconds",
@@ -58,8 +59,10 @@ func New() *Metrics {
 		opSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: "fuse", Name: "op_duration_seconds",
 			Help: "Time to answer one FUSE request, by op (lookup, getattr, open, read, release, opendir, readdir, readdirplus, write, flush); failed ones included. Its _count is the requests.",
-			// 10 µs (a cached getattr) to ~10 s (a read waiting on a slow store).
-			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 11),
+			// 10 µs (a cached getattr) to ~11 min: past the longest a
+			// request may wait on a store that does not answer (a read's
+			// deadline, a block's retry budget: ~8 min by default).
+			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 14),
 		}, []string{"op"}),
 		opErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Subsystem: "fuse", Name: "op_errors_total",
@@ -68,8 +71,9 @@ func New() *Metrics {
 		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: "source", Name: "request_duration_seconds",
 			Help: "Time of one attempt of an object store request, from sending it to its response's headers, by operation (GetObject, HeadObject, ListObjectsV2); failed attempts included.",
-			// 1 ms to ~16 s.
-			Buckets: prometheus.ExponentialBuckets(1e-3, 4, 8),
+			// 1 ms to ~17 min: past the longest an attempt may take (its
+			// deadline: --read-timeout plus the bytes at --min-rate).
+			Buckets: prometheus.ExponentialBuckets(1e-3, 4, 11),
 		}, []string{"op"}),
 	}
 	m.reg.MustRegister(m.fillSeconds, m.commitSeconds, m.opSeconds, m.opErrors, m.requestSeconds,

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/vfs"
 )
 
@@ -139,4 +140,32 @@ func TestHistograms(t *testing.T) {
 	require.Contains(t, body, "ckptfs_commit_duration_seconds_count 1\n")
 	require.Contains(t, body, `ckptfs_commit_duration_seconds_bucket{le="0.04"} 0`+"\n")
 	require.Contains(t, body, `ckptfs_commit_duration_seconds_bucket{le="0.16"} 1`+"\n")
+}
+
+// TestBucketsReachTheLongestBound: every latency histogram has a bucket
+// past the longest its requests may take to fail against an object store
+// that does not answer (a 16 MiB block's retry budget with the default
+// --read-timeout and --max-attempts), so that an outage is not all in +Inf
+// (issue 34.7: the op histogram stopped at 10.5 s).
+func TestBucketsReachTheLongestBound(t *testing.T) {
+	m := New()
+	m.ObserveFill(time.Millisecond, nil)
+	m.ObserveOp("read", time.Millisecond, 0)
+	m.ObserveRequest("GetObject", time.Millisecond, nil)
+	bound := s3.Options{}.Budget(16 << 20).Seconds()
+	families, err := m.reg.Gather()
+	require.NoError(t, err)
+	seen := 0
+	for _, f := range families {
+		for _, metric := range f.Metric {
+			h := metric.GetHistogram()
+			if h == nil || f.GetName() == "ckptfs_commit_duration_seconds" {
+				continue
+			}
+			b := h.GetBucket()
+			require.GreaterOrEqual(t, b[len(b)-1].GetUpperBound(), bound, f.GetName())
+			seen++
+		}
+	}
+	require.Equal(t, 3, seen)
 }
