@@ -79,7 +79,9 @@ func TestFailedReadsLogOnce(t *testing.T) {
 	require.Contains(t, lines[0], "level=WARN")
 	require.Contains(t, lines[0], "more errors")
 	require.Contains(t, lines[0], filepath.Join(src, "ckpt"))
-	require.Regexp(t, `suppressed=[1-9]\d+`, lines[0])
+	// How many of the storm's requests reach the open and read paths
+	// depends on the kernel's attribute cache and the machine's load.
+	require.Regexp(t, `suppressed=[1-9]`, lines[0])
 }
 
 // TestLookupErrorsAreRateLimited: a lookup error of a local source that
