@@ -79,8 +79,7 @@ func OpenAs(f ckpt.Reader, dir source.Tree) (*Checkpoint, error) {
 	}
 	f, ok := Detect(dir)
 	if !ok {
-		return nil, fmt.Errorf("layout: %s: no checkpoint found (expected a DCP .metadata, a Megatron metadata.json, "+
-			"shard-*-model-*.safetensors, model.safetensors[.index.json], pytorch_model.bin[.index.json], mp_rank_*/model_optim_rng.pt, DeepSpeed *_optim_states.pt or pp0/ pipeline stages)", dir.Path("."))
+		return nil, notFound(dir)
 	}
 	return f.Open(dir)
 }
