@@ -35,7 +35,9 @@ type (
 // Formats are the checkpoint formats in detection order: the first whose
 // Detect accepts a directory opens it. Megatron (DCP plus a metadata.json)
 // precedes torch DCP; a directory's own shards precede HF files beside them;
-// safetensors precede pytorch_model.bin beside them, as transformers prefers.
+// safetensors precede pytorch_model.bin beside them, as transformers prefers;
+// a torch.save state dict under any other name is looked for last, after
+// every format that names its files.
 var Formats = []ckpt.Reader{
 	megatron.Reader,
 	torchdcp.Reader,
@@ -45,6 +47,7 @@ var Formats = []ckpt.Reader{
 	megatronlegacy.Reader,
 	deepspeed.Reader,
 	stages.Reader,
+	torchsave.StateDictReader,
 }
 
 // Detect returns the format of the checkpoint in dir, looking at names and

@@ -24,6 +24,9 @@ const (
 	FormatPlainHF   Format = "hf-safetensors"
 	FormatStages    Format = "pipeline-stages"
 	FormatTorchSave Format = "torch-save"
+	// FormatTorchStateDict is a torch.save state dict under any name
+	// (model.pt, a Lightning .ckpt), recognised by what it holds.
+	FormatTorchStateDict Format = "torch-save-state-dict"
 	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
 	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
 	FormatMegatronLegacy Format = "megatron-legacy"

@@ -1,0 +1,79 @@
+"""Issue 37: checkpoints of every framework a user has. Each case is a
+fixture written by the framework's own save code (e2e/fixtures/
+gen_statedict.py) beside the HF model's own save_pretrained tensors
+(expected.safetensors): through the mount transformers loads it with no
+missing or unexpected keys, and its logits equal, bit for bit, those of the
+reference model loaded in this same run from config.json and
+expected.safetensors; and a directory no reader takes is said, never passed
+through in silence."""
+
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import TESTDATA, ckptfs
+
+INPUT_IDS = [[1, 5, 9, 33, 77, 120, 3, 64],
+             [7, 0, 127, 42, 42, 8, 99, 16]]
+
+CASES = ["torchsave_statedict_flat", "torchsave_statedict_nested"]
+
+
+def load(path):
+    from transformers import AutoModelForCausalLM
+
+    model, loading = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    return model.eval(), loading
+
+
+def reference(case, tmp_path):
+    """The HF model of the case: its config.json and save_pretrained's tensors."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(TESTDATA / case / "ckpt" / "config.json", ref / "config.json")
+    shutil.copy(TESTDATA / case / "expected.safetensors", ref / "model.safetensors")
+    model, loading = load(ref)
+    assert not any(loading.values()), loading
+    return model
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_from_pretrained_through_mount_is_bitwise(case, tmp_path, mount):
+    m = mount(TESTDATA / case)
+    view = m.mnt / "ckpt"
+    model, loading = load(view)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    want = load_file(str(TESTDATA / case / "expected.safetensors"))
+    got = {}
+    for name in os.listdir(view):
+        if name.endswith(".safetensors"):
+            got.update(load_file(str(view / name)))
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+    ids = torch.tensor(INPUT_IDS)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(case, tmp_path)(ids).logits)
+
+
+def test_unrecognised_tensor_files_are_said(tmp_path, mount):
+    """A folder of tensor files no reader takes: its files shown as they are,
+    a CKPTFS_INFO.txt and one log line naming them and the readers tried;
+    inspect fails with the same line."""
+    d = tmp_path / "src" / "odd"
+    d.mkdir(parents=True)
+    torch.save({"step": 3, "rng": [1, 2]}, d / "trainer_state.pt")
+    torch.save({"a": torch.ones(2)}, d / "one.pt")
+    torch.save({"b": torch.ones(2)}, d / "two.pt")  # two state dicts: which is the model?
+    m = mount(tmp_path / "src")
+    names = sorted(os.listdir(m.mnt / "odd"))
+    assert names == ["CKPTFS_INFO.txt", "one.pt", "trainer_state.pt", "two.pt"]
+    note = (m.mnt / "odd" / "CKPTFS_INFO.txt").read_text().strip()
+    assert "one.pt, trainer_state.pt, two.pt" in note and "torch-save-state-dict" in note, note
+    os.listdir(m.mnt / "odd")
+    r = ckptfs("inspect", d, check=False)
+    assert r.returncode == 1 and r.stderr.strip().endswith(note), r.stderr
+    assert m.output().count("no checkpoint reader takes") == 1, m.output()
