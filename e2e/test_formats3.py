@@ -19,7 +19,7 @@ from conftest import TESTDATA, ckptfs
 INPUT_IDS = [[1, 5, 9, 33, 77, 120, 3, 64],
              [7, 0, 127, 42, 42, 8, 99, 16]]
 
-CASES = ["torchsave_statedict_flat", "torchsave_statedict_nested"]
+CASES = ["torchsave_statedict_flat", "torchsave_statedict_nested", "lightning_ckpt_llama"]
 
 
 def load(path):
@@ -57,6 +57,24 @@ def test_from_pretrained_through_mount_is_bitwise(case, tmp_path, mount):
     ids = torch.tensor(INPUT_IDS)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(case, tmp_path)(ids).logits)
+
+
+def test_lightning_ckpt_report():
+    """Lightning's .ckpt: the LightningModule's attribute prefix removed (what
+    is under it is the HF model of config.json), optimizer_states left out as
+    optimizer state, the callback's tensor as saved outside state_dict,
+    hyper_parameters (no tensors) nowhere in the view."""
+    import json
+    r = json.loads(ckptfs("inspect", "--json", TESTDATA / "lightning_ckpt_llama" / "ckpt").stdout)
+    assert r["format"] == "torch-save-state-dict"
+    names = {t["name"] for t in r["view_tensors"] or []} or {t["view_name"] for t in r["tensors"] if t.get("view_name")}
+    assert names == set(load_file(str(TESTDATA / "lightning_ckpt_llama" / "expected.safetensors")))
+    left = {o["name"]: o for o in r["left_out"]}
+    optim = [n for n in left if n.startswith("optimizer_states.")]
+    assert len(optim) == 63 and all(left[n].get("optimizer") for n in optim)
+    others = [o for n, o in left.items() if n not in optim]
+    assert len(others) == 1 and others[0]["name"].startswith("callbacks.") and "outside the \"state_dict\"" in others[0]["reason"]
+    assert not any("hyper_parameters" in t["name"] for t in r["tensors"])
 
 
 def test_unrecognised_tensor_files_are_said(tmp_path, mount):
