@@ -95,3 +95,39 @@ def test_unrecognised_tensor_files_are_said(tmp_path, mount):
     r = ckptfs("inspect", d, check=False)
     assert r.returncode == 1 and r.stderr.strip().endswith(note), r.stderr
     assert m.output().count("no checkpoint reader takes") == 1, m.output()
+
+
+@pytest.mark.parametrize("case", ["meta_llama2_mp2", "meta_llama31_mp2"])
+def test_meta_original_through_mount(case, mount):
+    """Meta's params.json + consolidated.NN.pth (2 model-parallel ranks): the
+    view's tensors are byte for byte what transformers' own converter wrote
+    (converted/, made by gen_metallama.py), its generated config.json loads
+    to the converter's config (rope settings included), and the model loaded
+    through the mount gives the converter's model's logits, both loaded in
+    this run, to the bit."""
+    m = mount(TESTDATA / case)
+    view = m.mnt / "ckpt"
+    names = set(os.listdir(view))
+    assert "config.json" in names and not any(n.startswith("consolidated.") for n in names), names
+    want = load_file(str(TESTDATA / case / "converted" / "model.safetensors"))
+    got = {}
+    for name in names:
+        if name.endswith(".safetensors"):
+            got.update(load_file(str(view / name)))
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+    ours, theirs = AutoConfig.from_pretrained(str(view)), AutoConfig.from_pretrained(str(TESTDATA / case / "converted"))
+    for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+              "vocab_size", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "rope_parameters"):
+        assert getattr(ours, k) == getattr(theirs, k), k
+    model, loading = AutoModelForCausalLM.from_pretrained(str(view), dtype=torch.float32, output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    ref = AutoModelForCausalLM.from_pretrained(str(TESTDATA / case / "converted"), dtype=torch.float32).eval()
+    ids = torch.tensor(INPUT_IDS)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, ref(ids).logits)
+    report = ckptfs("inspect", TESTDATA / case / "ckpt").stdout
+    assert "meta-llama" in report and "mapped by torchtitan-llama" in report

@@ -16,6 +16,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/hfsharded"
 	"github.com/ckptfs/ckptfs/layout/megatron"
 	"github.com/ckptfs/ckptfs/layout/megatronlegacy"
+	"github.com/ckptfs/ckptfs/layout/metallama"
 	"github.com/ckptfs/ckptfs/layout/plainhf"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/open"
@@ -44,6 +45,7 @@ var Formats = []ckpt.Reader{
 	hfsharded.Reader,
 	plainhf.Reader,
 	torchsave.Reader,
+	metallama.Reader,
 	megatronlegacy.Reader,
 	deepspeed.Reader,
 	stages.Reader,

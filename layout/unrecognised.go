@@ -20,6 +20,7 @@ var expects = map[ckpt.Format]string{
 	ckpt.FormatMegatronLegacy: "mp_rank_*/model_optim_rng.pt",
 	ckpt.FormatDeepSpeed:      "DeepSpeed *_model_states.pt with *_optim_states.pt",
 	ckpt.FormatStages:         "pp0/ pipeline stages",
+	ckpt.FormatMetaLlama:      "params.json with consolidated.00.pth",
 	ckpt.FormatTorchStateDict: "one torch.save dict of tensors, flat or under state_dict/model/module/model_state_dict/state.model, named *.pt/*.pth/*.ckpt/*.bin",
 }
 

@@ -27,6 +27,9 @@ const (
 	// FormatTorchStateDict is a torch.save state dict under any name
 	// (model.pt, a Lightning .ckpt), recognised by what it holds.
 	FormatTorchStateDict Format = "torch-save-state-dict"
+	// FormatMetaLlama is Meta's original Llama format: params.json and
+	// consolidated.NN.pth per model-parallel rank.
+	FormatMetaLlama Format = "meta-llama"
 	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
 	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
 	FormatMegatronLegacy Format = "megatron-legacy"
