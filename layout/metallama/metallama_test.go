@@ -30,7 +30,7 @@ func TestFixtures(t *testing.T) {
 			require.True(t, treetest.Detect(t, Reader, dir))
 			c, err := open(dir)
 			require.NoError(t, err)
-			defer c.Close()
+			defer func() { c.Close() }()
 			dims := map[string][]int{}
 			for _, tn := range c.Tensors {
 				dims[tn.Name] = tn.ShardedDims()
@@ -41,6 +41,26 @@ func TestFixtures(t *testing.T) {
 			assert.Empty(t, dims["layers.1.ffn_norm.weight"])
 
 			got, err := c.Record.HFConfig("torchtitan-llama")
+			if tc.name == "meta_llama31_mp2" {
+				// Llama 3.1's params.json, like 3.2's, sets use_scaled_rope
+				// but not the factor: no config is guessed; with the factor
+				// in params.json, it is the converter's.
+				require.ErrorContains(t, err, "sets use_scaled_rope but no rope_scaling_factor")
+				require.NoError(t, c.Close())
+				tmp := t.TempDir()
+				treetest.CopyFixture(t, tc.name, tmp)
+				b, rerr := os.ReadFile(filepath.Join(tmp, ParamsFile))
+				require.NoError(t, rerr)
+				var p map[string]any
+				require.NoError(t, json.Unmarshal(b, &p))
+				p["rope_scaling_factor"] = 8.0
+				b, rerr = json.Marshal(p)
+				require.NoError(t, rerr)
+				require.NoError(t, os.WriteFile(filepath.Join(tmp, ParamsFile), b, 0o644))
+				c, rerr = open(tmp)
+				require.NoError(t, rerr)
+				got, err = c.Record.HFConfig("torchtitan-llama")
+			}
 			require.NoError(t, err)
 			var ours, theirs map[string]any
 			require.NoError(t, json.Unmarshal(got, &ours))

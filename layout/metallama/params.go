@@ -23,6 +23,7 @@ type params struct {
 	NormEps           float64  `json:"norm_eps"`
 	RopeTheta         *float64 `json:"rope_theta"`
 	UseScaledRope     bool     `json:"use_scaled_rope"`
+	RopeScalingFactor *float64 `json:"rope_scaling_factor"`
 	Model             *params  `json:"model"` // some releases nest them
 	source            string
 	kvHeads, headsDim int64
@@ -107,13 +108,14 @@ func (r *record) intermediateSize() int64 {
 }
 
 // HFConfig writes the LlamaConfig transformers' convert_llama_weights_to_hf
-// writes for this checkpoint. Which Llama it is comes from params.json: a
-// vocab_size there is Llama 3's tiktoken vocabulary (Llama 1/2 say -1 and
-// leave it to the tokenizer); use_scaled_rope is Llama 3.1/3.2's rope
-// scaling, factor 32 for the tied 3.2 models and 8 otherwise, as the
-// converter couples them. Llama 1 cannot be told from Llama 2: the config
-// is Llama 2's (4096 positions; 16384 with a larger rope_theta, as Code
-// Llama).
+// writes for this checkpoint, from what params.json says: a vocab_size
+// there is Llama 3's tiktoken vocabulary (Llama 1/2 say -1 and leave it to
+// the tokenizer); use_scaled_rope is Llama 3.1/3.2's llama3 rope scaling,
+// whose factor (8 for 3.1, 32 for 3.2) must then be in params.json
+// (rope_scaling_factor): Meta's 3.1 and 3.2 files cannot be told apart
+// otherwise, so no config is written rather than a guessed one. Llama 1
+// cannot be told from Llama 2: the config is Llama 2's (4096 positions;
+// 16384 with a larger rope_theta, as Code Llama).
 func (r *record) HFConfig(spec string) ([]byte, error) {
 	if spec != "torchtitan-llama" {
 		return nil, fmt.Errorf("%s describes a Llama; the %s mapping makes another model", r.p.source, spec)
@@ -143,12 +145,12 @@ func (r *record) HFConfig(spec string) ([]byte, error) {
 	case llama3:
 		cfg["bos_token_id"], cfg["eos_token_id"], cfg["max_position_embeddings"] = 128000, 128001, 8192
 		if r.p.UseScaledRope {
-			factor := 8.0
-			if r.tied {
-				factor = 32.0
+			if r.p.RopeScalingFactor == nil {
+				return nil, fmt.Errorf("%s sets use_scaled_rope but no rope_scaling_factor: Llama 3.1 scales by 8, 3.2 by 32, "+
+					"and the files do not say which this is (pass --hf-config DIR with the model's config.json)", r.p.source)
 			}
 			cfg["max_position_embeddings"] = 131072
-			cfg["rope_scaling"] = map[string]any{"factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+			cfg["rope_scaling"] = map[string]any{"factor": *r.p.RopeScalingFactor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 				"original_max_position_embeddings": 8192, "rope_type": "llama3"}
 		}
 	default:
