@@ -139,3 +139,43 @@ def test_meta_original_through_mount(case, mount):
         assert torch.equal(model.eval()(ids).logits, ref(ids).logits)
     report = ckptfs("inspect", TESTDATA / case / "ckpt").stdout
     assert "meta-llama" in report and "mapped by torchtitan-llama" in report
+
+
+def test_trainer_deepspeed_folder(tmp_path, mount):
+    """Trainer's checkpoint-N/ with DeepSpeed: `latest`, global_stepN/ (written
+    by DeepSpeed's own engine.save_checkpoint, the deepspeed_zero2_llama
+    fixture) and the model's config.json. The folder is the view of what
+    `latest` names, with its config.json: transformers loads it with no
+    missing or unexpected keys and the logits of the reference model
+    (config.json + zero_to_fp32's tensors) loaded in this run, to the bit;
+    global_stepN/ is still a view of its own. A `latest` naming a path
+    outside the folder is refused in one line."""
+    case = TESTDATA / "deepspeed_zero2_llama"
+    ck = tmp_path / "src" / "checkpoint-1"
+    shutil.copytree(case / "ckpt", ck)
+    shutil.copy(case / "hf_config" / "config.json", ck / "config.json")
+    (ck / "trainer_state.json").write_text("{}")
+    bad = tmp_path / "src" / "checkpoint-2"
+    shutil.copytree(ck, bad)
+    (bad / "latest").write_text("../checkpoint-1/global_step1")
+
+    m = mount(tmp_path / "src")
+    view = m.mnt / "checkpoint-1"
+    names = set(os.listdir(view))
+    assert {"config.json", "model.safetensors.index.json", "latest", "global_step1", "trainer_state.json"} <= names
+    model, loading = load(view)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(case / "hf_config" / "config.json", ref / "config.json")
+    shutil.copy(case / "expected.safetensors", ref / "model.safetensors")
+    reference, _ = load(ref)
+    ids = torch.tensor(INPUT_IDS) % 120
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    assert "model.safetensors.index.json" in os.listdir(view / "global_step1")
+
+    err = (m.mnt / "checkpoint-2" / "CKPTFS_ERROR.txt").read_text()
+    assert "latest names \"../checkpoint-1/global_step1\", not a directory of" in err, err
+    r = ckptfs("inspect", bad, check=False)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "not a directory of" in r.stderr

@@ -23,6 +23,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/stages"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/layout/torchsave"
+	"github.com/ckptfs/ckptfs/layout/trainer"
 )
 
 // Re-exported model types, so library users need only this package.
@@ -48,6 +49,7 @@ var Formats = []ckpt.Reader{
 	metallama.Reader,
 	megatronlegacy.Reader,
 	deepspeed.Reader,
+	trainer.Reader,
 	stages.Reader,
 	torchsave.StateDictReader,
 }

@@ -30,6 +30,9 @@ const (
 	// FormatMetaLlama is Meta's original Llama format: params.json and
 	// consolidated.NN.pth per model-parallel rank.
 	FormatMetaLlama Format = "meta-llama"
+	// FormatTrainerDeepSpeed is a folder whose `latest` names its
+	// DeepSpeed checkpoint (Trainer's checkpoint-N/ with DeepSpeed).
+	FormatTrainerDeepSpeed Format = "hf-trainer-deepspeed"
 	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
 	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
 	FormatMegatronLegacy Format = "megatron-legacy"
