@@ -91,6 +91,7 @@ def test_unrecognised_tensor_files_are_said(tmp_path, mount):
     assert names == ["CKPTFS_INFO.txt", "one.pt", "trainer_state.pt", "two.pt"]
     note = (m.mnt / "odd" / "CKPTFS_INFO.txt").read_text().strip()
     assert "one.pt, trainer_state.pt, two.pt" in note and "torch-save-state-dict" in note, note
+    assert "2 torch.save state dicts (one.pt, two.pt): a view shows one" in note, note
     os.listdir(m.mnt / "odd")
     r = ckptfs("inspect", d, check=False)
     assert r.returncode == 1 and r.stderr.strip().endswith(note), r.stderr

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/torchsave"
 )
 
 // expects says, per format, what Detect looks for: the readers tried, as a
@@ -45,11 +46,12 @@ var tensorExts = []string{".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".dist
 // maxNamed bounds the file names an Unrecognised line lists.
 const maxNamed = 8
 
-// Unrecognised returns, for the directory at dir holding the entries ents
+// Unrecognised returns, for the directory dir holding the entries ents
 // that no format's Detect took, one line naming the tensor files it holds
-// and the readers tried; "" when it holds no tensor file (a training root,
-// a tokenizer folder): then there is nothing to say.
-func Unrecognised(dir string, ents []source.Info) string {
+// and the readers tried (and why the torch.save reader took none, when it
+// found several); "" when it holds no tensor file (a training root, a
+// tokenizer folder): then there is nothing to say.
+func Unrecognised(dir source.Tree, ents []source.Info) string {
 	var names []string
 	for _, e := range ents {
 		if !e.IsRegular() {
@@ -74,15 +76,19 @@ func Unrecognised(dir string, ents []source.Info) string {
 	if len(names) > len(shown) {
 		list += fmt.Sprintf(", ... (%d files)", len(names))
 	}
-	return fmt.Sprintf("%s: no checkpoint reader takes the tensor files here (%s); files shown as they are. Readers tried: %s",
-		dir, list, triedReaders())
+	why := ""
+	if _, err := torchsave.StateDictFile(dir); err != nil {
+		why = " (" + err.Error() + ")"
+	}
+	return fmt.Sprintf("%s: no checkpoint reader takes the tensor files here (%s)%s; files shown as they are. Readers tried: %s",
+		dir.Path("."), list, why, triedReaders())
 }
 
 // notFound is the error of opening a directory no format takes: the
 // Unrecognised line when it holds tensor files.
 func notFound(dir source.Tree) error {
 	if ents, err := dir.ReadDir("."); err == nil {
-		if msg := Unrecognised(dir.Path("."), ents); msg != "" {
+		if msg := Unrecognised(dir, ents); msg != "" {
 			return fmt.Errorf("layout: %s", msg)
 		}
 	}

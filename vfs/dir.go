@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -158,12 +159,12 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	if errno != 0 {
 		return nil, errno
 	}
+	hidden := d.hidden(format, ents, only)
 	if !ok && (only == "" || only == infoName) {
-		if errno := d.noteUnrecognised(ents, only, add); errno != 0 {
+		if errno := d.noteUnrecognised(ents, only, hidden, add); errno != 0 {
 			return nil, errno
 		}
 	}
-	hidden := d.hidden(format, ents, only)
 	for _, info := range ents {
 		name := info.Name
 		if hidden(name) {
@@ -194,15 +195,22 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 // noteUnrecognised adds infoName to a directory that is no checkpoint but
 // holds tensor files (layout.Unrecognised), and logs that line once per
 // directory: a checkpoint no reader takes is never passed through in
-// silence. ents is the listing, or, for a lookup of only, that one entry.
-func (d *Dir) noteUnrecognised(ents []source.Info, only string, add func(entry)) syscall.Errno {
+// silence. ents is the listing, or, for a lookup of only, that one entry;
+// what hidden hides (a killed write session's debris) is not named.
+func (d *Dir) noteUnrecognised(ents []source.Info, only string, hidden func(string) bool, add func(entry)) syscall.Errno {
 	if only != "" {
 		var errno syscall.Errno
 		if ents, errno = d.sourceEntries(""); errno != 0 {
 			return errno
 		}
+		hidden = d.hidden(nil, ents, "")
 	}
-	msg := layout.Unrecognised(d.fsys.tree.Path(d.name()), ents)
+	ents = slices.DeleteFunc(slices.Clone(ents), func(e source.Info) bool { return hidden(e.Name) })
+	sub, err := source.Sub(d.fsys.tree, d.name())
+	if err != nil {
+		return 0
+	}
+	msg := layout.Unrecognised(sub, ents)
 	if msg == "" {
 		return 0
 	}

@@ -89,7 +89,7 @@ func StateDictFile(dir source.Tree) (string, error) {
 			continue
 		}
 		if tried++; tried > maxCandidates {
-			return "", fmt.Errorf("%s: more than %d torch.save candidates", dir.Path("."), maxCandidates)
+			return "", fmt.Errorf("more than %d torch.save candidates", maxCandidates)
 		}
 		if isStateDict(dir, e) {
 			found = append(found, e.Name)
@@ -101,7 +101,7 @@ func StateDictFile(dir source.Tree) (string, error) {
 	case 1:
 		return found[0], nil
 	}
-	return "", fmt.Errorf("%s: %d torch.save state dicts (%s): a view shows one", dir.Path("."), len(found), strings.Join(found, ", "))
+	return "", fmt.Errorf("%d torch.save state dicts (%s): a view shows one", len(found), strings.Join(found, ", "))
 }
 
 // isStateDict reports whether the file e of dir is a torch.save state dict.
@@ -267,7 +267,7 @@ func keyString(k any) string {
 func OpenStateDict(dir source.Tree) (*ckpt.Checkpoint, error) {
 	name, err := StateDictFile(dir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: torchsave: %w", ckpt.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, dir.Path("."), err)
 	}
 	if name == "" {
 		return nil, fmt.Errorf("%w: torchsave: %s holds no torch.save state dict", ckpt.ErrInvalid, dir.Path("."))
