@@ -180,3 +180,30 @@ def test_trainer_deepspeed_folder(tmp_path, mount):
     assert "latest names \"../checkpoint-1/global_step1\", not a directory of" in err, err
     r = ckptfs("inspect", bad, check=False)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "not a directory of" in r.stderr
+
+
+def test_deepspeed_universal_through_mount(tmp_path, mount):
+    """DeepSpeed's universal checkpoint (ds_to_universal's zero/<param>/fp32.pt):
+    the view holds zero_to_fp32's tensors; with the model's config it loads
+    with no missing or unexpected keys and the logits of the reference model
+    (config.json + zero_to_fp32's tensors) loaded in this run, to the bit; the
+    Adam state files are listed as optimizer state."""
+    case = TESTDATA / "deepspeed_universal_llama"
+    m = mount(case, "--hf-config", case / "hf_config")
+    view = m.mnt / "ckpt"
+    assert "zero" not in os.listdir(view)
+    model, loading = load(view)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(case / "hf_config" / "config.json", ref / "config.json")
+    shutil.copy(case / "expected.safetensors", ref / "model.safetensors")
+    reference, _ = load(ref)
+    ids = torch.tensor(INPUT_IDS) % 120
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    import json
+    r = json.loads(ckptfs("inspect", "--json", case / "ckpt").stdout)
+    assert r["format"] == "deepspeed-universal"
+    skipped = [s for s in r["skipped"] if "optimizer state" in s["Reason"]]
+    assert len(skipped) == 21 * 3 + 1, r["skipped"]

@@ -49,6 +49,7 @@ var Formats = []ckpt.Reader{
 	metallama.Reader,
 	megatronlegacy.Reader,
 	deepspeed.Reader,
+	deepspeed.UniversalReader,
 	trainer.Reader,
 	stages.Reader,
 	torchsave.StateDictReader,

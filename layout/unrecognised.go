@@ -13,17 +13,18 @@ import (
 // expects says, per format, what Detect looks for: the readers tried, as a
 // message names them.
 var expects = map[ckpt.Format]string{
-	ckpt.FormatMegatron:         "a DCP .metadata beside a Megatron metadata.json",
-	ckpt.FormatTorchDCP:         "a DCP .metadata",
-	ckpt.FormatHFSharded:        "shard-*-model-*.safetensors",
-	ckpt.FormatPlainHF:          "model.safetensors[.index.json]",
-	ckpt.FormatTorchSave:        "pytorch_model.bin[.index.json]",
-	ckpt.FormatMegatronLegacy:   "mp_rank_*/model_optim_rng.pt",
-	ckpt.FormatDeepSpeed:        "DeepSpeed *_model_states.pt with *_optim_states.pt",
-	ckpt.FormatStages:           "pp0/ pipeline stages",
-	ckpt.FormatMetaLlama:        "params.json with consolidated.00.pth",
-	ckpt.FormatTrainerDeepSpeed: "a `latest` file naming a DeepSpeed checkpoint directory",
-	ckpt.FormatTorchStateDict:   "one torch.save dict of tensors, flat or under state_dict/model/module/model_state_dict/state.model, named *.pt/*.pth/*.ckpt/*.bin",
+	ckpt.FormatMegatron:           "a DCP .metadata beside a Megatron metadata.json",
+	ckpt.FormatTorchDCP:           "a DCP .metadata",
+	ckpt.FormatHFSharded:          "shard-*-model-*.safetensors",
+	ckpt.FormatPlainHF:            "model.safetensors[.index.json]",
+	ckpt.FormatTorchSave:          "pytorch_model.bin[.index.json]",
+	ckpt.FormatMegatronLegacy:     "mp_rank_*/model_optim_rng.pt",
+	ckpt.FormatDeepSpeed:          "DeepSpeed *_model_states.pt with *_optim_states.pt",
+	ckpt.FormatStages:             "pp0/ pipeline stages",
+	ckpt.FormatDeepSpeedUniversal: "mp_rank_00_model_states.pt beside zero/<param>/fp32.pt",
+	ckpt.FormatMetaLlama:          "params.json with consolidated.00.pth",
+	ckpt.FormatTrainerDeepSpeed:   "a `latest` file naming a DeepSpeed checkpoint directory",
+	ckpt.FormatTorchStateDict:     "one torch.save dict of tensors, flat or under state_dict/model/module/model_state_dict/state.model, named *.pt/*.pth/*.ckpt/*.bin",
 }
 
 // triedReaders names each format Detect tries, in order, with what it

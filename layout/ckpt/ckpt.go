@@ -38,6 +38,9 @@ const (
 	FormatMegatronLegacy Format = "megatron-legacy"
 	// FormatDeepSpeed is a DeepSpeed ZeRO 1/2/3 checkpoint (global_stepN/).
 	FormatDeepSpeed Format = "deepspeed-zero"
+	// FormatDeepSpeedUniversal is DeepSpeed's universal checkpoint
+	// (ds_to_universal: zero/<param>/fp32.pt).
+	FormatDeepSpeedUniversal Format = "deepspeed-universal"
 )
 
 // Reader is one checkpoint format: how to recognise a directory of it and
