@@ -207,3 +207,36 @@ def test_deepspeed_universal_through_mount(tmp_path, mount):
     assert r["format"] == "deepspeed-universal"
     skipped = [s for s in r["skipped"] if "optimizer state" in s["Reason"]]
     assert len(skipped) == 21 * 3 + 1, r["skipped"]
+
+
+def test_litgpt_through_mount(tmp_path, mount):
+    """LitGPT's lit_model.pth ({"model": state dict}, Fabric's save) and
+    model_config.yaml: with the model's config (--hf-config), the view is
+    LitGPT's own convert_lit_checkpoint byte for byte (the litgpt-llama
+    mapping), loads with no missing or unexpected keys, and gives the logits
+    of the reference model (config + the converter's tensors) loaded in this
+    run, to the bit. Without a config the names are shown as saved, and the
+    view says why."""
+    case = TESTDATA / "litgpt_llama"
+    r = ckptfs("inspect", case / "ckpt").stdout
+    assert "litgpt-llama mapping not applied" in r and "--hf-config" in r, r
+    m = mount(case, "--hf-config", case / "hf_config")
+    view = m.mnt / "ckpt"
+    want = load_file(str(case / "expected_hf.safetensors"))
+    got = {}
+    for name in os.listdir(view):
+        if name.endswith(".safetensors"):
+            got.update(load_file(str(view / name)))
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+    model, loading = load(view)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(case / "hf_config" / "config.json", ref / "config.json")
+    shutil.copy(case / "expected_hf.safetensors", ref / "model.safetensors")
+    reference, _ = load(ref)
+    ids = torch.tensor(INPUT_IDS)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
