@@ -240,3 +240,37 @@ def test_litgpt_through_mount(tmp_path, mount):
     ids = torch.tensor(INPUT_IDS)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+def test_meta_names_in_any_file(tmp_path, mount):
+    """A Meta-named state dict in a file of any name (torchtune's Meta
+    checkpointer saves torch.save(state_dict) as meta_model_0.pt) beside the
+    model's config.json: read as a torch.save state dict, the torchtitan-llama
+    mapping (Meta's names) makes the HF names with q/k permuted, byte for byte
+    what transformers' own converter wrote for the same tensors, and the
+    converter's model's logits in this run, to the bit."""
+    case = TESTDATA / "meta_llama2_mp2"
+    ck = tmp_path / "src" / "epoch_0"
+    ck.mkdir(parents=True)
+    torch.save(load_file(str(case / "expected.safetensors")), ck / "meta_model_0.pt")
+    shutil.copy(case / "converted" / "config.json", ck / "config.json")
+    m = mount(tmp_path / "src")
+    view = m.mnt / "epoch_0"
+    want = load_file(str(case / "converted" / "model.safetensors"))
+    got = {}
+    for name in os.listdir(view):
+        if name.endswith(".safetensors"):
+            got.update(load_file(str(view / name)))
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+    from transformers import AutoModelForCausalLM
+    model, loading = AutoModelForCausalLM.from_pretrained(str(view), dtype=torch.float32, output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    ref = AutoModelForCausalLM.from_pretrained(str(case / "converted"), dtype=torch.float32).eval()
+    ids = torch.tensor(INPUT_IDS)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, ref(ids).logits)
+    r = ckptfs("inspect", ck).stdout
+    assert "torch-save-state-dict" in r and "mapped by torchtitan-llama" in r
+    assert "rope.freqs" in r and "not used by the torchtitan-llama mapping" in r
