@@ -104,6 +104,8 @@ def test_inspect_export_and_mount_agree(case, view, fmt, mapped, tmp_path, mount
                 or (fmt == "pipeline-stages" and re.fullmatch(r"pp\d+", n))
                 or (fmt == "megatron-legacy" and re.fullmatch(r"mp_rank_\d+(_\d+)?", n))
                 or (fmt == "deepspeed-zero" and re.search(r"_(model|optim)_states\.pt$", n))
+                or (fmt == "meta-llama" and re.fullmatch(r"consolidated\.\d+\.pth", n))
+                or (fmt == "deepspeed-universal" and (n == "zero" or re.search(r"_model_states\.pt$", n)))
                 or (fmt == "torch-save" and re.fullmatch(r"pytorch_model(-\d+-of-\d+)?\.bin|pytorch_model\.bin\.index\.json", n))}
     through = {n for n in os.listdir(src) if not (src / n).is_dir()} - internal
     dirs = {n for n in os.listdir(src) if (src / n).is_dir()} - internal

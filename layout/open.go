@@ -16,12 +16,14 @@ import (
 	"github.com/ckptfs/ckptfs/layout/hfsharded"
 	"github.com/ckptfs/ckptfs/layout/megatron"
 	"github.com/ckptfs/ckptfs/layout/megatronlegacy"
+	"github.com/ckptfs/ckptfs/layout/metallama"
 	"github.com/ckptfs/ckptfs/layout/plainhf"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/stages"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/layout/torchsave"
+	"github.com/ckptfs/ckptfs/layout/trainer"
 )
 
 // Re-exported model types, so library users need only this package.
@@ -35,16 +37,22 @@ type (
 // Formats are the checkpoint formats in detection order: the first whose
 // Detect accepts a directory opens it. Megatron (DCP plus a metadata.json)
 // precedes torch DCP; a directory's own shards precede HF files beside them;
-// safetensors precede pytorch_model.bin beside them, as transformers prefers.
+// safetensors precede pytorch_model.bin beside them, as transformers prefers;
+// a torch.save state dict under any other name is looked for last, after
+// every format that names its files.
 var Formats = []ckpt.Reader{
 	megatron.Reader,
 	torchdcp.Reader,
 	hfsharded.Reader,
 	plainhf.Reader,
 	torchsave.Reader,
+	metallama.Reader,
 	megatronlegacy.Reader,
 	deepspeed.Reader,
+	deepspeed.UniversalReader,
+	trainer.Reader,
 	stages.Reader,
+	torchsave.StateDictReader,
 }
 
 // Detect returns the format of the checkpoint in dir, looking at names and
@@ -79,8 +87,7 @@ func OpenAs(f ckpt.Reader, dir source.Tree) (*Checkpoint, error) {
 	}
 	f, ok := Detect(dir)
 	if !ok {
-		return nil, fmt.Errorf("layout: %s: no checkpoint found (expected a DCP .metadata, a Megatron metadata.json, "+
-			"shard-*-model-*.safetensors, model.safetensors[.index.json], pytorch_model.bin[.index.json], mp_rank_*/model_optim_rng.pt, DeepSpeed *_optim_states.pt or pp0/ pipeline stages)", dir.Path("."))
+		return nil, notFound(dir)
 	}
 	return f.Open(dir)
 }

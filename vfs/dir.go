@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
@@ -170,6 +172,11 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 		return nil, errno
 	}
 	hidden := d.hidden(format, ents, only)
+	if !ok && (only == "" || only == infoName) {
+		if errno := d.noteUnrecognised(ents, only, hidden, add); errno != 0 {
+			return nil, errno
+		}
+	}
 	for _, info := range ents {
 		name := info.Name
 		if hidden(name) {
@@ -195,6 +202,40 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 		}
 	}
 	return out, 0
+}
+
+// noteUnrecognised adds infoName to a directory that is no checkpoint but
+// holds tensor files (layout.Unrecognised), and logs that line once per
+// directory: a checkpoint no reader takes is never passed through in
+// silence. ents is the listing, or, for a lookup of only, that one entry;
+// what hidden hides (a killed write session's debris) is not named.
+func (d *Dir) noteUnrecognised(ents []source.Info, only string, hidden func(string) bool, add func(entry)) syscall.Errno {
+	if only != "" {
+		var errno syscall.Errno
+		if ents, errno = d.sourceEntries(""); errno != 0 {
+			return errno
+		}
+		hidden = d.hidden(nil, ents, "")
+	}
+	ents = slices.DeleteFunc(slices.Clone(ents), func(e source.Info) bool { return hidden(e.Name) })
+	sub, err := source.Sub(d.fsys.tree, d.name())
+	if err != nil {
+		return 0
+	}
+	msg := layout.Unrecognised(sub, ents)
+	if msg == "" {
+		return 0
+	}
+	d.fsys.mu.Lock()
+	first := !d.fsys.noted[d.name()]
+	d.fsys.noted[d.name()] = true
+	d.fsys.mu.Unlock()
+	if first {
+		d.fsys.log.Warn(msg)
+	}
+	data := []byte(msg + "\n")
+	add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: data} }})
+	return 0
 }
 
 // interruptibly runs fn, which asks the source, so that a FUSE INTERRUPT

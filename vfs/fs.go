@@ -134,6 +134,7 @@ type FS struct {
 	targets map[string]*target    // GUARDED_BY(mu); write targets, by real path
 	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
 	swept   map[string]bool       // GUARDED_BY(mu); source dirs (rel) sweepStale ran in
+	noted   map[string]bool       // GUARDED_BY(mu); source dirs (rel) whose Unrecognised line was logged
 	sweeps  sync.WaitGroup        // sweepStale runs; Close waits for them
 	closed  bool                  // GUARDED_BY(mu)
 
@@ -197,7 +198,7 @@ func New(opts Options) (*FS, error) {
 
 func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
-		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{},
+		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{}, noted: map[string]bool{},
 		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
 		detached: make(chan struct{}, maxDetached), objects: DefaultObjects(), errLog: newErrorLog(opts.Logger)}
 	if opts.Objects != nil {

@@ -433,7 +433,8 @@ func TestMountPointInsideSourceIsHidden(t *testing.T) {
 	server, err := Mount(mnt, fsys, MountOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, server.Unmount()) })
-	require.Equal(t, []string{".ckptfs", "case.json", "ckpt", "expected.safetensors"}, listDir(t, mnt))
+	// (expected.safetensors is a tensor file no reader takes: noted.)
+	require.Equal(t, []string{".ckptfs", infoName, "case.json", "ckpt", "expected.safetensors"}, listDir(t, mnt))
 }
 
 // The mount shows nothing from outside its source: links that leave it are
@@ -534,4 +535,40 @@ func TestBlockReadAhead(t *testing.T) {
 		assert.Equal(t, tc.ok, ok, "%d:%d", tc.major, tc.minor)
 		assert.Equal(t, tc.want, got, "%d:%d", tc.major, tc.minor)
 	}
+}
+
+// TestUnrecognisedTensorFilesAreNoted: a directory holding tensor files no
+// reader takes shows them as they are, beside a CKPTFS_INFO.txt naming them
+// and the readers tried, logged once; inspect's error is that same line. A
+// directory without tensor files (a training root) gets no note.
+func TestUnrecognisedTensorFilesAreNoted(t *testing.T) {
+	root := t.TempDir()
+	loose := filepath.Join(root, "loose")
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "plain"), 0o755))
+	require.NoError(t, os.MkdirAll(loose, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(loose, "weights.pt"), []byte("not a zip"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(loose, "__0_0.distcp"), []byte("x"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "plain", "notes.txt"), []byte("hi"), 0o644))
+	logs := &logLines{}
+	fsys := newFS(t, root, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs.buf, nil)) })
+	mnt := testMount(t, fsys)
+
+	// A lookup of the note alone, before any listing, finds it.
+	msg, err := os.ReadFile(filepath.Join(mnt, "loose", infoName))
+	require.NoError(t, err)
+	require.Equal(t, []string{infoName, "__0_0.distcp", "weights.pt"}, listDir(t, filepath.Join(mnt, "loose")))
+	listDir(t, filepath.Join(mnt, "loose"))
+	for _, want := range []string{loose, "__0_0.distcp, weights.pt", "torch-dcp (a DCP .metadata)", "pytorch_model.bin"} {
+		require.Contains(t, string(msg), want)
+	}
+	lines := logs.lines()
+	require.Len(t, lines, 1, "one log line per directory")
+	require.Contains(t, lines[0], "weights.pt")
+	require.Equal(t, []string{"notes.txt"}, listDir(t, filepath.Join(mnt, "plain")))
+	_, err = os.Stat(filepath.Join(mnt, "plain", infoName))
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	_, err = layout.Open(loose)
+	require.Error(t, err)
+	require.Equal(t, "layout: "+strings.TrimSpace(string(msg)), err.Error())
 }

@@ -196,7 +196,7 @@ func printReport(w io.Writer, r view.Report) {
 	if r.Mapping != "" {
 		mapped = ", mapped by " + r.Mapping
 	}
-	fmt.Fprintf(w, "%s: %s, %d tensors, %d in view%s, %d left out\n\n", r.Dir, r.Format, len(r.Tensors), r.Selected, mapped, len(r.Omitted))
+	fmt.Fprintf(w, "%s: %s, %d tensors, %d in view%s, %d left out\n\n", r.Dir, r.Format, len(r.Tensors), r.Selected, mapped, len(r.Omitted)+len(r.Skipped))
 	if r.Note != "" {
 		fmt.Fprintf(w, "%s\n\n", r.Note)
 	}

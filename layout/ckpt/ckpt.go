@@ -24,11 +24,23 @@ const (
 	FormatPlainHF   Format = "hf-safetensors"
 	FormatStages    Format = "pipeline-stages"
 	FormatTorchSave Format = "torch-save"
+	// FormatTorchStateDict is a torch.save state dict under any name
+	// (model.pt, a Lightning .ckpt), recognised by what it holds.
+	FormatTorchStateDict Format = "torch-save-state-dict"
+	// FormatMetaLlama is Meta's original Llama format: params.json and
+	// consolidated.NN.pth per model-parallel rank.
+	FormatMetaLlama Format = "meta-llama"
+	// FormatTrainerDeepSpeed is a folder whose `latest` names its
+	// DeepSpeed checkpoint (Trainer's checkpoint-N/ with DeepSpeed).
+	FormatTrainerDeepSpeed Format = "hf-trainer-deepspeed"
 	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
 	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
 	FormatMegatronLegacy Format = "megatron-legacy"
 	// FormatDeepSpeed is a DeepSpeed ZeRO 1/2/3 checkpoint (global_stepN/).
 	FormatDeepSpeed Format = "deepspeed-zero"
+	// FormatDeepSpeedUniversal is DeepSpeed's universal checkpoint
+	// (ds_to_universal: zero/<param>/fp32.pt).
+	FormatDeepSpeedUniversal Format = "deepspeed-universal"
 )
 
 // Reader is one checkpoint format: how to recognise a directory of it and

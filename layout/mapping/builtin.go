@@ -11,7 +11,7 @@ import (
 // its tensors applies (Detect). Hyper-parameters come from the view's
 // config.json, else from what the checkpoint records (Megatron's args).
 var Builtin = []*Spec{megatronGPT, megatronMixtral, megatronQwenMoE, torchtitanQwen3, torchtitanQwen3MoE,
-	torchtitanDeepSeekV3, torchtitanLlama, kempnerForgeLlama}
+	torchtitanDeepSeekV3, torchtitanLlama, kempnerForgeLlama, litgptLlama}
 
 // layer is shorthand for the names of one decoder layer in HF Llama,
 // Qwen2, Qwen3 and Mistral.
@@ -225,6 +225,31 @@ var kempnerForgeLlama = &Spec{Name: "kempnerforge-llama", Rules: []Rule{
 	{To: "model.norm.weight", From: Names{"norm.weight"}},
 	{To: "lm_head.weight", From: Names{"output_head.proj.weight"}, UnlessTied: true},
 }}
+
+// litgptLlama is LitGPT's GPT with LLaMAMLP (Llama, Mistral, ...) as HF
+// LlamaForCausalLM, as LitGPT's own convert_lit_checkpoint
+// (copy_weights_llama) makes it: renames, and the fused attn.qkv cut into
+// [q (heads), k (kv_heads), v (kv_heads)] rows; RoPE is rotate-half already.
+var litgptLlama = &Spec{Name: "litgpt-llama", Rules: []Rule{
+	{To: "model.embed_tokens.weight", From: Names{"transformer.wte.weight"}},
+	{To: layer + "input_layernorm.weight", From: Names{"transformer.h.{l}.norm_1.weight"}},
+	{To: layer + "self_attn.q_proj.weight", From: Names{"transformer.h.{l}.attn.qkv.weight"}, Split: litQKV(0)},
+	{To: layer + "self_attn.k_proj.weight", From: Names{"transformer.h.{l}.attn.qkv.weight"}, Split: litQKV(1)},
+	{To: layer + "self_attn.v_proj.weight", From: Names{"transformer.h.{l}.attn.qkv.weight"}, Split: litQKV(2)},
+	{To: layer + "self_attn.o_proj.weight", From: Names{"transformer.h.{l}.attn.proj.weight"}},
+	{To: layer + "post_attention_layernorm.weight", From: Names{"transformer.h.{l}.norm_2.weight"}},
+	{To: layer + "mlp.gate_proj.weight", From: Names{"transformer.h.{l}.mlp.fc_1.weight"}},
+	{To: layer + "mlp.up_proj.weight", From: Names{"transformer.h.{l}.mlp.fc_2.weight"}},
+	{To: layer + "mlp.down_proj.weight", From: Names{"transformer.h.{l}.mlp.proj.weight"}},
+	{To: "model.norm.weight", From: Names{"transformer.ln_f.weight"}},
+	{To: "lm_head.weight", From: Names{"lm_head.weight"}, UnlessTied: true},
+}}
+
+// litQKV takes q, k or v of LitGPT's fused qkv rows (one group, not
+// interleaved per query group).
+func litQKV(take int) *Split {
+	return &Split{Sizes: []string{"heads*head_dim", "kv_heads*head_dim", "kv_heads*head_dim"}, Take: take}
+}
 
 // Detect returns the built-in mapping whose every required source (rules
 // neither optional nor skipped when tied) exists and that takes the most

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -343,4 +344,36 @@ func TestDetectMoE(t *testing.T) {
 	assert.Len(t, res.Tensors, 1+2*(1+3+1+1+1+1+1+3*3)+1) // embed, per layer: norm, q/k/v, q/k norms, o, norm, gate, 3 experts × 3; norm
 	assert.Equal(t, "model.layers.1.mlp.experts.2.down_proj.weight", res.Tensors[len(res.Tensors)-2].Name)
 
+}
+
+// TestHFModel: names are an HF model of the tables when every name is one
+// a rule makes for that many layers and every required one is there.
+func TestHFModel(t *testing.T) {
+	var llama []string
+	for l := range 2 {
+		for _, n := range []string{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+			"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"} {
+			llama = append(llama, fmt.Sprintf("model.layers.%d.%s.weight", l, n))
+		}
+	}
+	llama = append(llama, "model.embed_tokens.weight", "model.norm.weight")
+	untied := append(slices.Clone(llama), "lm_head.weight")
+	require.NotNil(t, HFModel(untied, 2, false))
+	require.NotNil(t, HFModel(llama, 2, true), "tied: no lm_head")
+	require.Nil(t, HFModel(slices.DeleteFunc(slices.Clone(untied), func(n string) bool { return strings.HasPrefix(n, "model.layers.1.mlp.up") }), 2, false),
+		"a tensor of a layer missing")
+	require.Nil(t, HFModel(untied, 3, false), "a layer missing")
+	require.Nil(t, HFModel(untied, 1, false), "a layer too many")
+	require.Nil(t, HFModel(append(slices.Clone(untied), "model.extra"), 2, false))
+	require.Nil(t, HFModel(untied, 0, false))
+	moe := slices.DeleteFunc(slices.Clone(untied), func(n string) bool { return strings.Contains(n, ".mlp.") })
+	for l := range 2 {
+		moe = append(moe, fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l))
+		for e := range 2 {
+			for _, w := range []string{"w1", "w2", "w3"} {
+				moe = append(moe, fmt.Sprintf("model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, e, w))
+			}
+		}
+	}
+	require.Equal(t, "megatron-mixtral", HFModel(moe, 2, false).Name)
 }

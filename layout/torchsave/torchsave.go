@@ -95,6 +95,9 @@ func build(c *ckpt.Checkpoint, dir source.Tree) error {
 			return err
 		}
 	}
+	if weightMap != nil {
+		o.unindexed(dir, files)
+	}
 	for name, file := range weightMap {
 		if _, ok := o.names[name]; !ok {
 			return fmt.Errorf("%w: torchsave: %s says tensor %q is in %s, which does not hold it",
@@ -117,6 +120,59 @@ func listFiles(dir source.Tree) ([]string, map[string]string, error) {
 		return nil, nil, fmt.Errorf("torchsave: %w", err)
 	}
 	return files, weightMap, nil
+}
+
+// unindexed reports the shard files in dir that the index does not name
+// (files): hidden as the format's own, so each is said in a warning and
+// its tensors listed as skipped, never dropped in silence.
+func (o *opener) unindexed(dir source.Tree, files []string) {
+	ents, err := dir.ReadDir(".")
+	if err != nil {
+		o.c.Warnings = append(o.c.Warnings, fmt.Sprintf("torchsave: listing %s: %v", dir.Path("."), err))
+		return
+	}
+	for _, e := range ents {
+		if !shardName.MatchString(e.Name) || slices.Contains(files, e.Name) {
+			continue
+		}
+		reason := fmt.Sprintf("in %s, which %s does not name", e.Name, IndexFile)
+		names, err := o.tensorNames(e.Name)
+		if err != nil {
+			o.c.Warnings = append(o.c.Warnings, fmt.Sprintf("%s: not in the view: %s does not name it (and it cannot be read: %v)",
+				dir.Path(e.Name), IndexFile, err))
+			continue
+		}
+		o.c.Warnings = append(o.c.Warnings, fmt.Sprintf("%s: not in the view: %s does not name it; its %d tensors are skipped",
+			dir.Path(e.Name), IndexFile, len(names)))
+		for _, n := range names {
+			o.c.Skipped = append(o.c.Skipped, ckpt.Skipped{Name: n, Reason: reason})
+		}
+	}
+}
+
+// tensorNames lists the keys of the state dict in the weights file name.
+func (o *opener) tensorNames(name string) ([]string, error) {
+	f, err := o.c.Files.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	a, err := openArchive(f)
+	if err != nil {
+		return nil, err
+	}
+	items, err := a.stateDict()
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, it := range items {
+		n, ok := it.Key.(string)
+		if !ok {
+			return nil, fmt.Errorf("data.pkl: key %s is not a str", pickle.Repr(it.Key))
+		}
+		names = append(names, n)
+	}
+	return names, nil
 }
 
 type opener struct {

@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"math"
@@ -357,4 +358,47 @@ func TestCRC(t *testing.T) {
 	assert.ErrorContains(t, err, "CRC32 mismatch")
 	_, err = src.ReadAt(make([]byte, 4), 0) // a part: not checkable
 	assert.NoError(t, err)
+}
+
+// TestUnindexedShardIsReported: a pytorch_model-0000N-of-0000M.bin the
+// index does not name is hidden as the format's own file, so it is said in
+// a warning and its tensors are listed as skipped, never dropped silently;
+// one that cannot be read is said too.
+func TestUnindexedShardIsReported(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("..", "..", "testdata", "torchsave_llama_sharded", "ckpt"))))
+	b, err := os.ReadFile(filepath.Join(dir, IndexFile))
+	require.NoError(t, err)
+	var idx struct {
+		Metadata  map[string]any    `json:"metadata"`
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	require.NoError(t, json.Unmarshal(b, &idx))
+	const dropped = "pytorch_model-00012-of-00012.bin"
+	var gone []string
+	for name, file := range idx.WeightMap {
+		if file == dropped {
+			gone = append(gone, name)
+			delete(idx.WeightMap, name)
+		}
+	}
+	require.NotEmpty(t, gone)
+	b, err = json.Marshal(idx)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, IndexFile), b, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pytorch_model-00013-of-00012.bin"), []byte("junk"), 0o644))
+
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	var skipped []string
+	for _, s := range c.Skipped {
+		skipped = append(skipped, s.Name)
+		assert.Equal(t, "in "+dropped+", which "+IndexFile+" does not name", s.Reason)
+	}
+	assert.ElementsMatch(t, gone, skipped)
+	require.Len(t, c.Warnings, 2)
+	assert.Contains(t, c.Warnings[0], dropped+": not in the view")
+	assert.Contains(t, c.Warnings[1], "pytorch_model-00013-of-00012.bin: not in the view")
+	assert.Contains(t, c.Warnings[1], "not a torch.save zip archive")
 }

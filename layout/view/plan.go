@@ -159,6 +159,9 @@ func Plan(c *ckpt.Checkpoint, opts Options) (*View, error) {
 	}
 	selected, omitted, err := selectTensors(c, opts.Select)
 	var tensors []viewTensor
+	if err == nil && opts.Select == "" {
+		selected = v.withoutAttribute(selected, sidecars)
+	}
 	if err == nil {
 		v.Omitted = omitted
 		tensors, err = v.mapTensors(selected, sidecars, opts)

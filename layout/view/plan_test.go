@@ -67,6 +67,24 @@ func TestSelectionRules(t *testing.T) {
 		treetest.Scalar("model.layers.0.mlp.up_proj.weight"),
 		treetest.Scalar("lm_head.weight"),
 	}
+	// Lightning FSDPStrategy(state_dict_type="sharded"): {"model": the
+	// LightningModule's state dict, "optimizer_0": its optimizer's}.
+	lightningFSDP := []*ckpt.Tensor{
+		treetest.Scalar("model.model.model.norm.weight", "model", "model.model.norm.weight"),
+		treetest.Scalar("optimizer_0.state.model.model.norm.weight.exp_avg", "optimizer_0", "state", "model.model.norm.weight", "exp_avg"),
+	}
+	// Composer: {"state": {"model": ..., "optimizers": {"DecoupledAdamW": ...}, "rng": ...}}.
+	composer := []*ckpt.Tensor{
+		treetest.Scalar("state.model.model.lm_head.weight", "state", "model", "model.lm_head.weight"),
+		treetest.Scalar("state.optimizers.DecoupledAdamW.state.model.lm_head.weight.exp_avg",
+			"state", "optimizers", "DecoupledAdamW", "state", "model.lm_head.weight", "exp_avg"),
+		treetest.Scalar("rng.0.torch", "rng", "0", "torch"),
+	}
+	// A Lightning .ckpt: {"state_dict": ..., "optimizer_states": [...]}.
+	lightning := []*ckpt.Tensor{
+		treetest.Scalar("state_dict.model.lm_head.weight", "state_dict", "model.lm_head.weight"),
+		treetest.Scalar("optimizer_states.0.state.0.exp_avg", "optimizer_states", "0", "state", "0", "exp_avg"),
+	}
 	optimizer := Omission{Name: "optimizer.state.l1.weight.exp_avg", Reason: "optimizer state", Optimizer: true}
 	cases := []struct {
 		name    string
@@ -100,6 +118,17 @@ func TestSelectionRules(t *testing.T) {
 			omitted: []Omission{{Name: "optimizer.state.output.weight.exp_avg", Reason: "optimizer state", Optimizer: true}}},
 		{name: "HF-sharded: every tensor as saved, lm_head kept", tensors: hf,
 			want: []string{"model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight"}},
+		{name: "Lightning FSDP: optimizer_0 is optimizer state", tensors: lightningFSDP,
+			want:    []string{"model.model.norm.weight"},
+			omitted: []Omission{{Name: "optimizer_0.state.model.model.norm.weight.exp_avg", Reason: "optimizer state", Optimizer: true}}},
+		{name: "Composer: state.model, optimizers at any level, rng outside", tensors: composer,
+			want: []string{"model.lm_head.weight"},
+			omitted: []Omission{
+				{Name: "state.optimizers.DecoupledAdamW.state.model.lm_head.weight.exp_avg", Reason: "optimizer state", Optimizer: true},
+				{Name: "rng.0.torch", Reason: `saved outside the "state.model" subtree (under "rng")`}}},
+		{name: "Lightning .ckpt: state_dict, optimizer_states", tensors: lightning,
+			want:    []string{"model.lm_head.weight"},
+			omitted: []Omission{{Name: "optimizer_states.0.state.0.exp_avg", Reason: "optimizer state", Optimizer: true}}},
 		{name: "no nesting: an optimizer-looking name is not guessed at", tensors: []*ckpt.Tensor{treetest.Scalar("optimizer.x")},
 			want: []string{"optimizer.x"}},
 	}

@@ -2,6 +2,7 @@ package view
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -13,19 +14,32 @@ import (
 //   - A tensor's saved nesting (Tensor.Path: DCP planner_data, or what a
 //     format's writer is known to do) tells whether the state was saved as
 //     {"model": ..., "optimizer": ...}. Only then is a subtree picked by
-//     default: the "model" one, shown without its prefix.
+//     default: the first of modelRoots saved, shown without its prefix.
 //   - Flat names (HF-sharded, plain safetensors, flat DCP) are shown as
 //     saved: "model.embed_tokens.weight" stays that, and "lm_head.weight"
 //     is shown beside it.
-//   - Optimizer state (a saved subtree under "optimizer", "optim", ...) is
-//     never shown as weights.
+//   - Optimizer state (a saved subtree under "optimizer", "optim",
+//     "optimizer_states", "optimizer_0", ..., at any level) is never shown
+//     as weights.
 //   - Every tensor left out is listed with the reason (View.Omitted).
 
-// optimizerRoots are top-level keys whose subtrees are optimizer state.
-var optimizerRoots = map[string]bool{"optimizer": true, "optim": true, "optimizers": true, "opt": true}
+// optimizerKeys are keys whose subtrees are optimizer state, at any level
+// of a saved nesting, as frameworks save it: {"optimizer": ...} (DCP,
+// KempnerForge), "optim" (NeMo), "optimizers" (Composer's
+// state.optimizers), "optimizer_states" (Lightning's .ckpt),
+// "optimizer_state_dict" (the torch tutorials' dict), "opt".
+var optimizerKeys = map[string]bool{"optimizer": true, "optim": true, "optimizers": true, "opt": true,
+	"optimizer_states": true, "optimizer_state_dict": true}
 
-// modelRoot is the key a model is saved under in a nested state.
-const modelRoot = "model"
+// optimizerIndexed is Lightning's key for its N-th optimizer in a sharded
+// save ({"model": ..., "optimizer_0": ...}).
+var optimizerIndexed = regexp.MustCompile(`^optimizer_[0-9]+$`)
+
+// modelRoots are the subtrees a model is saved under in a nested state, in
+// the order they are looked for: {"model", "optimizer"} (DCP, torch
+// tutorials), Lightning's "state_dict", "model_state_dict", DeepSpeed's
+// "module", Composer's state.model.
+var modelRoots = []string{"model", "state_dict", "model_state_dict", "module", "state.model"}
 
 // named is a tensor with the name it has in the view.
 type named struct {
@@ -42,27 +56,38 @@ func savedRoot(t *ckpt.Tensor) (string, bool) {
 	return "", false
 }
 
+// isOptimizerState reports whether t was saved under an optimizer key, at
+// any level of its saved nesting.
 func isOptimizerState(t *ckpt.Tensor) bool {
-	root, ok := savedRoot(t)
-	return ok && optimizerRoots[root]
-}
-
-// savedNestedUnder reports whether some tensor was saved nested under key.
-func savedNestedUnder(c *ckpt.Checkpoint, key string) bool {
-	for _, t := range c.Tensors {
-		if root, ok := savedRoot(t); ok && root == key {
+	for _, k := range t.Path[:max(len(t.Path)-1, 0)] {
+		if optimizerKeys[k] || optimizerIndexed.MatchString(k) {
 			return true
 		}
 	}
 	return false
 }
 
+// modelRoot returns the subtree of modelRoots some tensor of c was saved
+// nested under, or "".
+func modelRoot(c *ckpt.Checkpoint) string {
+	for _, root := range modelRoots {
+		for _, t := range c.Tensors {
+			if _, ok := under(t, root); ok && len(t.Path) >= 2 {
+				return root
+			}
+		}
+	}
+	return ""
+}
+
 // selectTensors picks the tensors of the view and their view names, and
 // lists the others with the reason.
 func selectTensors(c *ckpt.Checkpoint, sel string) ([]named, []Omission, error) {
 	auto := sel == ""
-	if auto && savedNestedUnder(c, modelRoot) {
-		sel = modelRoot
+	root := ""
+	if auto {
+		root = modelRoot(c)
+		sel = root
 	}
 	var out []named
 	var omitted []Omission
@@ -83,10 +108,10 @@ func selectTensors(c *ckpt.Checkpoint, sel string) ([]named, []Omission, error) 
 			case isOptimizerState(t):
 				reason = "optimizer state"
 			case auto:
-				root, _ := savedRoot(t)
-				reason = fmt.Sprintf("saved outside the %q subtree (under %q)", modelRoot, root)
-				if root == "" {
-					reason = fmt.Sprintf("saved outside the %q subtree (at the top level)", modelRoot)
+				top, _ := savedRoot(t)
+				reason = fmt.Sprintf("saved outside the %q subtree (under %q)", root, top)
+				if top == "" {
+					reason = fmt.Sprintf("saved outside the %q subtree (at the top level)", root)
 				}
 			default:
 				reason = fmt.Sprintf("not under --select %q", sel)
