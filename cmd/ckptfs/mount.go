@@ -27,7 +27,6 @@ import (
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/source/open"
-	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
 )
@@ -162,7 +161,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if err := f.source.check(src); err != nil {
 		return err
 	}
-	remote := s3.IsURL(src)
+	remote := open.IsRemote(src)
 	if remote && f.write.rw {
 		return &usageError{fmt.Errorf("--rw: %s cannot be mounted writable: written checkpoints need a local directory", src)}
 	}

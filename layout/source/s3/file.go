@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -50,12 +48,12 @@ func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int
 // version's bytes, which must fail the read, not be served or retried into
 // a success.
 func verify(out *awss3.GetObjectOutput, obj objstore.Object, off, n int64) error {
-	want := contentRange{off, off + n - 1, obj.Size}
+	want := objstore.ContentRange{First: off, Last: off + n - 1, Size: obj.Size}
 	var cause string
 	if etag := normalizeETag(aws.ToString(out.ETag)); etag != obj.Version {
 		cause = fmt.Sprintf("the store answered with ETag %q, not %q (If-Match ignored: replaced)", etag, obj.Version)
-	} else if cr := aws.ToString(out.ContentRange); parseContentRange(cr) != want {
-		cause = fmt.Sprintf("asked for bytes %d-%d/%d, got Content-Range %q", want.first, want.last, want.size, cr)
+	} else if cr := aws.ToString(out.ContentRange); objstore.ParseContentRange(cr) != want {
+		cause = fmt.Sprintf("asked for bytes %d-%d/%d, got Content-Range %q", want.First, want.Last, want.Size, cr)
 	} else if cl := aws.ToInt64(out.ContentLength); cl != n {
 		cause = fmt.Sprintf("asked for %d bytes at %d, got Content-Length %d", n, off, cl)
 	} else {
@@ -81,27 +79,4 @@ func (s *store) requestError(err error, obj objstore.Object, n int64) error {
 		return &objstore.AttemptError{Cause: fmt.Sprintf("no response within the attempt deadline %v", s.opts.attemptTimeout(n))}
 	}
 	return objstore.RequestFailed(err)
-}
-
-// contentRange is a parsed Content-Range: "bytes FIRST-LAST/SIZE".
-type contentRange struct{ first, last, size int64 }
-
-// parseContentRange parses cr; anything else (an unknown size "*", no
-// header at all) is the zero contentRange, which no request asks for.
-func parseContentRange(cr string) contentRange {
-	var r contentRange
-	rest, ok := strings.CutPrefix(cr, "bytes ")
-	first, rest, ok1 := strings.Cut(rest, "-")
-	last, size, ok2 := strings.Cut(rest, "/")
-	if !ok || !ok1 || !ok2 {
-		return contentRange{}
-	}
-	var err [3]error
-	r.first, err[0] = strconv.ParseInt(first, 10, 64)
-	r.last, err[1] = strconv.ParseInt(last, 10, 64)
-	r.size, err[2] = strconv.ParseInt(size, 10, 64)
-	if errors.Join(err[:]...) != nil {
-		return contentRange{}
-	}
-	return r
 }
