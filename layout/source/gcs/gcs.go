@@ -81,7 +81,7 @@ func Open(ctx context.Context, url string, o Options) (*objstore.Tree, error) {
 
 // newClient builds the client over objstore's counting HTTP client:
 // authenticated by ADC unless anonymous or an emulator, one attempt per
-// call, reads through the JSON API.
+// call.
 func newClient(ctx context.Context, o Options, c *objstore.Counters) (*storage.Client, error) {
 	hc := objstore.HTTPClient(o.Limits, c)
 	emulator := o.Endpoint == "" && os.Getenv("STORAGE_EMULATOR_HOST") != ""
@@ -92,7 +92,7 @@ func newClient(ctx context.Context, o Options, c *objstore.Counters) (*storage.C
 		}
 		hc.Transport = tr
 	}
-	opts := []option.ClientOption{option.WithHTTPClient(hc), storage.WithJSONReads()}
+	opts := []option.ClientOption{option.WithHTTPClient(hc)}
 	if o.Endpoint != "" {
 		opts = append(opts, option.WithEndpoint(strings.TrimSuffix(o.Endpoint, "/")+"/storage/v1/"))
 	}
