@@ -124,7 +124,7 @@ $(DEMO_STAMP): e2e/requirements-demo.txt
 	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -r e2e/requirements-demo.txt
 	rm -f $(DEMO_VENV)/.installed-* && touch $@
 
-bench: build venv
+bench: build venv tools
 	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
 
 # What a user of a GPU node sees at Llama 3 sizes (PRESET=llama3-3b or
