@@ -153,7 +153,7 @@ func (s *store) Head(ctx context.Context, key string) (objstore.Object, error) {
 		case bloberror.HasCode(err, bloberror.BlobNotFound):
 			return objstore.ErrNotFound
 		case err != nil:
-			return err
+			return brief(err)
 		}
 		obj = object(key, p.ContentLength, p.LastModified, p.ETag)
 		return nil
@@ -196,7 +196,7 @@ func (s *store) List(ctx context.Context, prefix string, delim bool, limit int, 
 		if delim {
 			resp, err := s.c.NewListBlobsHierarchyPager("/", &container.ListBlobsHierarchyOptions{Prefix: &prefix, Marker: marker, MaxResults: max}).NextPage(ctx)
 			if err != nil {
-				return err
+				return brief(err)
 			}
 			for _, p := range resp.Segment.BlobPrefixes {
 				if p.Name != nil {
@@ -207,7 +207,7 @@ func (s *store) List(ctx context.Context, prefix string, delim bool, limit int, 
 		} else {
 			resp, err := s.c.NewListBlobsFlatPager(&container.ListBlobsFlatOptions{Prefix: &prefix, Marker: marker, MaxResults: max}).NextPage(ctx)
 			if err != nil {
-				return err
+				return brief(err)
 			}
 			items, page.Next = resp.Segment.BlobItems, deref(resp.NextMarker)
 		}
@@ -274,18 +274,55 @@ func (s *store) readError(ctx context.Context, err error, obj objstore.Object, t
 	case ctx.Err() == context.DeadlineExceeded:
 		return &objstore.AttemptError{Cause: fmt.Sprintf("attempt deadline %v passed", timeout)}
 	case transient(err):
-		return &objstore.AttemptError{Cause: err.Error()}
+		return &objstore.AttemptError{Cause: brief(err).Error()}
 	}
-	return objstore.RequestFailed(err)
+	return objstore.RequestFailed(brief(err))
 }
+
+// brief is a failed request in one short line (the SDK's message for a
+// response is a dump of the request and response over many): its status
+// and error code, and never the URL's query, which holds a SAS token's
+// signature. The error stays in the chain, for transient to see.
+func brief(err error) error {
+	var re *azcore.ResponseError
+	var ue *url.Error
+	switch {
+	case errors.As(err, &re) && re.RawResponse != nil && re.RawResponse.Request != nil:
+		req := re.RawResponse.Request
+		return &briefError{fmt.Sprintf("%s %s: %s (%s)", req.Method, noQuery(req.URL), re.RawResponse.Status, re.ErrorCode), err}
+	case errors.As(err, &ue):
+		u, perr := url.Parse(ue.URL)
+		if perr != nil {
+			return &briefError{fmt.Sprintf("%s: %v", ue.Op, ue.Err), err}
+		}
+		return &briefError{fmt.Sprintf("%s %s: %v", ue.Op, noQuery(u), ue.Err), err}
+	}
+	return err
+}
+
+func noQuery(u *url.URL) string {
+	c := *u
+	c.RawQuery, c.User = "", nil
+	return c.String()
+}
+
+type briefError struct {
+	msg string
+	err error
+}
+
+func (e *briefError) Error() string { return e.msg }
+func (e *briefError) Unwrap() error { return e.err }
 
 // transient is what the SDK's retry policy would have retried: throttling,
 // server errors, and a request that got no response (a refused or cut
-// connection).
+// connection); not a credential that cannot be had (azidentity's errors
+// say so), which would only fail again.
 func transient(err error) bool {
 	var re *azcore.ResponseError
 	if errors.As(err, &re) {
 		return objstore.TransientStatus(re.StatusCode)
 	}
-	return !errors.Is(err, context.Canceled)
+	var final interface{ NonRetriable() }
+	return !errors.Is(err, context.Canceled) && !errors.As(err, &final)
 }

@@ -3,7 +3,14 @@ package azure_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
+	"net/url"
 	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/sas"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source/azure"
 	"github.com/ckptfs/ckptfs/layout/source/azure/azuretest"
@@ -40,4 +47,74 @@ func TestEmulator(t *testing.T) {
 		srv.Container(t, bucket)
 		return store{srv, bucket}
 	})
+}
+
+// TestCredentials: the account is reached with its key
+// (AZURE_STORAGE_KEY), with a read-and-list SAS token
+// (AZURE_STORAGE_SAS_TOKEN) and from the connection string; anonymous
+// requests to a private container, and a wrong key, fail the open with an
+// error that is no ENOENT.
+func TestCredentials(t *testing.T) {
+	srv := azuretest.Start(t)
+	srv.Container(t, "private")
+	require.NoError(t, srv.Put("private", "run/shard", []byte("bytes")))
+	sasURL, err := srv.Client.ServiceClient().GetSASURL(sas.AccountResourceTypes{Container: true, Object: true},
+		sas.AccountPermissions{Read: true, List: true}, time.Now().Add(time.Hour), nil)
+	require.NoError(t, err)
+	u, err := url.Parse(sasURL)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		opts azure.Options
+		ok   bool
+	}{
+		{"connection string", nil, azure.Options{}, true},
+		{"key", map[string]string{"AZURE_STORAGE_CONNECTION_STRING": "", "AZURE_STORAGE_ACCOUNT": azuretest.Account, "AZURE_STORAGE_KEY": azuretest.Key},
+			azure.Options{Endpoint: srv.Endpoint}, true},
+		{"sas", map[string]string{"AZURE_STORAGE_CONNECTION_STRING": "", "AZURE_STORAGE_SAS_TOKEN": "?" + u.RawQuery},
+			azure.Options{Account: azuretest.Account, Endpoint: srv.Endpoint}, true},
+		{"anonymous", nil, azure.Options{Endpoint: srv.Endpoint, Anonymous: true}, false},
+		{"wrong key", map[string]string{"AZURE_STORAGE_CONNECTION_STRING": "", "AZURE_STORAGE_KEY": "d3Jvbmc="},
+			azure.Options{Account: azuretest.Account, Endpoint: srv.Endpoint}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			tc.opts.MaxAttempts = 1
+			tree, err := azure.Open(context.Background(), "az://private/run", tc.opts)
+			if !tc.ok {
+				require.Error(t, err)
+				t.Log(err)
+				require.NotErrorIs(t, err, fs.ErrNotExist)
+				assert.Contains(t, err.Error(), "az://private/run")
+				return
+			}
+			require.NoError(t, err)
+			defer tree.Close()
+			f, err := tree.Open("shard")
+			require.NoError(t, err)
+			buf := make([]byte, 5)
+			_, err = f.ReadAt(buf, 0)
+			require.NoError(t, err)
+			assert.Equal(t, "bytes", string(buf))
+		})
+	}
+	// A failed request names its URL without the SAS token's signature,
+	// whether the store answered or could not be reached.
+	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", "")
+	t.Setenv("AZURE_STORAGE_SAS_TOKEN", u.RawQuery)
+	opts := azure.Options{Account: azuretest.Account, Endpoint: srv.Endpoint}
+	opts.MaxAttempts = 1
+	_, err = azure.Open(context.Background(), "az://nosuch/run", opts)
+	require.Error(t, err)
+	srv.Process().Kill(t)
+	_, err2 := azure.Open(context.Background(), "az://private/run", opts)
+	require.Error(t, err2)
+	for _, err := range []error{err, err2} {
+		t.Log(err)
+		assert.NotContains(t, err.Error(), "sig=")
+		assert.NotContains(t, err.Error(), "\n")
+	}
 }

@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -93,8 +94,8 @@ type AttemptError struct{ Cause string }
 func (e *AttemptError) Error() string        { return fmt.Sprintf("%v: %s", ErrRequest, e.Cause) }
 func (e *AttemptError) Is(target error) bool { return target == ErrRequest }
 
-// RequestFailed keeps the SDK's one-line account of a failed request but
-// not its chain: a network errno in it (ECONNREFUSED) is no errno of the
+// RequestFailed keeps the SDK's account of a failed request, on one line,
+// but not its chain: a network errno in it (ECONNREFUSED) is no errno of the
 // file, and the mount answers EIO. Cancellation stays visible.
 func RequestFailed(err error) error {
 	if errors.Is(err, context.Canceled) {
@@ -103,7 +104,7 @@ func RequestFailed(err error) error {
 	if errors.Is(err, ErrRequest) {
 		return err
 	}
-	return fmt.Errorf("%w: %s", ErrRequest, err.Error())
+	return fmt.Errorf("%w: %s", ErrRequest, strings.Join(strings.Fields(err.Error()), " "))
 }
 
 // Defaults for zero fields of Limits.
