@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -21,8 +22,8 @@ import (
 // TestObjectStoreViews: a DCP checkpoint saved by torch (4 ranks, FSDP2)
 // uploaded to fake-gcs-server and to Azurite mounts as gs:// and az://
 // with a view byte-exact against the mount of the local directory; a
-// missing name is ENOENT through the mount; inspect and export take the
-// URL too.
+// missing name is ENOENT through the mount; mountinfo names the URL;
+// inspect and export take the URL too.
 func TestObjectStoreViews(t *testing.T) {
 	testenv.RequireSystem(t, os.Geteuid() == 0, "root (FUSE mounts)")
 	const fixture = "fsdp2_4ranks"
@@ -47,8 +48,12 @@ func TestObjectStoreViews(t *testing.T) {
 			tc.upload(t)
 			url := tc.scheme + "://ckpts/run"
 			mnt := mountAt(t, url, "--cache-dir", t.TempDir())
+			mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mnt))
+			require.NoError(t, err)
+			require.Len(t, mounts, 1)
+			assert.Equal(t, url, mounts[0].Source, "mountinfo names the source as given")
 			files := 0
-			err := filepath.WalkDir(filepath.Join(localMnt, "ckpt"), func(p string, d fs.DirEntry, err error) error {
+			err = filepath.WalkDir(filepath.Join(localMnt, "ckpt"), func(p string, d fs.DirEntry, err error) error {
 				if err != nil || d.IsDir() {
 					return err
 				}
