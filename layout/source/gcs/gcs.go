@@ -1,7 +1,10 @@
 // Package gcs is the gs:// store of objstore: a source.Tree over a Google
-// Cloud Storage bucket prefix, read with cloud.google.com/go/storage (JSON
-// API). This package is only its client calls; naming, confinement,
-// listings as directories and the resumed, pinned reads are objstore's.
+// Cloud Storage bucket prefix, read with cloud.google.com/go/storage
+// (listings and metadata through the JSON API, ranged reads through the XML
+// API, the library's default: its JSON reads refuse the Accept-Encoding
+// that keeps a gzip-encoded object's stored bytes and size). This package is
+// only its client calls; naming, confinement, listings as directories and
+// the resumed, pinned reads are objstore's.
 //
 // Credentials are Application Default Credentials (GOOGLE_APPLICATION_
 // CREDENTIALS, gcloud's, the metadata server) unless Options.Anonymous;
@@ -75,7 +78,7 @@ func Open(ctx context.Context, url string, o Options) (*objstore.Tree, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", loc, err)
 	}
-	s := &store{bkt: client.Bucket(loc.Bucket), limits: o.Limits, count: c}
+	s := &store{client: client, bkt: client.Bucket(loc.Bucket), limits: o.Limits, count: c}
 	return objstore.Open(loc, s, o.Limits, c)
 }
 
@@ -109,10 +112,14 @@ var ErrNoCredentials = errors.New("gs: no credentials found")
 
 // store is the GCS calls on one bucket.
 type store struct {
+	client *storage.Client
 	bkt    *storage.BucketHandle
 	limits objstore.Limits
 	count  *objstore.Counters
 }
+
+// Close closes the client (objstore.Tree.Close calls it).
+func (s *store) Close() error { return s.client.Close() }
 
 func (s *store) Head(ctx context.Context, key string) (objstore.Object, error) {
 	var obj objstore.Object
@@ -167,7 +174,9 @@ func (s *store) List(ctx context.Context, prefix string, delim bool, limit int, 
 }
 
 // Read is one ranged read of the opened generation, as stored (no
-// decompressive transcoding: the size is the stored object's).
+// decompressive transcoding: the size is the stored object's). The read is
+// the whole attempt, under its deadline; a transient failure or a cut body
+// is an AttemptError, resumed by the tree.
 func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int64) (int, error) {
 	gen, err := strconv.ParseInt(obj.Version, 10, 64)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"path"
 	"sort"
@@ -67,12 +68,19 @@ func Open(loc Location, store Store, l Limits, c *Counters) (*Tree, error) {
 // Location is the bucket and prefix of the tree.
 func (t *Tree) Location() Location { return t.loc }
 
-// Close cancels requests in flight; the tree is not used after.
+// Close cancels requests in flight and closes the store if it has a Close
+// (an SDK client's connections); the tree is not used after.
 func (t *Tree) Close() error {
 	t.reqs.Lock()
 	defer t.reqs.Unlock()
+	if t.reqs.closed {
+		return nil
+	}
 	t.reqs.closed = true
 	t.reqs.cancel()
+	if c, ok := t.store.(io.Closer); ok {
+		return c.Close()
+	}
 	return nil
 }
 
