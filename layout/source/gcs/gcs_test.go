@@ -1,14 +1,20 @@
 package gcs_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/gcs"
 	"github.com/ckptfs/ckptfs/layout/source/gcs/gcstest"
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
@@ -70,4 +76,40 @@ func TestEndpointAnonymous(t *testing.T) {
 	require.ErrorIs(t, err, gcs.ErrNoCredentials)
 	assert.Contains(t, err.Error(), "--no-sign-request")
 	assert.NotContains(t, err.Error(), "\n")
+}
+
+// TestGenerationIgnored: a server that ignores the generation asked for
+// (a proxy drops it from every request) and answers with the replaced
+// object's bytes fails the read with ErrChanged naming both generations,
+// never serving the new bytes.
+func TestGenerationIgnored(t *testing.T) {
+	srv := gcstest.Start(t)
+	srv.Bucket(t, "ckpts")
+	old := bytes.Repeat([]byte("old!"), 16<<10)
+	require.NoError(t, srv.Put("ckpts", "run/shard", old))
+	target, err := url.Parse(srv.Endpoint)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	director := proxy.Director
+	proxy.Director = func(r *http.Request) {
+		director(r)
+		q := r.URL.Query()
+		q.Del("generation")
+		r.URL.RawQuery = q.Encode()
+	}
+	ps := httptest.NewServer(proxy)
+	t.Cleanup(ps.Close)
+	t.Setenv("STORAGE_EMULATOR_HOST", "")
+	tree, err := gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{Endpoint: ps.URL, Anonymous: true})
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("shard")
+	require.NoError(t, err)
+	require.NoError(t, srv.Put("ckpts", "run/shard", bytes.Repeat([]byte("new!"), 16<<10)))
+	buf := make([]byte, 32<<10)
+	_, err = f.ReadAt(buf, 0)
+	require.ErrorIs(t, err, source.ErrChanged)
+	assert.Contains(t, err.Error(), "generation")
+	objstoretest.RequireEIO(t, err, "gs://ckpts/run/shard")
+	assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another generation were served")
 }
