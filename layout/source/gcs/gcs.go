@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -87,6 +88,7 @@ func Open(ctx context.Context, url string, o Options) (*objstore.Tree, error) {
 // call.
 func newClient(ctx context.Context, o Options, c *objstore.Counters) (*storage.Client, error) {
 	hc := objstore.HTTPClient(o.Limits, c)
+	hc.Transport = generationCheck{hc.Transport}
 	emulator := o.Endpoint == "" && os.Getenv("STORAGE_EMULATOR_HOST") != ""
 	if !o.Anonymous && !emulator {
 		tr, err := htransport.NewTransport(ctx, hc.Transport, option.WithScopes(storage.ScopeReadOnly))
@@ -191,10 +193,10 @@ func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int
 		return 0, readError(ctx, err, gen, timeout)
 	}
 	defer r.Close()
-	switch {
-	case r.Attrs.Generation != gen:
-		return 0, &objstore.ChangedError{Cause: fmt.Sprintf("the store answered with generation %d, not %d", r.Attrs.Generation, gen)}
-	case r.Attrs.StartOffset != off || r.Remain() != n || r.Attrs.Size != obj.Size:
+	// The response's generation was checked by generationCheck (the
+	// Reader's Attrs.Generation is the one asked for, not the answer's);
+	// its range and size come from Content-Range and Content-Length.
+	if r.Attrs.StartOffset != off || r.Remain() != n || r.Attrs.Size != obj.Size {
 		return 0, &objstore.ChangedError{Cause: fmt.Sprintf("asked for %d bytes at %d of %d, got %d at %d of %d",
 			n, off, obj.Size, r.Remain(), r.Attrs.StartOffset, r.Attrs.Size)}
 	}
@@ -209,7 +211,10 @@ func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int
 // attempt to resume (its deadline, a cut body, a transient failure) and a
 // failed request.
 func readError(ctx context.Context, err error, gen int64, timeout time.Duration) error {
+	var other *generationError
 	switch {
+	case errors.As(err, &other):
+		return &objstore.ChangedError{Cause: other.Error()}
 	case errors.Is(err, storage.ErrObjectNotExist):
 		return &objstore.ChangedError{Cause: fmt.Sprintf("generation %d is gone (replaced or deleted)", gen)}
 	case errors.Is(err, context.Canceled):
@@ -220,6 +225,37 @@ func readError(ctx context.Context, err error, gen int64, timeout time.Duration)
 		return &objstore.AttemptError{Cause: err.Error()}
 	}
 	return objstore.RequestFailed(err)
+}
+
+// generationCheck fails a successful read of a pinned generation whose
+// response does not say it is that generation (x-goog-generation): a store
+// or proxy that ignores the generation asked for would otherwise serve
+// another version's bytes, and the storage Reader reports the generation
+// asked for, not the one answered.
+type generationCheck struct{ http.RoundTripper }
+
+func (g generationCheck) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := g.RoundTripper.RoundTrip(r)
+	asked := r.URL.Query().Get("generation")
+	if err != nil || r.Method != http.MethodGet || asked == "" || r.URL.Query().Get("alt") == "json" ||
+		res.StatusCode < 200 || res.StatusCode > 299 {
+		return res, err
+	}
+	if got := res.Header.Get("X-Goog-Generation"); got != asked {
+		res.Body.Close()
+		return nil, &generationError{asked, got}
+	}
+	return res, nil
+}
+
+// generationError is a response of another generation than asked for.
+type generationError struct{ asked, got string }
+
+func (e *generationError) Error() string {
+	if e.got == "" {
+		return fmt.Sprintf("the store did not say which generation it answered a read of generation %s with", e.asked)
+	}
+	return fmt.Sprintf("the store answered with generation %s, not %s (the generation asked for was ignored: replaced)", e.got, e.asked)
 }
 
 // transient is what the SDK would have retried, and a cut response.
