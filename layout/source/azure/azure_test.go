@@ -1,9 +1,13 @@
 package azure_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"testing"
 	"time"
@@ -12,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/azure"
 	"github.com/ckptfs/ckptfs/layout/source/azure/azuretest"
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
@@ -117,4 +122,45 @@ func TestCredentials(t *testing.T) {
 		assert.NotContains(t, err.Error(), "sig=")
 		assert.NotContains(t, err.Error(), "\n")
 	}
+}
+
+// TestIfMatchIgnored: a server that ignores If-Match (a proxy drops it;
+// a SAS token signs no headers) and answers with the replaced blob's
+// bytes fails the read with ErrChanged naming both ETags, never serving
+// the new bytes.
+func TestIfMatchIgnored(t *testing.T) {
+	srv := azuretest.Start(t)
+	srv.Container(t, "ckpts")
+	require.NoError(t, srv.Put("ckpts", "run/shard", bytes.Repeat([]byte("old!"), 16<<10)))
+	sasURL, err := srv.Client.ServiceClient().GetSASURL(sas.AccountResourceTypes{Container: true, Object: true},
+		sas.AccountPermissions{Read: true, List: true}, time.Now().Add(time.Hour), nil)
+	require.NoError(t, err)
+	u, err := url.Parse(sasURL)
+	require.NoError(t, err)
+	target, err := url.Parse(srv.Endpoint)
+	require.NoError(t, err)
+	target.Path = ""
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	director := proxy.Director
+	proxy.Director = func(r *http.Request) {
+		director(r)
+		r.Host = target.Host
+		r.Header.Del("If-Match")
+	}
+	ps := httptest.NewServer(proxy)
+	t.Cleanup(ps.Close)
+	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", "")
+	t.Setenv("AZURE_STORAGE_SAS_TOKEN", u.RawQuery)
+	tree, err := azure.Open(context.Background(), "az://ckpts/run", azure.Options{Account: azuretest.Account, Endpoint: ps.URL + "/" + azuretest.Account})
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("shard")
+	require.NoError(t, err)
+	require.NoError(t, srv.Put("ckpts", "run/shard", bytes.Repeat([]byte("new!"), 16<<10)))
+	buf := make([]byte, 32<<10)
+	_, err = f.ReadAt(buf, 0)
+	require.ErrorIs(t, err, source.ErrChanged)
+	assert.Contains(t, err.Error(), "If-Match ignored")
+	objstoretest.RequireEIO(t, err, "az://ckpts/run/shard")
+	assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")
 }
