@@ -14,6 +14,14 @@ STAMP   := $(VENV)/.installed-$(shell cat e2e/requirements.txt 2>/dev/null | cks
 VERSITYGW_VERSION := v1.8.0
 VERSITYGW := .tools/bin/versitygw
 VERSITYGW_STAMP := .tools/bin/.versitygw-$(VERSITYGW_VERSION)
+# fake-gcs-server (Go) and Azurite (npm) emulate GCS and Azure Blob for the
+# gs:// and az:// tests, started by them on 127.0.0.1; stamped by version.
+FAKE_GCS_VERSION := v1.56.1
+FAKE_GCS := .tools/bin/fake-gcs-server
+FAKE_GCS_STAMP := .tools/bin/.fake-gcs-server-$(FAKE_GCS_VERSION)
+AZURITE_VERSION := 3.37.0
+AZURITE := .tools/azurite/node_modules/.bin/azurite-blob
+AZURITE_STAMP := .tools/azurite/.azurite-$(AZURITE_VERSION)
 
 .PHONY: all build install dist test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools demo bench bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
@@ -71,11 +79,25 @@ $(STAMP): e2e/requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
-tools: $(VERSITYGW_STAMP)
+tools: $(VERSITYGW_STAMP) $(FAKE_GCS_STAMP) $(AZURITE_STAMP)
 
 $(VERSITYGW_STAMP):
 	GOBIN=$(abspath .tools/bin) GOFLAGS=-mod=mod $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 	rm -f .tools/bin/.versitygw-* && touch $@
+
+$(FAKE_GCS_STAMP):
+	GOBIN=$(abspath .tools/bin) GOFLAGS=-mod=mod $(GO) install github.com/fsouza/fake-gcs-server@$(FAKE_GCS_VERSION)
+	rm -f .tools/bin/.fake-gcs-server-* && touch $@
+
+# Azurite needs Node.js and npm (Debian's nodejs and npm when root).
+$(AZURITE_STAMP):
+	@command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm) >/dev/null; \
+	  else echo "npm missing: install Node.js and npm" >&2; exit 1; fi; }
+	mkdir -p .tools/azurite
+	npm install --prefix .tools/azurite --no-audit --no-fund --silent azurite@$(AZURITE_VERSION)
+	rm -f .tools/azurite/.azurite-* && touch $@
 
 deps: go-deps fuse venv tools
 
@@ -96,6 +118,8 @@ test-go test-e2e: export CKPTFS_DEBUG_POISON = 1
 test-go: export CKPTFS_REQUIRE_PYTHON = 1
 test-go: export CKPTFS_REQUIRE_SYSTEM = 1
 test-go: export CKPTFS_VERSITYGW = $(abspath $(VERSITYGW))
+test-go: export CKPTFS_FAKE_GCS = $(abspath $(FAKE_GCS))
+test-go: export CKPTFS_AZURITE = $(abspath $(AZURITE))
 test-go: venv tools
 	$(GO) test -race -count=1 ./...
 	GOMAXPROCS=1 $(GO) test -count=1 ./vfs/... ./cache/... ./safetensors/...
@@ -134,7 +158,7 @@ $(DEMO_STAMP): e2e/requirements-demo.txt
 	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -r e2e/requirements-demo.txt
 	rm -f $(DEMO_VENV)/.installed-* && touch $@
 
-bench: build venv bench-test
+bench: build venv tools bench-test
 	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
 
 # The benchmark-only FUSE servers (e2e/bench/nullfs, e2e/bench/rawfuse) are a

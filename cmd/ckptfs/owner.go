@@ -30,10 +30,10 @@ func (o *ownerFlags) register(fs *pflag.FlagSet) {
 	o.flags = fs
 	def := vfs.DefaultObjects()
 	o.fileMode, o.dirMode = modeValue(def.FileMode), modeValue(def.DirMode)
-	fs.Var(&o.uid, "uid", "s3:// sources: `UID` that owns every file and directory shown (default: the mounter's)")
-	fs.Var(&o.gid, "gid", "s3:// sources: `GID` that owns every file and directory shown (default: the mounter's)")
-	fs.Var(&o.fileMode, "file-mode", "s3:// sources: permission bits of every file, in octal, without write bits (the mount is read-only)")
-	fs.Var(&o.dirMode, "dir-mode", "s3:// sources: permission bits of every directory, in octal, without write bits")
+	fs.Var(&o.uid, "uid", "object store sources: `UID` that owns every file and directory shown (default: the mounter's)")
+	fs.Var(&o.gid, "gid", "object store sources: `GID` that owns every file and directory shown (default: the mounter's)")
+	fs.Var(&o.fileMode, "file-mode", "object store sources: permission bits of every file, in octal, without write bits (the mount is read-only)")
+	fs.Var(&o.dirMode, "dir-mode", "object store sources: permission bits of every directory, in octal, without write bits")
 	o.statsMode = 0o400
 	fs.Var(&o.statsMode, "stats-mode", "permission bits of .ckptfs (owned by the mounter; it names every checkpoint opened), in octal, without write bits")
 }
@@ -47,7 +47,7 @@ func (o *ownerFlags) objects(remote bool) (*vfs.Objects, error) {
 	if !remote {
 		for _, name := range ownerFlagNames {
 			if o.flags.Changed(name) {
-				return nil, &usageError{fmt.Errorf("--%s is for s3:// sources: a local source shows its own owners and modes", name)}
+				return nil, &usageError{fmt.Errorf("--%s is for object store sources: a local source shows its own owners and modes", name)}
 			}
 		}
 		return nil, nil

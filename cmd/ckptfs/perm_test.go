@@ -422,7 +422,7 @@ func TestOwnerFlagsRefused(t *testing.T) {
 	}
 	code, _, errs := runCLI("mount", "--uid", "1000", sample, mnt)
 	require.Equal(t, 2, code, errs)
-	require.Contains(t, errs, "--uid is for s3:// sources")
+	require.Contains(t, errs, "--uid is for object store sources")
 }
 
 // FuzzOwnerValues: --uid/--gid and --file-mode/--dir-mode values never

@@ -6,6 +6,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ckptfs/ckptfs/layout/source/azure"
+	"github.com/ckptfs/ckptfs/layout/source/gcs"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 )
@@ -38,9 +41,11 @@ func s3CacheDefaults(cacheSize, blockSize int64) (block int64, prefetch, workers
 	return blockSize, min(s3Prefetch, workers), workers
 }
 
-// sourceFlags say how an s3:// source is reached (mount, inspect, export).
+// sourceFlags say how an object store source (s3://, gs://, az://) is
+// reached (mount, inspect, export).
 type sourceFlags struct {
 	endpoint      string
+	account       string
 	pathStyle     bool
 	region        string
 	profile       string
@@ -60,19 +65,20 @@ type sourceFlags struct {
 // tensor bytes).
 func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
 	s.flags = fs
-	fs.StringVar(&s.endpoint, "endpoint", "", "s3:// sources: `URL` of an S3-compatible store (default: $AWS_ENDPOINT_URL, else AWS)")
+	fs.StringVar(&s.endpoint, "endpoint", "", "object store sources: `URL` of an S3-compatible store (default: $AWS_ENDPOINT_URL, else AWS), of the GCS JSON API (default: $STORAGE_EMULATOR_HOST, else Google's) or of an Azure account's blob service (default: https://ACCOUNT.blob.core.windows.net)")
+	fs.StringVar(&s.account, "account", "", "az:// sources: `NAME` of the storage account (default: $AZURE_STORAGE_ACCOUNT, or the one of $AZURE_STORAGE_CONNECTION_STRING)")
 	fs.BoolVar(&s.pathStyle, "path-style", false, "s3:// sources: address buckets as ENDPOINT/BUCKET, not BUCKET.ENDPOINT (on unless given =false when an endpoint is set)")
 	fs.StringVar(&s.region, "region", "", "s3:// sources: `REGION` to sign requests for (default: $AWS_REGION, the profile's, else us-east-1)")
 	fs.StringVar(&s.profile, "profile", "", "s3:// sources: `NAME` of the profile in the AWS config and credentials files (default: $AWS_PROFILE, else default)")
-	fs.BoolVar(&s.noSignRequest, "no-sign-request", false, "s3:// sources: send requests unsigned, without credentials (public buckets)")
+	fs.BoolVar(&s.noSignRequest, "no-sign-request", false, "object store sources: send requests without credentials (public buckets and containers)")
 	fs.BoolVar(&s.requesterPays, "requester-pays", false, "s3:// sources: send x-amz-request-payer: requester, so that a requester-pays bucket bills your account")
-	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "s3:// sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
-	fs.DurationVar(&s.readTimeout, "read-timeout", s3.DefaultReadTimeout, "s3:// sources: fail an attempt whose connection delivers nothing for this long (then retried)")
+	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "object store sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
+	fs.DurationVar(&s.readTimeout, "read-timeout", s3.DefaultReadTimeout, "object store sources: fail an attempt whose connection delivers nothing for this long (then retried)")
 	s.minRate = newByteSize(s3.DefaultMinRate, false)
-	fs.Var(s.minRate, "min-rate", "s3:// sources: slowest transfer, in `BYTES` per second: an attempt fails (and is retried) after --read-timeout plus its bytes at this rate, so a store that trickles cannot hold a read forever")
+	fs.Var(s.minRate, "min-rate", "object store sources: slowest transfer, in `BYTES` per second: an attempt fails (and is retried) after --read-timeout plus its bytes at this rate, so a store that trickles cannot hold a read forever")
 	if withCache {
 		s.cacheDirSize = newByteSize(10<<30, false)
-		fs.StringVar(&s.cacheDir, "cache-dir", "", "s3:// sources: keep fetched blocks in `DIR` on local disk, so a restart does not fetch them again")
+		fs.StringVar(&s.cacheDir, "cache-dir", "", "object store sources: keep fetched blocks in `DIR` on local disk, so a restart does not fetch them again")
 		fs.Var(s.cacheDirSize, "cache-dir-size", "bound on the bytes kept in --cache-dir")
 	}
 }
@@ -82,12 +88,27 @@ func (s *sourceFlags) changed(name string) bool { return s.flags != nil && s.fla
 // check refuses object store flags for a local source, where they would
 // silently do nothing.
 func (s *sourceFlags) check(src string) error {
-	if s3.IsURL(src) {
+	if open.IsRemote(src) {
+		// Flags of one store given for another would do nothing as well.
+		for _, store := range []struct {
+			is    func(string) bool
+			what  string
+			names []string
+		}{
+			{s3.IsURL, "s3://", []string{"path-style", "region", "profile", "requester-pays"}},
+			{azure.IsURL, "az://", []string{"account"}},
+		} {
+			for _, name := range store.names {
+				if !store.is(src) && s.changed(name) {
+					return &usageError{fmt.Errorf("--%s is for %s sources, not %s", name, store.what, src)}
+				}
+			}
+		}
 		return nil
 	}
-	for _, name := range []string{"endpoint", "path-style", "region", "profile", "no-sign-request", "requester-pays", "max-attempts", "read-timeout", "min-rate", "cache-dir", "cache-dir-size"} {
+	for _, name := range []string{"endpoint", "account", "path-style", "region", "profile", "no-sign-request", "requester-pays", "max-attempts", "read-timeout", "min-rate", "cache-dir", "cache-dir-size"} {
 		if s.changed(name) {
-			return &usageError{fmt.Errorf("--%s is for s3:// sources; %s is a local directory", name, src)}
+			return &usageError{fmt.Errorf("--%s is for object store sources (s3://, gs://, az://); %s is a local directory", name, src)}
 		}
 	}
 	return nil
@@ -96,7 +117,12 @@ func (s *sourceFlags) check(src string) error {
 // options are the open.Options the flags give, with a disk cache of blocks
 // of blockSize.
 func (s *sourceFlags) options(blockSize int64) open.Options {
-	o := open.Options{S3: s.s3Options(), CacheDir: s.cacheDir, BlockSize: blockSize}
+	s3o := s.s3Options()
+	limits := objstore.Limits{MaxAttempts: s3o.MaxAttempts, ReadTimeout: s3o.ReadTimeout, MinRate: s3o.MinRate,
+		ObserveRequest: s3o.ObserveRequest}
+	o := open.Options{S3: s3o, CacheDir: s.cacheDir, BlockSize: blockSize,
+		GCS:   gcs.Options{Limits: limits, Endpoint: s.endpoint, Anonymous: s.noSignRequest},
+		Azure: azure.Options{Limits: limits, Account: s.account, Endpoint: s.endpoint, Anonymous: s.noSignRequest}}
 	if s.cacheDirSize != nil { // a command with --cache-dir
 		o.CacheDirSize = s.cacheDirSize.Int64()
 	}

@@ -58,7 +58,7 @@ func TestMinRate(t *testing.T) {
 	}
 	code, _, errs := runCLI("mount", "--min-rate", "1MiB", sample, t.TempDir())
 	require.Equal(t, 2, code)
-	require.Contains(t, errs, "--min-rate is for s3:// sources")
+	require.Contains(t, errs, "--min-rate is for object store sources")
 }
 
 // TestAuthOptions: --region, --profile, --no-sign-request, --requester-pays
@@ -82,7 +82,14 @@ func TestAuthOptions(t *testing.T) {
 	for _, flag := range []string{"--no-sign-request", "--requester-pays", "--region=x", "--profile=x"} {
 		code, _, errs := runCLI("inspect", flag, sample)
 		require.Equal(t, 2, code, flag)
-		require.Contains(t, errs, "is for s3:// sources", flag)
+		require.Contains(t, errs, "is for object store sources", flag)
+	}
+	// An S3 flag for another store, an Azure one for S3, would do nothing
+	// too.
+	for _, args := range [][]string{{"--region=x", "gs://bucket/ckpt"}, {"--requester-pays", "az://container/ckpt"}, {"--account=x", "s3://bucket/ckpt"}} {
+		code, _, errs := runCLI(append([]string{"inspect"}, args...)...)
+		require.Equal(t, 2, code, args)
+		require.Contains(t, errs, "sources, not", args)
 	}
 }
 

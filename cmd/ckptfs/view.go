@@ -20,7 +20,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/export"
 	"github.com/ckptfs/ckptfs/layout/mapping"
-	"github.com/ckptfs/ckptfs/layout/source/s3"
+	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -285,7 +285,7 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 			if err := checkLimits(cmd.Flags()); err != nil {
 				return err
 			}
-			if s3.IsURL(args[0]) && !cmd.Flags().Changed("workers") {
+			if open.IsRemote(args[0]) && !cmd.Flags().Changed("workers") {
 				workers = s3Workers
 			}
 			return runExport(cmd.ErrOrStderr(), args[0], root, args[1], vf, &sf, quiet, workers)
@@ -294,7 +294,7 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 	vf.register(cmd.Flags())
 	sf.register(cmd.Flags(), true)
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress bar")
-	cmd.Flags().IntVar(&workers, "workers", 4, fmt.Sprintf("blocks read in parallel (%d for s3:// sources)", s3Workers))
+	cmd.Flags().IntVar(&workers, "workers", 4, fmt.Sprintf("blocks read in parallel (%d for object store sources)", s3Workers))
 	cmd.Flags().StringVar(&root, "root", "", rootHelp)
 	completeDirs(cmd, "hf-config", "root")
 	cmd.ValidArgsFunction = dirArgs
@@ -303,7 +303,7 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 
 func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *sourceFlags, quiet bool, workers int) error {
 	blockSize := int64(exportBlockSize)
-	if s3.IsURL(src) {
+	if open.IsRemote(src) {
 		blockSize = s3BlockSize
 	}
 	c, v, err := openView(src, root, vf, sf, blockSize)

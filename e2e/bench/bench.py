@@ -745,7 +745,7 @@ def print_table(results):
               f"--direct-reads=false (cache {r['cache_MiB']} MiB + 64 target); "
               f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1; "
               f"a load of the physical copy grows it {r['copy_page_cache_growth_x_model']} x)")
-    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs", "transport", "large"):
+    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs", "transport", "objectstore", "large"):
         if k in results:
             print(f"\n{k}: {json.dumps(results[k])}")
 
@@ -757,7 +757,7 @@ def main():
     ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,large")
+    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,objectstore,large")
     ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
                     help="the large section's model (tiny: to try the section out)")
     ap.add_argument("--lever", default="", help="the large section: mount flags measured beside the defaults "
@@ -765,7 +765,8 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: cold runs drop the page cache (/proc/sys/vm/drop_caches): run as root")
-    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write", "rss", "tmpfs", "transport"}
+    only = set(a.only.split(",")) if a.only else {"load", "seq", "chunks", "verify", "write", "rss", "tmpfs", "transport",
+                                                      "objectstore"}
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
     binary = os.path.abspath(a.bin)
@@ -787,6 +788,10 @@ def main():
         results["tmpfs"] = bench_tmpfs(binary, work, a.repeat)
     if "transport" in only:
         results["transport"] = bench_transport(work, a.repeat)
+    if "objectstore" in only:
+        r = subprocess.run([PY, os.path.join(HERE, "bench_objstore.py"), "--bin", binary, "--work", work,
+                            "--repeat", str(a.repeat)], check=True, stdout=subprocess.PIPE, text=True)
+        results["objectstore"] = json.loads(r.stdout)
     if "large" in only:
         results["large"] = bench_large(binary, work, a.repeat, a.preset, a.lever.split())
     if "rss" in only:

@@ -1,8 +1,8 @@
 // Package open opens a source by its location, in one place for every
 // command: a local directory, an HF hub cache snapshot (confined to its
-// repo folder, whose blobs/ its files link into) or an s3:// prefix (read
-// through a disk cache of blocks when asked), optionally confined to a root
-// above it. What is read through the Source cannot leave that root.
+// repo folder, whose blobs/ its files link into) or an object store prefix
+// (s3://, gs://, az://; read through a disk cache of blocks when asked),
+// optionally confined to a root above it. What is read through the Source cannot leave that root.
 package open
 
 import (
@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/azure"
 	"github.com/ckptfs/ckptfs/layout/source/diskcache"
+	"github.com/ckptfs/ckptfs/layout/source/gcs"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 )
 
@@ -26,6 +28,10 @@ type Options struct {
 	Writable bool
 	// S3 says how an s3:// source is reached.
 	S3 s3.Options
+	// GCS says how a gs:// source is reached.
+	GCS gcs.Options
+	// Azure says how an az:// source is reached.
+	Azure azure.Options
 	// CacheDir, when set, keeps the store's blocks of BlockSize bytes on
 	// local disk, within CacheDirSize bytes, so a restart does not fetch
 	// them again.
@@ -46,15 +52,32 @@ type Source struct {
 	// blobs/).
 	Hub bool
 	// Store is the object store of a remote source (to interrupt its
-	// requests, see s3.Tree.Drain); nil for a local one.
-	Store *s3.Tree
+	// requests, see objstore.Tree.Drain); nil for a local one.
+	Store *objstore.Tree
 
 	closers []io.Closer
 }
 
 // IsRemote reports whether loc names an object store location, not a local
 // directory.
-func IsRemote(loc string) bool { return s3.IsURL(loc) }
+func IsRemote(loc string) bool { return s3.IsURL(loc) || gcs.IsURL(loc) || azure.IsURL(loc) }
+
+// schemes are the object stores by URL scheme.
+var schemes = []struct {
+	is    func(string) bool
+	parse func(string) (objstore.Location, error)
+	open  func(ctx context.Context, url string, o Options) (*objstore.Tree, error)
+}{
+	{s3.IsURL, s3.ParseURL, func(ctx context.Context, url string, o Options) (*objstore.Tree, error) {
+		return s3.Open(ctx, url, o.S3)
+	}},
+	{gcs.IsURL, gcs.ParseURL, func(ctx context.Context, url string, o Options) (*objstore.Tree, error) {
+		return gcs.Open(ctx, url, o.GCS)
+	}},
+	{azure.IsURL, azure.ParseURL, func(ctx context.Context, url string, o Options) (*objstore.Tree, error) {
+		return azure.Open(ctx, url, o.Azure)
+	}},
+}
 
 // Open opens the source at loc confined to root, or to loc itself when root
 // is "". A local loc with no root inside an HF hub cache is confined to its
@@ -121,7 +144,13 @@ func openRemote(ctx context.Context, loc, root string, o Options) (*Source, erro
 	if err != nil {
 		return nil, err
 	}
-	store, err := s3.Open(ctx, top, o.S3)
+	var store *objstore.Tree
+	for _, sc := range schemes {
+		if sc.is(top) {
+			store, err = sc.open(ctx, top, o)
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -140,23 +169,22 @@ func openRemote(ctx context.Context, loc, root string, o Options) (*Source, erro
 // remoteRoot returns the location to open for loc confined to root (loc
 // itself when root is "") and loc's directory in it.
 func remoteRoot(loc, root string) (top, rel string, err error) {
-	l, err := s3.ParseURL(loc)
-	if err != nil || root == "" {
-		return loc, ".", err
+	for _, sc := range schemes {
+		if !sc.is(loc) {
+			continue
+		}
+		l, err := sc.parse(loc)
+		if err != nil || root == "" {
+			return loc, ".", err
+		}
+		r, err := sc.parse(root)
+		if err != nil {
+			return "", "", fmt.Errorf("--root: %w", err)
+		}
+		if rel, err = objstore.Within(l, r); err != nil {
+			return "", "", err
+		}
+		return root, rel, nil
 	}
-	r, err := s3.ParseURL(root)
-	if err != nil {
-		return "", "", fmt.Errorf("--root: %w", err)
-	}
-	rel, ok := strings.CutPrefix(l.Prefix, r.Prefix)
-	if r.Prefix != "" && rel != "" {
-		rel, ok = strings.CutPrefix(rel, "/")
-	}
-	if l.Bucket != r.Bucket || !ok {
-		return "", "", fmt.Errorf("%s is not inside --root %s", loc, root)
-	}
-	if rel == "" {
-		rel = "."
-	}
-	return root, rel, nil
+	return "", "", fmt.Errorf("%s is not inside --root %s", loc, root)
 }

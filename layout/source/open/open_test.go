@@ -27,6 +27,15 @@ func TestRemoteRoot(t *testing.T) {
 		{src: "s3://bk1/run", root: "s3://bk1/run/step", err: "is not inside --root"},
 		{src: "s3://bk1/run/step", root: "/local", err: "--root"},
 		{src: "s3://bk1/run/../x", err: "plain path"},
+		{src: "gs://bk1/run/step", root: "gs://bk1/run", top: "gs://bk1/run", rel: "step"},
+		{src: "az://bk1/run/step", root: "az://bk1", top: "az://bk1", rel: "run/step"},
+		{src: "gs://bk1/run/step", root: "s3://bk1/run", err: "--root"},
+		{src: "s3://bk1/run/step", root: "az://bk1/run", err: "--root"},
+		{src: "az://bk1/run//x", err: "plain path"},
+		{src: "gs://bk1/run/./x", err: "plain path"},
+		{src: "az://Bk1/run", err: "invalid bucket name"},
+		{src: "az://b--k/run", err: "invalid bucket name"},
+		{src: "/local/run", root: "gs://bk1", err: "is not inside --root"},
 	} {
 		top, rel, err := remoteRoot(tc.src, tc.root)
 		if tc.err != "" {

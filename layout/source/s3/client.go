@@ -20,15 +20,15 @@ import (
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
 // Defaults for zero fields of Options.
 const (
-	DefaultMaxAttempts = 5
-	DefaultReadTimeout = 30 * time.Second
-	DefaultMinRate     = 256 << 10 // bytes per second
-	DefaultListTTL     = time.Second
+	DefaultMaxAttempts = objstore.DefaultMaxAttempts
+	DefaultReadTimeout = objstore.DefaultReadTimeout
+	DefaultMinRate     = objstore.DefaultMinRate // bytes per second
+	DefaultListTTL     = objstore.DefaultListTTL
 	// defaultRegion signs requests when no region is configured: S3-compatible
 	// stores accept any, and AWS redirects a wrong one with an error naming
 	// the bucket's region.
@@ -85,50 +85,28 @@ type Options struct {
 	ListTTL time.Duration
 }
 
+// limits are the options objstore bounds the tree's requests with.
+func (o Options) limits() objstore.Limits {
+	return objstore.Limits{MaxAttempts: o.MaxAttempts, ReadTimeout: o.ReadTimeout, MinRate: o.MinRate,
+		ListTTL: o.ListTTL, ObserveRequest: o.ObserveRequest}
+}
+
 func (o Options) withDefaults() Options {
-	if o.MaxAttempts <= 0 {
-		o.MaxAttempts = DefaultMaxAttempts
-	}
-	if o.ReadTimeout <= 0 {
-		o.ReadTimeout = DefaultReadTimeout
-	}
-	if o.MinRate <= 0 {
-		o.MinRate = DefaultMinRate
-	}
-	if o.ListTTL <= 0 {
-		o.ListTTL = DefaultListTTL
-	}
+	l := o.limits().WithDefaults()
+	o.MaxAttempts, o.ReadTimeout, o.MinRate, o.ListTTL = l.MaxAttempts, l.ReadTimeout, l.MinRate, l.ListTTL
 	return o
 }
 
-// Budget is the longest a ranged GET of n bytes takes to fail: MaxAttempts
-// attempts, each failing by its deadline (ReadTimeout plus the bytes at
-// MinRate), and the retryer's backoff between them (exponential from 1 s,
-// jittered below its cap).
-func (o Options) Budget(n int64) time.Duration {
-	o = o.withDefaults()
-	attempt := o.attemptTimeout(n)
-	var backoff time.Duration
-	for i := 1; i < o.MaxAttempts; i++ {
-		backoff += min(time.Second<<min(i-1, 30), retry.DefaultMaxBackoff)
-	}
-	return time.Duration(o.MaxAttempts)*attempt + backoff
-}
-
-// counters are a tree's traffic; see source.Stats.
-type counters struct {
-	requests, bytes, retries, errors atomic.Int64
-}
-
-func (c *counters) stats() source.Stats {
-	return source.Stats{Requests: c.requests.Load(), BytesFetched: c.bytes.Load(), Retries: c.retries.Load(), Errors: c.errors.Load()}
-}
+// Budget is the longest a ranged GET of n bytes takes to fail (see
+// objstore.Limits.Budget): the SDK's retryer spaces its attempts as that
+// counts.
+func (o Options) Budget(n int64) time.Duration { return o.limits().Budget(n) }
 
 // newClient builds the SDK client: the standard credential chain, the
 // standard retryer without its client-side retry quota (a FUSE read that
 // gives up early is an EIO in a training job; the backoff already spaces
 // retries), and counting of every attempt and retry.
-func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, error) {
+func newClient(ctx context.Context, o Options, c *objstore.Counters) (*awss3.Client, error) {
 	retryer := func() aws.Retryer {
 		return &countingRetryer{RetryerV2: retry.NewStandard(func(so *retry.StandardOptions) {
 			so.MaxAttempts = o.MaxAttempts
@@ -142,7 +120,7 @@ func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, erro
 				}
 				return aws.UnknownTernary
 			}))
-		}), retries: &c.retries}
+		}), retries: &c.Retries}
 	}
 	httpClient := awshttp.NewBuildableClient().
 		WithReadTimeout(o.ReadTimeout).
@@ -204,7 +182,7 @@ func newClient(ctx context.Context, o Options, c *counters) (*awss3.Client, erro
 			}
 			return st.Finalize.Insert(middleware.FinalizeMiddlewareFunc("ckptfsCountRequests",
 				func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
-					c.requests.Add(1)
+					c.Requests.Add(1)
 					start := time.Now()
 					out, md, err := next.HandleFinalize(ctx, in)
 					if o.ObserveRequest != nil {
@@ -248,16 +226,9 @@ func withAttemptBytes(ctx context.Context, n int64) context.Context {
 	return context.WithValue(ctx, attemptBytesKey{}, n)
 }
 
-// otherBytes is what the deadline of a request other than a ranged GET
-// allows for: a listing page of 1000 keys is well under it.
-const otherBytes = 1 << 20
-
 // attemptTimeout is the total time one attempt of a request for n bytes
 // may take (see Options.MinRate).
-func (o Options) attemptTimeout(n int64) time.Duration {
-	secs := min(float64(n)/float64(o.MinRate), 1e6) // no Duration overflow at any rate
-	return (o.ReadTimeout + time.Duration(secs*float64(time.Second))).Round(time.Millisecond)
-}
+func (o Options) attemptTimeout(n int64) time.Duration { return o.limits().AttemptTimeout(n) }
 
 // attemptDeadline bounds each attempt from sending the request to the last
 // byte of its body: the transport's ReadTimeout is idle-only, and a store
@@ -269,7 +240,7 @@ func attemptDeadline(o Options) middleware.FinalizeMiddleware {
 		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
 			n, ok := ctx.Value(attemptBytesKey{}).(int64)
 			if !ok {
-				n = otherBytes
+				n = objstore.OtherBytes
 			}
 			ctx, cancel := context.WithTimeout(ctx, o.attemptTimeout(n))
 			out, md, err := next.HandleFinalize(ctx, in)

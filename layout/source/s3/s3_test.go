@@ -55,7 +55,7 @@ func TestParseURL(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, s3.Location{Bucket: tc.bucket, Prefix: tc.prefix}, loc)
+			assert.Equal(t, s3.Location{Scheme: "s3://", Bucket: tc.bucket, Prefix: tc.prefix}, loc)
 		})
 	}
 }

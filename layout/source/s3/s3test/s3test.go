@@ -11,21 +11,18 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/prometheus/procfs"
 
 	"github.com/ckptfs/ckptfs/internal/testenv"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 )
 
 // Server is a running moto server or versitygw.
@@ -34,7 +31,7 @@ type Server struct {
 	Endpoint string
 	// Client talks to it, for setting up buckets and objects.
 	Client *awss3.Client
-	cmd    *exec.Cmd
+	proc   *objstoretest.Process
 
 	// versitygw only (StartGateway): its data directory and region.
 	dir, region string
@@ -54,10 +51,10 @@ func Python(t testing.TB) string {
 func Start(t *testing.T) *Server {
 	t.Helper()
 	py := Python(t)
-	port := freePort(t)
+	port := objstoretest.FreePort(t)
 	cmd := exec.Command(py, "-m", "moto.server", "-H", "127.0.0.1", "-p", fmt.Sprint(port))
-	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), cmd: cmd}
-	serve(t, "moto server", cmd, s.Endpoint+"/moto-api/")
+	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	s.proc = objstoretest.Serve(t, "moto server", cmd, s.Endpoint+"/moto-api/")
 	for k, v := range map[string]string{
 		"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
 		"AWS_ENDPOINT_URL": s.Endpoint, "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
@@ -74,31 +71,7 @@ func Start(t *testing.T) *Server {
 
 // Signal sends sig to the server process (SIGSTOP stops it answering,
 // SIGCONT resumes it).
-func (s *Server) Signal(t testing.TB, sig syscall.Signal) {
-	t.Helper()
-	if err := s.cmd.Process.Signal(sig); err != nil {
-		t.Fatal(err)
-	}
-	if sig != syscall.SIGSTOP {
-		return
-	}
-	// A stop takes each thread as it next leaves the kernel: wait until the
-	// whole process is stopped, or a request sent now may still be served.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		p, err := procfs.NewProc(s.cmd.Process.Pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st, err := p.Stat(); err == nil && st.State == "T" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the server did not stop")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+func (s *Server) Signal(t testing.TB, sig syscall.Signal) { s.proc.Signal(t, sig) }
 
 // Bucket creates a bucket.
 func (s *Server) Bucket(t testing.TB, name string) {
@@ -143,56 +116,5 @@ func (s *Server) Upload(t testing.TB, bucket, prefix, dir string) {
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
-}
-
-// freePort is a TCP port of 127.0.0.1 that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// serve starts cmd, a server of what (for messages), killed at the end of
-// the test (and with the test process), and waits until url gets an HTTP
-// answer (any status: a 403 to an anonymous request is a server up). Its
-// output is logged when the test failed.
-func serve(t testing.TB, what string, cmd *exec.Cmd, url string) {
-	t.Helper()
-	log := new(bytes.Buffer)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("%s log:\n%s", what, tail(log.Bytes(), 4000))
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s at %s did not answer: %v", what, url, err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/ckptfs/ckptfs/internal/testenv"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 )
 
 // Root credentials of a gateway started by StartGateway.
@@ -25,30 +24,10 @@ const (
 // GatewayBinary finds versitygw, a real S3 gateway written in Go (a posix
 // directory served as buckets, with signature checks, bucket policies and
 // anonymous access): $CKPTFS_VERSITYGW, else .tools/bin/versitygw of the
-// module (make installs it there). A test without it is skipped, unless
-// $CKPTFS_VERSITYGW is set (make test sets it), which makes it fail.
+// module (make installs it there), as objstoretest.Tool finds it.
 func GatewayBinary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("CKPTFS_VERSITYGW"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("CKPTFS_VERSITYGW: %v (make test installs it)", err)
-		}
-		return p
-	}
-	dir, _ := os.Getwd()
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			p := filepath.Join(dir, ".tools", "bin", "versitygw")
-			_, err := os.Stat(p)
-			testenv.RequireSystem(t, err == nil, "versitygw at "+p+" (make tools installs it)")
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("versitygw: no go.mod above the test's directory")
-		}
-		dir = parent
-	}
+	return objstoretest.Tool(t, "CKPTFS_VERSITYGW", "bin/versitygw")
 }
 
 // GatewayOptions configure StartGateway.
@@ -88,19 +67,17 @@ func StartGateway(t *testing.T, o GatewayOptions) *Server {
 // start runs the gateway on a free port and waits for it to answer.
 func (s *Server) start(t *testing.T, bin string) {
 	t.Helper()
-	port := freePort(t)
+	port := objstoretest.FreePort(t)
 	cmd := exec.Command(bin, "--access", GatewayAccessKey, "--secret", GatewaySecretKey, "--region", s.region,
 		"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", s.dir)
-	s.cmd = cmd
 	s.Endpoint = fmt.Sprintf("http://127.0.0.1:%d", port)
-	serve(t, "versitygw", cmd, s.Endpoint+"/")
+	s.proc = objstoretest.Serve(t, "versitygw", cmd, s.Endpoint+"/")
 }
 
 // Kill stops the gateway for good (connections are then refused).
 func (s *Server) Kill(t testing.TB) {
 	t.Helper()
-	s.cmd.Process.Kill()
-	s.cmd.Wait()
+	s.proc.Kill(t)
 }
 
 // PublicRead lets anonymous clients list bucket and read its objects (a

@@ -1,4 +1,4 @@
-package s3
+package objstore
 
 import (
 	"fmt"
@@ -42,7 +42,7 @@ func (ws *windows) read(f *file, p []byte, off int64) (n int, ok bool, err error
 	}
 	// The ETag is part of the key: windows of an old version are never
 	// served for a new one.
-	key := fmt.Sprintf("%s\x00%s\x00%d", f.key, f.info.Version, idx)
+	key := fmt.Sprintf("%s\x00%s\x00%d", f.obj.Key, f.obj.Version, idx)
 	data, err := ws.get(key, func() ([]byte, error) {
 		b := make([]byte, min(windowSize, f.info.Size-start))
 		n, err := f.read(b, start)

@@ -1,0 +1,166 @@
+package azure_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/sas"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/azure"
+	"github.com/ckptfs/ckptfs/layout/source/azure/azuretest"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
+)
+
+// store is a bucket of its own on a running Azurite.
+type store struct {
+	*azuretest.Server
+	bucket string
+}
+
+func (s store) URL(prefix string) string          { return "az://" + s.bucket + "/" + prefix }
+func (s store) Put(key string, data []byte) error { return s.Server.Put(s.bucket, key, data) }
+func (s store) Delete(key string) error           { return s.Server.Delete(s.bucket, key) }
+func (s store) Process() *objstoretest.Process    { return s.Server.Process() }
+func (s store) Open(url string, l objstore.Limits) (*objstore.Tree, error) {
+	return azure.Open(context.Background(), url, azure.Options{Limits: l})
+}
+
+// TestEmulator: the cases every store passes (objstoretest.Run) against
+// Azurite, through AZURE_STORAGE_CONNECTION_STRING; one server for the cases that do not stop it.
+func TestEmulator(t *testing.T) {
+	shared := azuretest.Start(t)
+	n := 0
+	objstoretest.Run(t, func(t *testing.T, own bool) objstoretest.Store {
+		srv := shared
+		if own {
+			srv = azuretest.Start(t)
+		}
+		n++
+		bucket := fmt.Sprintf("ckpts%d", n)
+		srv.Container(t, bucket)
+		return store{srv, bucket}
+	})
+}
+
+// TestCredentials: the account is reached with its key
+// (AZURE_STORAGE_KEY), with a read-and-list SAS token
+// (AZURE_STORAGE_SAS_TOKEN) and from the connection string; anonymous
+// requests to a private container, and a wrong key, fail the open with an
+// error that is no ENOENT.
+func TestCredentials(t *testing.T) {
+	srv := azuretest.Start(t)
+	srv.Container(t, "private")
+	require.NoError(t, srv.Put("private", "run/shard", []byte("bytes")))
+	sasURL, err := srv.Client.ServiceClient().GetSASURL(sas.AccountResourceTypes{Container: true, Object: true},
+		sas.AccountPermissions{Read: true, List: true}, time.Now().Add(time.Hour), nil)
+	require.NoError(t, err)
+	u, err := url.Parse(sasURL)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		opts azure.Options
+		ok   bool
+	}{
+		{"connection string", nil, azure.Options{}, true},
+		{"key", map[string]string{"AZURE_STORAGE_CONNECTION_STRING": "", "AZURE_STORAGE_ACCOUNT": azuretest.Account, "AZURE_STORAGE_KEY": azuretest.Key},
+			azure.Options{Endpoint: srv.Endpoint}, true},
+		{"sas", map[string]string{"AZURE_STORAGE_CONNECTION_STRING": "", "AZURE_STORAGE_SAS_TOKEN": "?" + u.RawQuery},
+			azure.Options{Account: azuretest.Account, Endpoint: srv.Endpoint}, true},
+		{"anonymous", nil, azure.Options{Endpoint: srv.Endpoint, Anonymous: true}, false},
+		{"wrong key", map[string]string{"AZURE_STORAGE_CONNECTION_STRING": "", "AZURE_STORAGE_KEY": "d3Jvbmc="},
+			azure.Options{Account: azuretest.Account, Endpoint: srv.Endpoint}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			tc.opts.MaxAttempts = 1
+			tree, err := azure.Open(context.Background(), "az://private/run", tc.opts)
+			if !tc.ok {
+				require.Error(t, err)
+				t.Log(err)
+				require.NotErrorIs(t, err, fs.ErrNotExist)
+				assert.Contains(t, err.Error(), "az://private/run")
+				return
+			}
+			require.NoError(t, err)
+			defer tree.Close()
+			f, err := tree.Open("shard")
+			require.NoError(t, err)
+			buf := make([]byte, 5)
+			_, err = f.ReadAt(buf, 0)
+			require.NoError(t, err)
+			assert.Equal(t, "bytes", string(buf))
+		})
+	}
+	// A failed request names its URL without the SAS token's signature,
+	// whether the store answered or could not be reached.
+	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", "")
+	t.Setenv("AZURE_STORAGE_SAS_TOKEN", u.RawQuery)
+	opts := azure.Options{Account: azuretest.Account, Endpoint: srv.Endpoint}
+	opts.MaxAttempts = 1
+	_, err = azure.Open(context.Background(), "az://nosuch/run", opts)
+	require.Error(t, err)
+	srv.Process().Kill(t)
+	_, err2 := azure.Open(context.Background(), "az://private/run", opts)
+	require.Error(t, err2)
+	for _, err := range []error{err, err2} {
+		t.Log(err)
+		assert.NotContains(t, err.Error(), "sig=")
+		assert.NotContains(t, err.Error(), "\n")
+	}
+}
+
+// TestIfMatchIgnored: a server that ignores If-Match (a proxy drops it;
+// a SAS token signs no headers) and answers with the replaced blob's
+// bytes fails the read with ErrChanged naming both ETags, never serving
+// the new bytes.
+func TestIfMatchIgnored(t *testing.T) {
+	srv := azuretest.Start(t)
+	srv.Container(t, "ckpts")
+	require.NoError(t, srv.Put("ckpts", "run/shard", bytes.Repeat([]byte("old!"), 16<<10)))
+	sasURL, err := srv.Client.ServiceClient().GetSASURL(sas.AccountResourceTypes{Container: true, Object: true},
+		sas.AccountPermissions{Read: true, List: true}, time.Now().Add(time.Hour), nil)
+	require.NoError(t, err)
+	u, err := url.Parse(sasURL)
+	require.NoError(t, err)
+	target, err := url.Parse(srv.Endpoint)
+	require.NoError(t, err)
+	target.Path = ""
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	director := proxy.Director
+	proxy.Director = func(r *http.Request) {
+		director(r)
+		r.Host = target.Host
+		r.Header.Del("If-Match")
+	}
+	ps := httptest.NewServer(proxy)
+	t.Cleanup(ps.Close)
+	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", "")
+	t.Setenv("AZURE_STORAGE_SAS_TOKEN", u.RawQuery)
+	tree, err := azure.Open(context.Background(), "az://ckpts/run", azure.Options{Account: azuretest.Account, Endpoint: ps.URL + "/" + azuretest.Account})
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("shard")
+	require.NoError(t, err)
+	require.NoError(t, srv.Put("ckpts", "run/shard", bytes.Repeat([]byte("new!"), 16<<10)))
+	buf := make([]byte, 32<<10)
+	_, err = f.ReadAt(buf, 0)
+	require.ErrorIs(t, err, source.ErrChanged)
+	assert.Contains(t, err.Error(), "If-Match ignored")
+	objstoretest.RequireEIO(t, err, "az://ckpts/run/shard")
+	assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")
+}

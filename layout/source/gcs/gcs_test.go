@@ -1,0 +1,123 @@
+package gcs_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/gcs"
+	"github.com/ckptfs/ckptfs/layout/source/gcs/gcstest"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
+)
+
+// store is a bucket of its own on a running fake-gcs-server.
+type store struct {
+	*gcstest.Server
+	bucket string
+}
+
+func (s store) URL(prefix string) string          { return "gs://" + s.bucket + "/" + prefix }
+func (s store) Put(key string, data []byte) error { return s.Server.Put(s.bucket, key, data) }
+func (s store) Delete(key string) error           { return s.Server.Delete(s.bucket, key) }
+func (s store) Process() *objstoretest.Process    { return s.Server.Process() }
+func (s store) Open(url string, l objstore.Limits) (*objstore.Tree, error) {
+	return gcs.Open(context.Background(), url, gcs.Options{Limits: l})
+}
+
+// TestEmulator: the cases every store passes (objstoretest.Run) against
+// fake-gcs-server, through STORAGE_EMULATOR_HOST; one server for the cases that do not stop it.
+func TestEmulator(t *testing.T) {
+	shared := gcstest.Start(t)
+	n := 0
+	objstoretest.Run(t, func(t *testing.T, own bool) objstoretest.Store {
+		srv := shared
+		if own {
+			srv = gcstest.Start(t)
+		}
+		n++
+		bucket := fmt.Sprintf("ckpts%d", n)
+		srv.Bucket(t, bucket)
+		return store{srv, bucket}
+	})
+}
+
+// TestEndpointAnonymous: with STORAGE_EMULATOR_HOST unset, --endpoint and
+// --no-sign-request reach a server anonymously; without credentials
+// anywhere, a signed client fails the open in one line that points at
+// --no-sign-request.
+func TestEndpointAnonymous(t *testing.T) {
+	srv := gcstest.Start(t)
+	srv.Bucket(t, "public")
+	require.NoError(t, srv.Put("public", "run/shard", []byte("bytes")))
+	t.Setenv("STORAGE_EMULATOR_HOST", "")
+	tree, err := gcs.Open(context.Background(), "gs://public/run", gcs.Options{Endpoint: srv.Endpoint, Anonymous: true})
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("shard")
+	require.NoError(t, err)
+	buf := make([]byte, 5)
+	_, err = f.ReadAt(buf, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "bytes", string(buf))
+
+	t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", filepath.Join(t.TempDir(), "none.json"))
+	_, err = gcs.Open(context.Background(), "gs://public/run", gcs.Options{Endpoint: srv.Endpoint})
+	require.ErrorIs(t, err, gcs.ErrNoCredentials)
+	assert.Contains(t, err.Error(), "--no-sign-request")
+	assert.NotContains(t, err.Error(), "\n")
+}
+
+// TestGenerationIgnored: a server that answers a read of the generation
+// opened with the bytes of the one that replaced it (a proxy rewrites the
+// generation asked for) fails the read with ErrChanged naming both, never
+// serving the new bytes.
+func TestGenerationIgnored(t *testing.T) {
+	srv := gcstest.Start(t)
+	srv.Bucket(t, "ckpts")
+	old := bytes.Repeat([]byte("old!"), 16<<10)
+	require.NoError(t, srv.Put("ckpts", "run/shard", old))
+	target, err := url.Parse(srv.Endpoint)
+	require.NoError(t, err)
+	var latest atomic.Int64 // the generation the proxy asks for instead, once set
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	director := proxy.Director
+	proxy.Director = func(r *http.Request) {
+		director(r)
+		r.Host = target.Host // fake-gcs-server routes XML reads by Host
+		if q := r.URL.Query(); q.Has("generation") && latest.Load() != 0 {
+			q.Set("generation", strconv.FormatInt(latest.Load(), 10))
+			r.URL.RawQuery = q.Encode()
+		}
+	}
+	ps := httptest.NewServer(proxy)
+	t.Cleanup(ps.Close)
+	t.Setenv("STORAGE_EMULATOR_HOST", "")
+	tree, err := gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{Endpoint: ps.URL, Anonymous: true})
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("shard")
+	require.NoError(t, err)
+	require.NoError(t, srv.Put("ckpts", "run/shard", bytes.Repeat([]byte("new!"), 16<<10)))
+	attrs, err := srv.Client.Bucket("ckpts").Object("run/shard").Attrs(context.Background())
+	require.NoError(t, err)
+	latest.Store(attrs.Generation)
+	buf := make([]byte, 32<<10)
+	_, err = f.ReadAt(buf, 0)
+	require.ErrorIs(t, err, source.ErrChanged)
+	assert.Contains(t, err.Error(), fmt.Sprintf("generation %d, not %s", attrs.Generation, f.Info().Version))
+	objstoretest.RequireEIO(t, err, "gs://ckpts/run/shard")
+	assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another generation were served")
+}

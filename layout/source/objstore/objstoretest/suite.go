@@ -1,0 +1,261 @@
+package objstoretest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"math/rand/v2"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
+)
+
+// Store is a running server of one store for the suite with an empty
+// bucket of its own.
+type Store interface {
+	// URL is the tree URL of prefix in the bucket: "gs://bucket/prefix".
+	URL(prefix string) string
+	// Put writes an object; Delete removes one.
+	Put(key string, data []byte) error
+	Delete(key string) error
+	// Open opens the tree at url as the store's package does.
+	Open(url string, l objstore.Limits) (*objstore.Tree, error)
+	// Process is the server, to kill or freeze.
+	Process() *Process
+}
+
+// Run runs the cases every store passes: listings as directories, hostile
+// keys confined, byte-exact ranged reads, a replaced or deleted object
+// failing with ErrChanged and never its new bytes, a missing name ENOENT,
+// and a killed or frozen server failing a read with EIO within the bound.
+// start makes an empty bucket on a server the cases share, or, when own is
+// set, on a server of its own (which the case kills or freezes).
+func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
+	t.Run("listing and confinement", func(t *testing.T) {
+		s := start(t, false)
+		for key, data := range map[string]string{
+			"secret":                  "outside",
+			"run-other/x":             "outside",
+			"run/a.json":              `{"a":1}`,
+			"run/step_1/.metadata":    "meta",
+			"run/step_1/__0_0.distcp": "shard0",
+			"run/step_1/sub/deep":     "deep",
+			"run/both":                "an object",
+			"run/both/child":          "and a prefix",
+		} {
+			put(t, s, key, []byte(data))
+		}
+		// Keys no name can reach: a store may refuse some of them; those
+		// it keeps must not show.
+		for _, key := range []string{"run/../secret", "run//empty-segment", "run/./dot", "run/marker/"} {
+			putMaybe(t, s, key, []byte("hostile"))
+		}
+		tree, err := s.Open(s.URL("run"), objstore.Limits{})
+		require.NoError(t, err)
+		defer tree.Close()
+		ents, err := tree.ReadDir(".")
+		require.NoError(t, err)
+		assert.Equal(t, map[string]string{"a.json": "file", "step_1": "dir", "both": "file", "marker": "dir"}, names(ents))
+		ents, err = tree.ReadDir("step_1")
+		require.NoError(t, err)
+		assert.Equal(t, map[string]string{".metadata": "file", "__0_0.distcp": "file", "sub": "dir"}, names(ents))
+		ents, err = tree.ReadDir("marker")
+		require.NoError(t, err)
+		assert.Empty(t, ents, "a directory marker object is no file")
+		assert.Equal(t, "shard0", string(readAll(t, tree, "step_1/__0_0.distcp")))
+		for _, name := range []string{"../secret", "/secret", "step_1/../../secret", "..", "../run-other/x"} {
+			_, err := tree.Open(name)
+			assert.Error(t, err, name)
+			_, err = tree.Stat(name)
+			assert.Error(t, err, name)
+		}
+		info, err := tree.Stat("step_1")
+		require.NoError(t, err)
+		assert.True(t, info.IsDir())
+	})
+
+	t.Run("ranged reads byte-exact", func(t *testing.T) {
+		s := start(t, false)
+		data := make([]byte, 3<<20+17)
+		for i := range data {
+			data[i] = byte(rand.N(256))
+		}
+		put(t, s, "ckpt/shard", data)
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{})
+		require.NoError(t, err)
+		defer tree.Close()
+		f, err := tree.Open("shard")
+		require.NoError(t, err)
+		require.Equal(t, int64(len(data)), f.Info().Size)
+		for _, r := range [][2]int{{0, 8}, {100, 16 << 10}, {65530, 20}, {1 << 20, 1 << 20}, {len(data) - 5, 5}, {0, len(data)}} {
+			buf := make([]byte, r[1])
+			n, err := f.ReadAt(buf, int64(r[0]))
+			require.NoError(t, err, r)
+			require.Equal(t, r[1], n)
+			require.True(t, bytes.Equal(data[r[0]:r[0]+r[1]], buf), "bytes %v", r)
+		}
+		n, err := f.ReadAt(make([]byte, 10), int64(len(data)-3))
+		assert.Equal(t, 3, n)
+		assert.Error(t, err, "EOF past the end")
+		assert.Greater(t, tree.Stats().Requests, int64(0))
+	})
+
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, s Store)
+	}{
+		{"replaced mid-read", func(t *testing.T, s Store) { put(t, s, "ckpt/shard", bytes.Repeat([]byte("new!"), 64<<10)) }},
+		{"deleted mid-read", func(t *testing.T, s Store) { require.NoError(t, s.Delete("ckpt/shard")) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := start(t, false)
+			old := bytes.Repeat([]byte("old!"), 64<<10)
+			put(t, s, "ckpt/shard", old)
+			tree, err := s.Open(s.URL("ckpt"), objstore.Limits{})
+			require.NoError(t, err)
+			defer tree.Close()
+			f, err := tree.Open("shard")
+			require.NoError(t, err)
+			buf := make([]byte, 64<<10)
+			_, err = f.ReadAt(buf, 0)
+			require.NoError(t, err)
+			tc.change(t, s)
+			clear(buf)
+			_, err = f.ReadAt(buf, 128<<10)
+			require.ErrorIs(t, err, source.ErrChanged)
+			RequireEIO(t, err, s.URL("ckpt/shard"))
+			assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")
+		})
+	}
+
+	t.Run("missing", func(t *testing.T) {
+		s := start(t, false)
+		put(t, s, "ckpt/shard", []byte("x"))
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{})
+		require.NoError(t, err)
+		defer tree.Close()
+		for _, name := range []string{"nope", "shard/below", "dir/nope"} {
+			_, err = tree.Open(name)
+			require.ErrorIs(t, err, fs.ErrNotExist, name)
+			assert.Contains(t, err.Error(), s.URL("ckpt/"+name))
+		}
+		_, err = tree.ReadDir("nope")
+		require.ErrorIs(t, err, fs.ErrNotExist)
+		_, err = s.Open(s.URL("nothing-here"), objstore.Limits{})
+		require.ErrorIs(t, err, fs.ErrNotExist, "an empty prefix is a missing directory")
+	})
+
+	// One server of its own, frozen (SIGSTOP), resumed, then killed: a read
+	// of 32 KiB (past the small-read windows) of an object opened before
+	// each fault, with MaxAttempts 2 and ReadTimeout 1 s, fails within the
+	// bound with EIO, as a lookup does; once resumed, the same handle reads
+	// again.
+	t.Run("frozen, resumed, killed", func(t *testing.T) {
+		const attempts, timeout, n = 2, time.Second, 32 << 10
+		bound := attempts*(timeout+time.Duration(n)*time.Second/objstore.DefaultMinRate) + 2*time.Second
+		s := start(t, true)
+		data := bytes.Repeat([]byte("old!"), 32<<10)
+		put(t, s, "ckpt/shard", data)
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: attempts, ReadTimeout: timeout})
+		require.NoError(t, err)
+		defer tree.Close()
+		f, err := tree.Open("shard")
+		require.NoError(t, err)
+		p := s.Process()
+		failsInBound := func(min time.Duration) {
+			t.Helper()
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := f.ReadAt(make([]byte, n), 4096)
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(bound + 5*time.Second):
+				t.Fatalf("read still going after %v", bound+5*time.Second)
+			}
+			took := time.Since(start)
+			t.Logf("%v after %v (bound %v)", err, took, bound)
+			assert.GreaterOrEqual(t, took, min)
+			assert.Less(t, took, bound)
+			require.ErrorIs(t, err, objstore.ErrRequest)
+			RequireEIO(t, err, s.URL("ckpt/shard"))
+			// A lookup fails as a read does: EIO, never ENOENT.
+			_, err = tree.Stat("other")
+			require.ErrorIs(t, err, objstore.ErrRequest)
+			RequireEIO(t, err, s.URL("ckpt/other"))
+		}
+
+		p.Signal(t, syscall.SIGSTOP)
+		failsInBound(attempts * timeout)
+		p.Signal(t, syscall.SIGCONT)
+		buf := make([]byte, n)
+		_, err = f.ReadAt(buf, 4096)
+		require.NoError(t, err, "the store is back")
+		require.Equal(t, data[4096:4096+n], buf)
+		p.Kill(t)
+		failsInBound(0)
+	})
+}
+
+func put(t *testing.T, s Store, key string, data []byte) {
+	t.Helper()
+	require.NoError(t, s.Put(key, data), "put %s", key)
+}
+
+// putMaybe writes a key a store may refuse.
+func putMaybe(t *testing.T, s Store, key string, data []byte) {
+	if err := s.Put(key, data); err != nil {
+		t.Logf("the store refused key %q: %v", key, err)
+	}
+}
+
+func names(ents []source.Info) map[string]string {
+	out := map[string]string{}
+	for _, e := range ents {
+		kind := "file"
+		if e.IsDir() {
+			kind = "dir"
+		}
+		out[e.Name] = kind
+	}
+	return out
+}
+
+func readAll(t *testing.T, tree source.Tree, name string) []byte {
+	t.Helper()
+	f, err := tree.Open(name)
+	require.NoError(t, err)
+	buf := make([]byte, f.Info().Size)
+	n, err := f.ReadAt(buf, 0)
+	require.NoError(t, err)
+	return buf[:n]
+}
+
+// RequireEIO asserts that err names the object on one line and maps to
+// EIO as vfs.mapErr does: ErrChanged is EIO; anything matching no sentinel
+// of its table and no errno is EIO too (never EINTR for a deadline, ENOENT,
+// or the errno of a connection).
+func RequireEIO(t *testing.T, err error, url string) {
+	t.Helper()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), url)
+	assert.NotContains(t, err.Error(), "\n")
+	if errors.Is(err, source.ErrChanged) {
+		return
+	}
+	var errno syscall.Errno
+	for _, sentinel := range []error{context.Canceled, context.DeadlineExceeded, fs.ErrNotExist, fs.ErrExist, fs.ErrPermission} {
+		assert.NotErrorIs(t, err, sentinel)
+	}
+	assert.False(t, errors.As(err, &errno), "errno %v in %v", errno, err)
+}
