@@ -44,6 +44,9 @@ type Options struct {
 	MaxStack int
 	// MaxMemo bounds the number of memo entries (default 1<<26).
 	MaxMemo int
+	// Sink, when set, takes objects and dict items as they complete
+	// (sink.go), and the memo keeps only what the pickle gets again.
+	Sink Sink
 	// PersistentLoad resolves BINPERSID persistent ids (torch.save data.pkl
 	// storages). Without it BINPERSID is an error.
 	PersistentLoad func(pid any) (any, error)
@@ -130,6 +133,9 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 		return nil, &Error{Msg: fmt.Sprintf("input larger than %d bytes", opts.MaxInputBytes), Err: ErrLimit}
 	}
 	d := &decoder{data: data, opts: opts}
+	if opts.Sink != nil {
+		d.refs = scanRefs(data, opts)
+	}
 	return d.run()
 }
 
@@ -171,6 +177,10 @@ type decoder struct {
 	memo  memo
 	items int64 // expanded items so far, checked against MaxItems
 	late  bool  // a container grew after it was put somewhere
+	// refs, with a Sink, are the memo entries the pickle gets again; the
+	// others are counted in pruned, not kept (nil: all are kept).
+	refs   *refs
+	pruned int
 
 	// A .metadata holds millions of small values; one allocation each was
 	// most of the time to decode it. Tuples, objects and dicts come from
@@ -427,12 +437,27 @@ func (d *decoder) pushTuple(items []slot) error {
 }
 
 func (d *decoder) memoPut(idx uint32, s slot) error {
-	if !d.memo.has(idx) && d.memo.n >= d.opts.MaxMemo {
+	if d.refs != nil {
+		// scanRefs saw every put in order: idx is a new entry.
+		if int64(idx) != int64(d.memoLen()) {
+			return d.fail("memo index %d out of order", idx)
+		}
+		if d.memoLen() >= d.opts.MaxMemo {
+			return d.limit("more than %d memo entries", d.opts.MaxMemo)
+		}
+		if !d.refs.has(idx) {
+			d.pruned++
+			return nil
+		}
+	} else if !d.memo.has(idx) && d.memo.n >= d.opts.MaxMemo {
 		return d.limit("more than %d memo entries", d.opts.MaxMemo)
 	}
 	d.memo.put(idx, s)
 	return nil
 }
+
+// memoLen is the number of memo entries put: MEMOIZE's index.
+func (d *decoder) memoLen() int { return d.memo.n + d.pruned }
 
 func (d *decoder) memoGet(idx uint32) error {
 	s, ok := d.memo.get(idx)
@@ -567,6 +592,15 @@ func (d *decoder) setItems(kv []slot) error {
 		}
 		if err := d.put(n, kv[i+1]); err != nil {
 			return err
+		}
+		if d.opts.Sink != nil && n == &dict.node {
+			took, err := d.opts.Sink.SetItem(dict, kv[i].v, kv[i+1].v)
+			if err != nil {
+				return d.sinkErr(err)
+			}
+			if took {
+				continue
+			}
 		}
 		if err := dict.Set(kv[i].v, kv[i+1].v); err != nil {
 			var pe *Error

@@ -71,23 +71,29 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("torchdcp: %w", err)
 	}
-	m, err := decodeMetadataBytes(b, opts.MaxMetadataBytes)
+	m, st, err := decodeMetadataStream(b, opts.MaxMetadataBytes)
 	if err != nil {
 		return nil, fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 	}
-	return OpenDecoded(dir, m, opts)
+	return openDecoded(dir, m, st, opts)
 }
 
 // OpenDecoded opens the DCP checkpoint in dir whose .metadata m is, decoded
 // already (OpenTree, or a writer's view of what it has just committed,
 // without reading .metadata back), checking m against the files in dir.
 func OpenDecoded(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
+	return openDecoded(dir, m, nil, opts)
+}
+
+// openDecoded is OpenDecoded of m, whose storage entries are st's when st
+// is not nil (metadatastream.go).
+func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.Checkpoint, error) {
 	if opts.Format == "" {
 		opts.Format = ckpt.FormatTorchDCP
 	}
 	where := dir.Path(MetadataFile)
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: opts.Format, Files: ckpt.NewFileSet(dir)}
-	b := builder{m: m, c: c, opts: opts}
+	b := builder{m: m, st: st, c: c, opts: opts}
 	var unknown []string // "name (torch.X)" of tensors whose dtype torch does not have
 	for _, it := range m.Items {
 		if it.Tensor != nil && !knownDType(it.Tensor.Properties.DType) {
@@ -131,13 +137,18 @@ func firstFew(names []string, n int) []string {
 
 type builder struct {
 	m    *Metadata
+	st   *stream // where the storage entries are, when not in m
 	c    *ckpt.Checkpoint
 	opts Options
 	next int // the storage entry after the last one looked up: see lookupFrom
 }
 
-// lookup is m.Lookup, trying the entry after the last one found first.
-func (b *builder) lookup(fqn string, offset []int64) (StorageInfo, bool) {
+// lookup is m.Lookup of chunk i of tensor fqn, at offset (i < 0, offset
+// nil: the object fqn), trying the entry after the last one found first.
+func (b *builder) lookup(fqn string, i int, offset []int64) (StorageInfo, bool) {
+	if b.st != nil {
+		return b.st.lookup(fqn, i)
+	}
 	i, ok := b.m.lookupFrom(b.next, fqn, offset)
 	if !ok {
 		return StorageInfo{}, false
@@ -183,7 +194,7 @@ func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error)
 
 func (b *builder) object(fqn string) error {
 	what := fmt.Sprintf("object %q", fqn)
-	info, ok := b.lookup(fqn, nil)
+	info, ok := b.lookup(fqn, -1, nil)
 	if !ok {
 		return invalidf("%s has no storage_data entry", what)
 	}
@@ -229,7 +240,7 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 	for i := range t.Chunks {
 		ch := &t.Chunks[i]
 		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
-		info, ok := b.lookup(fqn, ch.Offsets)
+		info, ok := b.lookup(fqn, i, ch.Offsets)
 		if !ok {
 			return invalidf("%s has no storage_data entry", what())
 		}
