@@ -657,7 +657,7 @@ func (f *FS) openView(dir string, format ckpt.Reader) (v *view.View, err error) 
 	}
 	sub, err := source.Sub(f.tree, dir)
 	if err == nil {
-		c, err = layout.OpenAs(format, sub)
+		c, err = layout.OpenAsWith(format, sub, view.OpenOptions(f.opts.Plan))
 	}
 	if err == nil {
 		v, err = view.Plan(c, f.opts.Plan)

@@ -449,6 +449,9 @@ func (d *decoder) memoPut(idx uint32, s slot) error {
 			d.pruned++
 			return nil
 		}
+		if n := nodeOf(s.v); n != nil {
+			n.kept = true
+		}
 	} else if !d.memo.has(idx) && d.memo.n >= d.opts.MaxMemo {
 		return d.limit("more than %d memo entries", d.opts.MaxMemo)
 	}

@@ -24,6 +24,21 @@ type Sink interface {
 	SetItem(dict *Dict, key, value any) (took bool, err error)
 }
 
+// release clears an object the sink took, and its state dict, unless the
+// memo holds them: values come from slabs (decode.go), and one value alive
+// keeps its slab's neighbours alive, and what they point to; cleared, a
+// taken object points to nothing.
+func release(obj *Object) {
+	if obj.kept {
+		return
+	}
+	if st, ok := obj.State.(*Dict); ok && !st.kept {
+		clear(st.items)
+		st.items, st.index, st.tuples = nil, nil, nil
+	}
+	obj.Args, obj.State, obj.Extra = nil, nil, nil
+}
+
 func (d *decoder) sinkErr(err error) error {
 	return &Error{Offset: d.opPos, Op: opName(d.op), Msg: "sink: " + err.Error(), Err: err}
 }

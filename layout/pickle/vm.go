@@ -234,6 +234,7 @@ func (d *decoder) step() error {
 			}
 			if took {
 				d.stack[len(d.stack)-1] = slot{v: v, d: 0, w: 1}
+				release(obj)
 			}
 		}
 		return nil

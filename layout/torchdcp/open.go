@@ -37,6 +37,10 @@ type Options struct {
 	TempDir string
 	// MaxMetadataBytes bounds the .metadata file (default 1 GiB).
 	MaxMetadataBytes int64
+	// Open says what the caller will use (ckpt.OpenOptions): optimizer
+	// state (by planner_data) left out of Tensors is checked as the other
+	// tensors are, then kept only as a ckpt.LeftTensor.
+	Open ckpt.OpenOptions
 }
 
 // Reader is the torch DCP format.
@@ -53,6 +57,10 @@ func (reader) Detect(dir source.Tree) bool { return Detect(dir) }
 func (reader) Internal(name string) bool { return IsInternal(name) }
 
 func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir, Options{}) }
+
+func (reader) OpenWith(dir source.Tree, o ckpt.OpenOptions) (*ckpt.Checkpoint, error) {
+	return OpenTree(dir, Options{Open: o})
+}
 
 // Detect reports whether dir has a .metadata (a link to one that leads
 // outside the source counts, so that Open reports it).
@@ -105,6 +113,12 @@ func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.
 			err = b.object(it.FQN)
 		} else {
 			err = b.tensor(it.FQN, it.Tensor)
+			if n := len(c.Tensors); err == nil && n > 0 && opts.Open.LeaveOptimizer && c.Tensors[n-1].Name == it.FQN &&
+				ckpt.IsOptimizerPath(c.Tensors[n-1].Path) {
+				c.Left = append(c.Left, ckpt.Leave(c.Tensors[n-1]))
+				c.Tensors[n-1] = nil
+				c.Tensors = c.Tensors[:n-1]
+			}
 		}
 		if err != nil {
 			c.Close()

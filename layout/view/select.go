@@ -21,9 +21,6 @@ import (
 //     never shown as weights.
 //   - Every tensor left out is listed with the reason (View.Omitted).
 
-// optimizerRoots are top-level keys whose subtrees are optimizer state.
-var optimizerRoots = map[string]bool{"optimizer": true, "optim": true, "optimizers": true, "opt": true}
-
 // modelRoot is the key a model is saved under in a nested state.
 const modelRoot = "model"
 
@@ -42,9 +39,20 @@ func savedRoot(t *ckpt.Tensor) (string, bool) {
 	return "", false
 }
 
-func isOptimizerState(t *ckpt.Tensor) bool {
-	root, ok := savedRoot(t)
-	return ok && optimizerRoots[root]
+func isOptimizerState(t *ckpt.Tensor) bool { return ckpt.IsOptimizerPath(t.Path) }
+
+// OpenOptions is what a checkpoint planned with o needs opened: without
+// optimizer state unless o may show it, or checks every chunk (Verify).
+func OpenOptions(o Options) ckpt.OpenOptions {
+	return ckpt.OpenOptions{LeaveOptimizer: !NeedsOptimizer(o.Select) && !o.Verify}
+}
+
+// NeedsOptimizer reports whether a view of Select sel may show optimizer
+// state, so that its checkpoint must be opened with it
+// (ckpt.OpenOptions.LeaveOptimizer false).
+func NeedsOptimizer(sel string) bool {
+	root, _, _ := strings.Cut(sel, ".")
+	return sel == SelectAll || ckpt.IsOptimizerRoot(root)
 }
 
 // savedNestedUnder reports whether some tensor was saved nested under key.
@@ -101,6 +109,12 @@ func selectTensors(c *ckpt.Checkpoint, sel string) ([]named, []Omission, error) 
 		}
 		seen[name] = true
 		out = append(out, named{name, t})
+	}
+	if len(c.Left) > 0 && NeedsOptimizer(sel) {
+		return nil, nil, fmt.Errorf("layout: %s: opened without its optimizer state, which --select %q may show", c.Dir, sel)
+	}
+	for _, t := range c.Left {
+		omitted = append(omitted, Omission{Name: t.Name, Reason: "optimizer state", Optimizer: true})
 	}
 	return out, omitted, nil
 }
