@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -364,3 +365,6 @@ func (s *Section) Locate() (Location, bool, error) {
 func (s *Section) String() string {
 	return fmt.Sprintf("%s@%d+%d", s.File.Rel, s.Offset, s.Length)
 }
+
+// ResidentBytes implements Resident.
+func (s *Section) ResidentBytes() int64 { return int64(unsafe.Sizeof(*s)) }

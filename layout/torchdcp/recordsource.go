@@ -14,6 +14,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -319,3 +320,15 @@ var torchOnlyDTypes = torchzip.TorchOnlyDTypes
 
 // dtypeOf maps a torch dtype name to safetensors and its element size.
 func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DType(torch) }
+
+// ResidentBytes implements ckpt.Resident: the source, and what locating it
+// added.
+func (s *recordSource) ResidentBytes() int64 {
+	n := int64(unsafe.Sizeof(*s))
+	s.mu.Lock()
+	if s.loc != nil {
+		n += int64(unsafe.Sizeof(*s.loc)+unsafe.Sizeof(io.SectionReader{})) + int64(len(s.loc.name))
+	}
+	s.mu.Unlock()
+	return n
+}
