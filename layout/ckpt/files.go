@@ -10,8 +10,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 	"time"
+	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/source"
 )
