@@ -103,7 +103,7 @@ func TestViewsEvictedWithinMetadataBudget(t *testing.T) {
 	}()
 	require.Greater(t, one, int64(1<<20), "a view of %d ranks holds MBs of metadata", ranks)
 	fsys.mu.Lock()
-	fsys.metaMax = one*5/2
+	fsys.metaMax = one * 5 / 2
 	fsys.mu.Unlock()
 
 	base := heapAlloc()
