@@ -9,8 +9,9 @@ package vfs
 // stays, so one view larger than the budget still opens. A process's Go
 // memory limit is then cache + metadata budget + headroom (cmd/ckptfs).
 
-// DefaultMetadataBudget is Options.MetadataBudget's default.
-const DefaultMetadataBudget = 1 << 30
+// DefaultMetadataBudget is Options.MetadataBudget's default: with the
+// default cache, the mount's Go memory limit is then about 1 GiB.
+const DefaultMetadataBudget = 512 << 20
 
 func (o Options) metadataBudget() int64 {
 	if o.MetadataBudget <= 0 {
@@ -18,6 +19,3 @@ func (o Options) metadataBudget() int64 {
 	}
 	return o.MetadataBudget
 }
-
-// MetadataBudget is the budget f was made with.
-func (f *FS) MetadataBudget() int64 { return f.metaMax }
