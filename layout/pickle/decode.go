@@ -7,7 +7,9 @@
 // imports or executes anything: GLOBAL/STACK_GLOBAL give a Global name, and
 // REDUCE, NEWOBJ and BUILD on it give an Object that records the class,
 // arguments and state. Callers interpret Objects by class path. Encoder
-// (encode.go) writes the protocol-2 subset torch's files need.
+// (encode.go) writes the protocol-2 subset torch's files need. A caller
+// that wants millions of small objects as flat arrays, not a tree, sets
+// Options.Sink (sink.go), which takes them as they complete.
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.

@@ -147,6 +147,9 @@ func (s *stream) tensor(obj *pickle.Object) (*streamTensor, error) {
 	if n != len(s.pendRank) {
 		return nil, errStream // chunks built outside any tensor's list
 	}
+	if !slices.ContainsFunc(s.pendRank, func(r int32) bool { return int(r) != len(t.Size) }) {
+		t.flat, t.n, t.Chunks = dims, n, nil
+	}
 	s.pendBase += n
 	s.pendDims, s.pendRank = s.pendDims[:0], s.pendRank[:0]
 	st := &streamTensor{t: t, store: make([]storedChunk, n)}
@@ -231,17 +234,17 @@ func (s *stream) xform(desc []string) uint32 {
 // find returns the chunks whose offsets are offs (more than one only when
 // chunks repeat, which Validate reports).
 func (st *streamTensor) find(offs []int64) []int32 {
-	ch := st.t.Chunks
+	at := func(i int32) []int64 { o, _ := st.t.chunk(int(i)); return o }
 	if st.order == nil {
-		st.order = make([]int32, len(ch))
+		st.order = make([]int32, st.t.numChunks())
 		for i := range st.order {
 			st.order[i] = int32(i)
 		}
-		slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(ch[a].Offsets, ch[b].Offsets) })
+		slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(at(a), at(b)) })
 	}
-	lo, _ := slices.BinarySearchFunc(st.order, offs, func(i int32, o []int64) int { return slices.Compare(ch[i].Offsets, o) })
+	lo, _ := slices.BinarySearchFunc(st.order, offs, func(i int32, o []int64) int { return slices.Compare(at(i), o) })
 	hi := lo
-	for hi < len(st.order) && slices.Equal(ch[st.order[hi]].Offsets, offs) {
+	for hi < len(st.order) && slices.Equal(at(st.order[hi]), offs) {
 		hi++
 	}
 	return st.order[lo:hi]

@@ -5,7 +5,11 @@
 //   - names.go: the format's file names, and which names are its own;
 //     dtypes.go: the dtypes a record can hold (torch's storage classes).
 //   - metadata*.go: the .metadata model, DecodeMetadata (the restricted
-//     pickle VM, every field checked) and EncodeMetadata.
+//     pickle VM, every field checked) and EncodeMetadata;
+//     metadatastream.go: how Open decodes it: the VM hands each chunk and
+//     storage entry to a sink that keeps them in flat per-tensor arrays
+//     (no tree of pickle values, no map of storage keys), with the same
+//     field decoders, and the general decoder's answer for anything else.
 //   - record*.go: a chunk's record (a torch.save archive), located
 //     (record.go) and read in place (recordsource.go), and written
 //     (recordwrite.go: RecordWriter).
@@ -14,7 +18,9 @@
 //
 // Open parses .metadata and checks everything that is cheap to check
 // (storage entries, file confinement and sizes, chunk tiling) without
-// reading shard contents. Each chunk's bytes live inside a torch.save zip
+// reading shard contents. Optimizer state (by planner_data) that the
+// caller will not show (ckpt.OpenOptions) is checked the same way, then
+// kept only as ckpt.Left. Each chunk's bytes live inside a torch.save zip
 // record; where exactly is found on the chunk's first read and remembered.
 // The commit protocol of a writer (placement, numbering, .metadata written
 // last) is dcpwrite's.
@@ -113,12 +119,6 @@ func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.
 			err = b.object(it.FQN)
 		} else {
 			err = b.tensor(it.FQN, it.Tensor)
-			if n := len(c.Tensors); err == nil && n > 0 && opts.Open.LeaveOptimizer && c.Tensors[n-1].Name == it.FQN &&
-				ckpt.IsOptimizerPath(c.Tensors[n-1].Path) {
-				c.Left = append(c.Left, ckpt.Leave(c.Tensors[n-1]))
-				c.Tensors[n-1] = nil
-				c.Tensors = c.Tensors[:n-1]
-			}
 		}
 		if err != nil {
 			c.Close()
@@ -240,17 +240,23 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		return nil
 	}
 	t := &ckpt.Tensor{Name: fqn, Path: b.m.PlannerData[fqn], DType: dt, Shape: tm.Size,
-		Chunks: make([]ckpt.Chunk, len(tm.Chunks))}
-	for i, cm := range tm.Chunks {
-		t.Chunks[i] = ckpt.Chunk{Offsets: cm.Offsets, Sizes: cm.Sizes}
+		Chunks: make([]ckpt.Chunk, tm.numChunks())}
+	for i := range t.Chunks {
+		t.Chunks[i].Offsets, t.Chunks[i].Sizes = tm.chunk(i)
 	}
 	// Tiling first: it also bounds every size used below.
 	if err := t.Validate(); err != nil {
 		return err
 	}
+	// Optimizer state the caller will not show is checked as the others,
+	// then described and dropped.
+	leave := b.opts.Open.LeaveOptimizer && ckpt.IsOptimizerPath(t.Path)
 	// One allocation for the sources of all chunks: a tensor can have
 	// hundreds of thousands.
-	srcs := make([]recordSource, len(t.Chunks))
+	var srcs []recordSource
+	if !leave {
+		srcs = make([]recordSource, len(t.Chunks))
+	}
 	for i := range t.Chunks {
 		ch := &t.Chunks[i]
 		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
@@ -272,6 +278,9 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 			return invalidf("%s stored in %s@%d+%d: record too short for %d bytes of data",
 				what(), f.Rel, info.Offset, info.Length, nbytes)
 		}
+		if leave {
+			continue
+		}
 		srcs[i] = recordSource{
 			file: f, off: info.Offset, length: info.Length, zstd: zstd,
 			want:   recordWant{DType: tm.Properties.DType, ElemSize: elem, Sizes: ch.Sizes},
@@ -279,6 +288,10 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 			tmpDir: b.opts.TempDir, files: b.c.Files,
 		}
 		ch.Source = &srcs[i]
+	}
+	if leave {
+		b.c.Left = append(b.c.Left, ckpt.Leave(t))
+		return nil
 	}
 	b.c.Tensors = append(b.c.Tensors, t)
 	return nil
