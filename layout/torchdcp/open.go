@@ -257,6 +257,7 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 	if !leave {
 		srcs = make([]recordSource, len(t.Chunks))
 	}
+	rt := &recordTensor{name: fqn, dtype: tm.Properties.DType, elemSize: elem, tmpDir: b.opts.TempDir, files: b.c.Files}
 	for i := range t.Chunks {
 		ch := &t.Chunks[i]
 		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
@@ -281,12 +282,8 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		if leave {
 			continue
 		}
-		srcs[i] = recordSource{
-			file: f, off: info.Offset, length: info.Length, zstd: zstd,
-			want:   recordWant{DType: tm.Properties.DType, ElemSize: elem, Sizes: ch.Sizes},
-			nbytes: nbytes, tensor: fqn, offsets: ch.Offsets,
-			tmpDir: b.opts.TempDir, files: b.c.Files,
-		}
+		srcs[i] = recordSource{t: rt, file: f, off: info.Offset, length: info.Length, zstd: zstd,
+			nbytes: nbytes, sizes: ch.Sizes, offsets: ch.Offsets}
 		ch.Source = &srcs[i]
 	}
 	if leave {
