@@ -81,13 +81,17 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	if opts.MaxMetadataBytes <= 0 {
 		opts.MaxMetadataBytes = DefaultMaxMetadataBytes
 	}
-	b, err := source.ReadFile(dir, MetadataFile, opts.MaxMetadataBytes)
+	var m *Metadata
+	var st *stream
+	err := withMetadata(dir, opts.MaxMetadataBytes, func(b []byte) error {
+		var err error
+		if m, st, err = decodeMetadataStream(b, opts.MaxMetadataBytes); err != nil {
+			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("torchdcp: %w", err)
-	}
-	m, st, err := decodeMetadataStream(b, opts.MaxMetadataBytes)
-	if err != nil {
-		return nil, fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
+		return nil, err
 	}
 	return openDecoded(dir, m, st, opts)
 }
