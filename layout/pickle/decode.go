@@ -179,8 +179,9 @@ type decoder struct {
 	memo  memo
 	items int64 // expanded items so far, checked against MaxItems
 	late  bool  // a container grew after it was put somewhere
-	// refs, with a Sink, are the memo entries the pickle gets again; the
-	// others are counted in pruned, not kept (nil: all are kept).
+	// refs, with a Sink, is the memo: only the entries the pickle gets
+	// again are kept (in refs.kept), and pruned counts every entry put
+	// (nil: memo is the memo).
 	refs   *refs
 	pruned int
 
@@ -447,14 +448,19 @@ func (d *decoder) memoPut(idx uint32, s slot) error {
 		if d.memoLen() >= d.opts.MaxMemo {
 			return d.limit("more than %d memo entries", d.opts.MaxMemo)
 		}
-		if !d.refs.has(idx) {
-			d.pruned++
+		d.pruned++ // counted here, kept (or not) in refs
+		e, ok := d.refs.at(idx)
+		if !ok {
 			return nil
 		}
 		if n := nodeOf(s.v); n != nil {
 			n.kept = true
 		}
-	} else if !d.memo.has(idx) && d.memo.n >= d.opts.MaxMemo {
+		s.shared = true
+		*e = s
+		return nil
+	}
+	if !d.memo.has(idx) && d.memo.n >= d.opts.MaxMemo {
 		return d.limit("more than %d memo entries", d.opts.MaxMemo)
 	}
 	d.memo.put(idx, s)
@@ -465,6 +471,13 @@ func (d *decoder) memoPut(idx uint32, s slot) error {
 func (d *decoder) memoLen() int { return d.memo.n + d.pruned }
 
 func (d *decoder) memoGet(idx uint32) error {
+	if d.refs != nil {
+		e, ok := d.refs.at(idx)
+		if !ok || !e.shared {
+			return d.fail("memo key %d not found", idx)
+		}
+		return d.pushSlot(*e)
+	}
 	s, ok := d.memo.get(idx)
 	if !ok {
 		return d.fail("memo key %d not found", idx)

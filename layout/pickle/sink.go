@@ -1,6 +1,9 @@
 package pickle
 
-import "bytes"
+import (
+	"bytes"
+	"math/bits"
+)
 
 // Streaming: a caller that wants millions of small objects (a .metadata's
 // chunks) as flat arrays, not as a tree, sets Options.Sink. The VM offers
@@ -49,6 +52,35 @@ func (d *decoder) sinkErr(err error) error {
 // replaced, and an entry no GET names can be dropped.
 type refs struct {
 	bits []uint64
+	// rank[w] is the number of bits set in bits[:w]; kept holds the
+	// entries gotten again, by rank (an index into a slice, not a map:
+	// a .metadata gets millions of times).
+	rank []uint32
+	kept []slot
+}
+
+// at returns where idx is kept, or false when the pickle never gets it.
+func (r *refs) at(idx uint32) (*slot, bool) {
+	w := int(idx / 64)
+	if w >= len(r.bits) {
+		return nil, false
+	}
+	bit := uint64(1) << (idx % 64)
+	if r.bits[w]&bit == 0 {
+		return nil, false
+	}
+	return &r.kept[int(r.rank[w])+bits.OnesCount64(r.bits[w]&(bit-1))], true
+}
+
+// index makes rank and kept once the bits are known.
+func (r *refs) index() {
+	r.rank = make([]uint32, len(r.bits))
+	n := 0
+	for w, b := range r.bits {
+		r.rank[w] = uint32(n)
+		n += bits.OnesCount64(b)
+	}
+	r.kept = make([]slot, n)
 }
 
 func (r *refs) has(i uint32) bool {
@@ -77,6 +109,7 @@ func scanRefs(data []byte, opts Options) *refs {
 		op := data[pos]
 		pos++
 		if op == opSTOP {
+			r.index()
 			return r
 		}
 		w := int(shapes[op].width)
