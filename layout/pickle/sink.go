@@ -20,7 +20,9 @@ type Sink interface {
 	// Built offers obj when BUILD has set its state and it is in no
 	// container yet. took reports that the sink took it: v replaces it on
 	// the stack (a small value of the sink's own type, which marks it as
-	// taken for later Dict or List consumers).
+	// taken for later Dict or List consumers). A taken object is cleared
+	// when Built returns (see release), so v must not be or hold obj,
+	// its Args or its State.
 	Built(obj *Object) (v any, took bool, err error)
 	// SetItem offers a key and value SETITEM(S) puts into dict. took
 	// reports that the sink took them: the dict does not keep them.

@@ -42,7 +42,6 @@ type stream struct {
 	xformIx map[string]uint32
 
 	storageDict *pickle.Dict // the dict the storage entries went into
-	storage     int          // storage entries taken
 }
 
 // streamTensor is one TensorStorageMetadata and the storage of its chunks.
@@ -181,7 +180,6 @@ func (s *stream) SetItem(dict *pickle.Dict, key, value any) (bool, error) {
 		return false, errStream
 	}
 	s.storageDict = dict
-	s.storage++
 	if !s.put(ir.idx, fr.info) {
 		s.late = append(s.late, streamEntry{ir.idx, fr.info})
 	}
