@@ -75,6 +75,12 @@ func OpenTree(dir source.Tree) (*Checkpoint, error) {
 // OpenAs opens the checkpoint in the directory tree dir as format f, which
 // Detect found there; nil detects it.
 func OpenAs(f ckpt.Reader, dir source.Tree) (*Checkpoint, error) {
+	return OpenAsWith(f, dir, ckpt.OpenOptions{})
+}
+
+// OpenAsWith is OpenAs with what the caller will use of the checkpoint
+// (a format that takes options may leave the rest out).
+func OpenAsWith(f ckpt.Reader, dir source.Tree, o ckpt.OpenOptions) (*Checkpoint, error) {
 	info, err := dir.Stat(".")
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
@@ -83,13 +89,13 @@ func OpenAs(f ckpt.Reader, dir source.Tree) (*Checkpoint, error) {
 		return nil, fmt.Errorf("layout: %s is not a directory", dir.Path("."))
 	}
 	if f != nil {
-		return f.Open(dir)
+		return ckpt.OpenWith(f, dir, o)
 	}
 	f, ok := Detect(dir)
 	if !ok {
 		return nil, notFound(dir)
 	}
-	return f.Open(dir)
+	return ckpt.OpenWith(f, dir, o)
 }
 
 // Open opens the checkpoint in the local directory dir, confined to dir:
@@ -105,11 +111,16 @@ func Open(dir string) (*Checkpoint, error) {
 // OpenAt opens the checkpoint at loc (a local directory or an s3:// URL),
 // confined to root (see open.Open); the checkpoint owns the source.
 func OpenAt(ctx context.Context, loc, root string, o open.Options) (*Checkpoint, error) {
+	return OpenAtWith(ctx, loc, root, o, ckpt.OpenOptions{})
+}
+
+// OpenAtWith is OpenAt with what the caller will use of the checkpoint.
+func OpenAtWith(ctx context.Context, loc, root string, o open.Options, co ckpt.OpenOptions) (*Checkpoint, error) {
 	s, err := open.Open(ctx, loc, root, o)
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
 	}
-	c, err := OpenSource(s)
+	c, err := openSource(s, co)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -121,7 +132,9 @@ func OpenAt(ctx context.Context, loc, root string, o open.Options) (*Checkpoint,
 // OpenSource opens the checkpoint at s's location; the caller keeps s open
 // while the checkpoint is used. In a hub cache repo folder it opens the
 // snapshot refs/main names, as from_pretrained does.
-func OpenSource(s *open.Source) (*Checkpoint, error) {
+func OpenSource(s *open.Source) (*Checkpoint, error) { return openSource(s, ckpt.OpenOptions{}) }
+
+func openSource(s *open.Source, co ckpt.OpenOptions) (*Checkpoint, error) {
 	if s.Hub {
 		return openHub(s.Tree, s.Rel)
 	}
@@ -129,7 +142,7 @@ func OpenSource(s *open.Source) (*Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
 	}
-	return OpenTree(dir)
+	return OpenAsWith(nil, dir, co)
 }
 
 // maxRefSize bounds a hub cache's refs/ file: a commit hash.

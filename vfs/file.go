@@ -431,7 +431,11 @@ type Stats struct {
 	// SourceIO is the traffic of a remote source (requests, bytes fetched,
 	// retries, errors, disk cache); absent for a local one.
 	SourceIO *source.Stats `json:"source_io,omitempty"`
-	Views    []ViewStats   `json:"views"`
+	// MetadataBytes is the resident metadata of the open views, within
+	// MetadataBudget (the newest view may pass it by its own size).
+	MetadataBytes  int64       `json:"metadata_bytes"`
+	MetadataBudget int64       `json:"metadata_budget"`
+	Views          []ViewStats `json:"views"`
 }
 
 // ViewStats describes one opened checkpoint view.
@@ -444,6 +448,9 @@ type ViewStats struct {
 	Error   string `json:"error,omitempty"`
 	// Writing marks a write target of this mount (its view so far).
 	Writing bool `json:"writing,omitempty"`
+	// MetadataBytes is the view's resident metadata while it is open
+	// (View.ResidentBytes), 0 when it is closed.
+	MetadataBytes int64 `json:"metadata_bytes,omitempty"`
 }
 
 // Stats returns a snapshot of the mount's counters.
@@ -466,6 +473,7 @@ func (f *FS) Stats() Stats {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	s.MetadataBytes, s.MetadataBudget = f.meta, f.metaMax
 	for _, e := range f.views {
 		vs := ViewStats{Dir: e.dir}
 		switch {
@@ -473,6 +481,9 @@ func (f *FS) Stats() Stats {
 			vs.Error = e.err.Error()
 		case e.shown:
 			vs.Format, vs.Files, vs.Tensors, vs.Bytes = e.format, len(e.files), e.tensors, e.bytes
+			if e.inst != nil {
+				vs.MetadataBytes = e.inst.meta
+			}
 		default:
 			continue // being opened
 		}

@@ -88,6 +88,10 @@ type Options struct {
 	// file with how long it took and its error: the commit-duration
 	// histogram of the metrics endpoint.
 	CommitObserver func(took time.Duration, err error)
+	// MetadataBudget bounds the resident metadata of the open views
+	// (view.View.ResidentBytes), as the descriptor budget bounds their
+	// files: 0 is DefaultMetadataBudget (see metabudget.go).
+	MetadataBudget int64
 }
 
 // FS is the state shared by all nodes of one mount.
@@ -122,6 +126,7 @@ type FS struct {
 	// Set before serving starts (tests lower them).
 	fdBudget int
 	maxViews int
+	metaMax  int64
 	// openHook, for tests, is called before a directory is looked at
 	// ("detect") and before a checkpoint is opened ("open").
 	openHook func(stage, dir string)
@@ -131,6 +136,7 @@ type FS struct {
 	views   map[string]*viewEntry // GUARDED_BY(mu); by source.Info.ID of the directory
 	lru     list.List             // GUARDED_BY(mu); of *viewInst: the resident views, most recently used first
 	openFDs int                   // GUARDED_BY(mu); descriptors the views not yet closed may hold
+	meta    int64                 // GUARDED_BY(mu); metadata bytes the views not yet closed hold
 	targets map[string]*target    // GUARDED_BY(mu); write targets, by real path
 	cleaned map[string]bool       // GUARDED_BY(mu); dirs whose stale spool was looked at
 	swept   map[string]bool       // GUARDED_BY(mu); source dirs (rel) sweepStale ran in
@@ -199,7 +205,7 @@ func New(opts Options) (*FS, error) {
 func newState(opts Options, root string, local bool) *FS {
 	f := &FS{opts: opts, log: opts.Logger, root: root, tree: opts.Tree, local: local, views: map[string]*viewEntry{},
 		targets: map[string]*target{}, cleaned: map[string]bool{}, swept: map[string]bool{}, noted: map[string]bool{},
-		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, started: time.Now(),
+		seed: maphash.MakeSeed(), fdBudget: fdBudget(), maxViews: defaultMaxViews, metaMax: opts.metadataBudget(), started: time.Now(),
 		detached: make(chan struct{}, maxDetached), objects: DefaultObjects(), errLog: newErrorLog(opts.Logger)}
 	if opts.Objects != nil {
 		f.objects = *opts.Objects
@@ -372,7 +378,8 @@ type viewInst struct {
 	e     *viewEntry
 	view  *view.View
 	files map[string]*view.File
-	fds   int // shard files it may hold open
+	fds   int   // shard files it may hold open
+	meta  int64 // its resident metadata, as opened (View.ResidentBytes)
 
 	// refs counts the users (handles, reads, prefill jobs) plus one while
 	// the view is in FS.lru. At 0 the view is closed, and a reference is
@@ -525,6 +532,7 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 		}
 	}
 	i.fds = len(sources)
+	i.meta = v.ResidentBytes()
 	i.refs.Store(2) // the LRU's and the caller's
 	f.mu.Lock()
 	if f.closed {
@@ -545,6 +553,7 @@ func (f *FS) open(e *viewEntry) (*viewInst, error) {
 	}
 	e.inst = i
 	f.openFDs += i.fds
+	f.meta += i.meta
 	i.elem = f.lru.PushFront(i)
 	evicted := f.evictLocked(i)
 	f.mu.Unlock()
@@ -572,20 +581,20 @@ func (f *FS) reopened(e *viewEntry, v *view.View, digest uint64) error {
 }
 
 // evictLocked takes the least recently used views but keep out of the LRU
-// while the open views may hold more descriptors than the budget, or are
-// more than maxViews, and returns them for unrefAll, which closes those
-// not in use. A view in use closes when its last user is done; until then
+// while the open views may hold more descriptors than the budget, or more
+// metadata than metaMax, or are more than maxViews, and returns them for
+// unrefAll, which closes those not in use. A view in use closes when its last user is done; until then
 // its descriptors still count, and so make room elsewhere.
 func (f *FS) evictLocked(keep *viewInst) []*viewInst {
 	var out []*viewInst
-	fds, n := f.openFDs, f.lru.Len()
-	for el := f.lru.Back(); el != nil && (fds > f.fdBudget || n > f.maxViews); {
+	fds, n, meta := f.openFDs, f.lru.Len(), f.meta
+	for el := f.lru.Back(); el != nil && (fds > f.fdBudget || n > f.maxViews || meta > f.metaMax); {
 		prev := el.Prev()
 		if i := el.Value.(*viewInst); i != keep {
 			f.lru.Remove(el)
 			i.elem = nil
 			out = append(out, i)
-			fds, n = fds-i.fds, n-1
+			fds, n, meta = fds-i.fds, n-1, meta-i.meta
 		}
 		el = prev
 	}
@@ -608,6 +617,7 @@ func (f *FS) unref(i *viewInst) {
 		i.e.inst = nil
 	}
 	f.openFDs -= i.fds
+	f.meta -= i.meta
 	f.mu.Unlock()
 	i.close()
 }
@@ -704,7 +714,7 @@ func (f *FS) openView(dir string, format ckpt.Reader, read *readFiles) (v *view.
 	}
 	sub, err := source.Sub(f.tree, dir)
 	if err == nil {
-		c, err = layout.OpenAs(format, read.tree(sub))
+		c, err = layout.OpenAsWith(format, read.tree(sub), view.OpenOptions(f.opts.Plan))
 	}
 	if err == nil {
 		v, err = view.Plan(c, f.opts.Plan)

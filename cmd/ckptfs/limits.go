@@ -32,17 +32,18 @@ const (
 // limits has every numeric flag of every command (source.go's too), by name.
 // TestEveryNumericFlagHasALimit keeps it complete.
 var limits = map[string]limit{
-	"cache-size":     {1 << 20, 16 << 40, sizeLimit, fmt.Sprintf("at most %d blocks of --block-size", cache.MaxBlocks)},
-	"block-size":     {4 << 10, 64 << 20, sizeLimit, ""},
-	"prefetch":       {0, cache.MaxReadAhead, intLimit, ""},
-	"read-ahead":     {0, 1 << 30, sizeLimit, ""},
-	"max-shard-size": {1 << 10, 1 << 50, sizeLimit, ""},
-	"cache-dir-size": {64 << 20, 1 << 50, sizeLimit, ""},
-	"max-attempts":   {1, 100, intLimit, ""},
-	"read-timeout":   {int64(time.Second), int64(time.Hour), durationLimit, ""},
-	"min-rate":       {1 << 10, 1 << 30, sizeLimit, ""},
-	"world-size":     {1, 1 << 16, intLimit, ""},
-	"workers":        {1, 256, intLimit, ""},
+	"cache-size":      {1 << 20, 16 << 40, sizeLimit, fmt.Sprintf("at most %d blocks of --block-size", cache.MaxBlocks)},
+	"metadata-budget": {16 << 20, 1 << 40, sizeLimit, ""},
+	"block-size":      {4 << 10, 64 << 20, sizeLimit, ""},
+	"prefetch":        {0, cache.MaxReadAhead, intLimit, ""},
+	"read-ahead":      {0, 1 << 30, sizeLimit, ""},
+	"max-shard-size":  {1 << 10, 1 << 50, sizeLimit, ""},
+	"cache-dir-size":  {64 << 20, 1 << 50, sizeLimit, ""},
+	"max-attempts":    {1, 100, intLimit, ""},
+	"read-timeout":    {int64(time.Second), int64(time.Hour), durationLimit, ""},
+	"min-rate":        {1 << 10, 1 << 30, sizeLimit, ""},
+	"world-size":      {1, 1 << 16, intLimit, ""},
+	"workers":         {1, 256, intLimit, ""},
 }
 
 // documentLimits appends each limited flag's range to its --help text.

@@ -48,6 +48,7 @@ type mountFlags struct {
 	write       writeFlags
 	owner       ownerFlags
 	cacheSize   *byteSize
+	metaBudget  *byteSize
 	blockSize   *byteSize
 	readAhead   *byteSize
 	prefetch    int
@@ -73,8 +74,10 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.owner.register(fs)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
+	f.metaBudget = newByteSize(vfs.DefaultMetadataBudget, false)
 	f.readAhead = newByteSize(vfs.DefaultReadAhead, true)
-	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for object store sources, --prefill and --direct-reads=false; peak RSS stays near this plus ~64 MiB")
+	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for object store sources, --prefill and --direct-reads=false; peak RSS stays near this plus the open views' metadata (at most --metadata-budget) plus ~64 MiB")
+	fs.Var(f.metaBudget, "metadata-budget", "memory for the open views' metadata (chunk indexes): least recently used views are closed beyond it (see README, Memory)")
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
@@ -204,7 +207,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
 	vopts := vfs.Options{Plan: f.view.options(), Logger: log, Writable: f.write.rw, Target: target, Prefill: f.prefill,
-		DirectReads: f.directReads, Objects: objects, StatsMode: f.owner.stats()}
+		DirectReads: f.directReads, Objects: objects, StatsMode: f.owner.stats(), MetadataBudget: f.metaBudget.Int64()}
 	var m *metrics.Metrics
 	if f.metricsAddr != "" {
 		m = metrics.New()
@@ -255,7 +258,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// sets GOGC, since while the cache is still empty it collected every
 	// few MiB of a large .metadata's decode (a quarter of the profile of
 	// opening 100k chunks) to keep a heap far below the limit.
-	debug.SetMemoryLimit(c.Bound() + memoryHeadroom)
+	debug.SetMemoryLimit(memoryLimit(c.Bound(), f.metaBudget.Int64()))
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
 	}

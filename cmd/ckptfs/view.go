@@ -112,7 +112,7 @@ func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) 
 	if err := sf.check(src); err != nil {
 		return nil, nil, err
 	}
-	c, err := layout.OpenAt(context.Background(), src, root, sf.options(blockSize))
+	c, err := layout.OpenAtWith(context.Background(), src, root, sf.options(blockSize), view.OpenOptions(vf.options()))
 	if err != nil {
 		return nil, nil, err
 	}

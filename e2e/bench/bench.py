@@ -745,7 +745,7 @@ def print_table(results):
               f"--direct-reads=false (cache {r['cache_MiB']} MiB + 64 target); "
               f"page cache growth of a load {r['page_cache_growth_x_model']} x model (target <= 1.1; "
               f"a load of the physical copy grows it {r['copy_page_cache_growth_x_model']} x)")
-    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs", "transport", "objectstore", "large"):
+    for k in ("seq", "chunks", "verify", "write", "rss", "tmpfs", "transport", "objectstore", "large", "scale"):
         if k in results:
             print(f"\n{k}: {json.dumps(results[k])}")
 
@@ -757,7 +757,8 @@ def main():
     ap.add_argument("--gib", type=float, default=2)
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,objectstore,large")
+    ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,objectstore,large,scale")
+    ap.add_argument("--scale-ranks", default="64,256,1024,2048", help="the scale section's world sizes")
     ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
                     help="the large section's model (tiny: to try the section out)")
     ap.add_argument("--lever", default="", help="the large section: mount flags measured beside the defaults "
@@ -794,6 +795,10 @@ def main():
         results["objectstore"] = json.loads(r.stdout)
     if "large" in only:
         results["large"] = bench_large(binary, work, a.repeat, a.preset, a.lever.split())
+    if "scale" in only:
+        r = subprocess.run([PY, os.path.join(HERE, "bench_scale.py"), "--bin", binary, "--work", work,
+                            "--ranks", a.scale_ranks], check=True, stdout=subprocess.PIPE, text=True)
+        results["scale"] = json.loads(r.stdout)
     if "rss" in only:
         r = subprocess.run([PY, os.path.join(HERE, "rss_readers.py"), "--bin", binary, "--work", work, "--gib", str(a.gib)],
                            check=True, stdout=subprocess.PIPE, text=True)

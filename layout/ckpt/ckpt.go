@@ -69,6 +69,9 @@ type Checkpoint struct {
 	Format Format
 	// Tensors in checkpoint order (the order of the format's own index).
 	Tensors []*Tensor
+	// Left are tensors of optimizer state the format left out of Tensors
+	// (OpenOptions.LeaveOptimizer), in checkpoint order; never in a view.
+	Left []LeftTensor
 	// Objects are non-tensor items (pickled Python values); never in a view.
 	Objects []Object
 	// Skipped lists tensors that exist but cannot be served, with the reason

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/source"
 )
@@ -367,3 +368,6 @@ func (s *Section) Locate() (Location, bool, error) {
 func (s *Section) String() string {
 	return fmt.Sprintf("%s@%d+%d", s.File.Rel, s.Offset, s.Length)
 }
+
+// ResidentBytes implements Resident.
+func (s *Section) ResidentBytes() int64 { return int64(unsafe.Sizeof(*s)) }

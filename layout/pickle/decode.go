@@ -7,7 +7,9 @@
 // imports or executes anything: GLOBAL/STACK_GLOBAL give a Global name, and
 // REDUCE, NEWOBJ and BUILD on it give an Object that records the class,
 // arguments and state. Callers interpret Objects by class path. Encoder
-// (encode.go) writes the protocol-2 subset torch's files need.
+// (encode.go) writes the protocol-2 subset torch's files need. A caller
+// that wants millions of small objects as flat arrays, not a tree, sets
+// Options.Sink (sink.go), which takes them as they complete.
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.
@@ -44,6 +46,9 @@ type Options struct {
 	MaxStack int
 	// MaxMemo bounds the number of memo entries (default 1<<26).
 	MaxMemo int
+	// Sink, when set, takes objects and dict items as they complete
+	// (sink.go), and the memo keeps only what the pickle gets again.
+	Sink Sink
 	// PersistentLoad resolves BINPERSID persistent ids (torch.save data.pkl
 	// storages). Without it BINPERSID is an error.
 	PersistentLoad func(pid any) (any, error)
@@ -130,6 +135,9 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 		return nil, &Error{Msg: fmt.Sprintf("input larger than %d bytes", opts.MaxInputBytes), Err: ErrLimit}
 	}
 	d := &decoder{data: data, opts: opts}
+	if opts.Sink != nil {
+		d.refs = scanRefs(data, opts)
+	}
 	return d.run()
 }
 
@@ -171,6 +179,11 @@ type decoder struct {
 	memo  memo
 	items int64 // expanded items so far, checked against MaxItems
 	late  bool  // a container grew after it was put somewhere
+	// refs, with a Sink, is the memo: only the entries the pickle gets
+	// again are kept (in refs.kept), and pruned counts every entry put
+	// (nil: memo is the memo).
+	refs   *refs
+	pruned int
 
 	// A .metadata holds millions of small values; one allocation each was
 	// most of the time to decode it. Tuples, objects and dicts come from
@@ -427,6 +440,26 @@ func (d *decoder) pushTuple(items []slot) error {
 }
 
 func (d *decoder) memoPut(idx uint32, s slot) error {
+	if d.refs != nil {
+		// scanRefs saw every put in order: idx is a new entry.
+		if int64(idx) != int64(d.memoLen()) {
+			return d.fail("memo index %d out of order", idx)
+		}
+		if d.memoLen() >= d.opts.MaxMemo {
+			return d.limit("more than %d memo entries", d.opts.MaxMemo)
+		}
+		d.pruned++ // counted here, kept (or not) in refs
+		e, ok := d.refs.at(idx)
+		if !ok {
+			return nil
+		}
+		if n := nodeOf(s.v); n != nil {
+			n.kept = true
+		}
+		s.shared = true
+		*e = s
+		return nil
+	}
 	if !d.memo.has(idx) && d.memo.n >= d.opts.MaxMemo {
 		return d.limit("more than %d memo entries", d.opts.MaxMemo)
 	}
@@ -434,7 +467,17 @@ func (d *decoder) memoPut(idx uint32, s slot) error {
 	return nil
 }
 
+// memoLen is the number of memo entries put: MEMOIZE's index.
+func (d *decoder) memoLen() int { return d.memo.n + d.pruned }
+
 func (d *decoder) memoGet(idx uint32) error {
+	if d.refs != nil {
+		e, ok := d.refs.at(idx)
+		if !ok || !e.shared {
+			return d.fail("memo key %d not found", idx)
+		}
+		return d.pushSlot(*e)
+	}
 	s, ok := d.memo.get(idx)
 	if !ok {
 		return d.fail("memo key %d not found", idx)
@@ -567,6 +610,15 @@ func (d *decoder) setItems(kv []slot) error {
 		}
 		if err := d.put(n, kv[i+1]); err != nil {
 			return err
+		}
+		if d.opts.Sink != nil && n == &dict.node {
+			took, err := d.opts.Sink.SetItem(dict, kv[i].v, kv[i+1].v)
+			if err != nil {
+				return d.sinkErr(err)
+			}
+			if took {
+				continue
+			}
 		}
 		if err := dict.Set(kv[i].v, kv[i+1].v); err != nil {
 			var pe *Error

@@ -175,7 +175,7 @@ func (d *decoder) step() error {
 		if err != nil {
 			return err
 		}
-		return d.memoPut(uint32(d.memo.n), s)
+		return d.memoPut(uint32(d.memoLen()), s)
 	case opBINPUT, opLONG_BINPUT:
 		s, err := d.top()
 		if err != nil {
@@ -227,6 +227,16 @@ func (d *decoder) step() error {
 			return err
 		}
 		obj.State = args[0].v
+		if d.opts.Sink != nil && !obj.placed {
+			v, took, err := d.opts.Sink.Built(obj)
+			if err != nil {
+				return d.sinkErr(err)
+			}
+			if took {
+				d.stack[len(d.stack)-1] = slot{v: v, d: 0, w: 1}
+				release(obj)
+			}
+		}
 		return nil
 	case opBINPERSID:
 		if d.opts.PersistentLoad == nil {

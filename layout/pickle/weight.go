@@ -32,6 +32,7 @@ type node struct {
 	weight int64 // expanded size
 	depth  int32 // nesting depth: 1 + the deepest thing put into it (as slot.d)
 	placed bool  // put into a container; growth after that is "late"
+	kept   bool  // held by the memo (only tracked with a Sink)
 }
 
 func newNode() node { return node{depth: 1, weight: 1} }

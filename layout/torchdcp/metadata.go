@@ -67,6 +67,30 @@ type TensorMetadata struct {
 	// Size is the global shape.
 	Size   []int64
 	Chunks []ChunkMetadata
+
+	// Open's decoding (metadatastream.go) keeps the chunks of a tensor
+	// whose chunks all have its rank as n boxes in flat, offsets then
+	// sizes, and Chunks nil: 48 bytes a chunk less.
+	flat []int64
+	n    int
+}
+
+// numChunks is the number of chunks, in either form.
+func (t *TensorMetadata) numChunks() int {
+	if t.flat != nil {
+		return t.n
+	}
+	return len(t.Chunks)
+}
+
+// chunk returns chunk i's offsets and sizes, in either form.
+func (t *TensorMetadata) chunk(i int) (offsets, sizes []int64) {
+	if t.flat != nil {
+		r := len(t.Size)
+		b := t.flat[2*r*i : 2*r*(i+1) : 2*r*(i+1)]
+		return b[:r:r], b[r:]
+	}
+	return t.Chunks[i].Offsets, t.Chunks[i].Sizes
 }
 
 // TensorProperties is a TensorProperties (5-tuple state, or 6 with strides).

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // BenchmarkDecodeManyChunks decodes the .metadata of a checkpoint of 100k
@@ -52,4 +54,25 @@ func manyChunksMetadata(b *testing.B, n int64) []byte {
 		b.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// BenchmarkOpenScale opens the checkpoint in $CKPTFS_BENCH_SCALE
+// (e2e/bench/gen_scale.py): the stream decoding and the ckpt model.
+func BenchmarkOpenScale(b *testing.B) {
+	dir := os.Getenv("CKPTFS_BENCH_SCALE")
+	if dir == "" {
+		b.Skip("CKPTFS_BENCH_SCALE is not set")
+	}
+	tree, err := source.OpenLocal(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		c, err := OpenTree(tree, Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/cost"
 	"github.com/ckptfs/ckptfs/layout/pickle"
 )
 
@@ -168,6 +169,12 @@ func TestDecodeMetadataBad(t *testing.T) {
 		{"no state", []byte("\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n)\x81."), "field (root): torch.distributed.checkpoint.metadata.Metadata has no dict state"},
 		{"deep nesting", []byte("\x80\x02" + strings.Repeat("]", 1000) + strings.Repeat("a", 999) + "."), "nested deeper than"},
 		{"giant length", []byte("\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f."), "exceeds the limit"},
+		// A memo index of 4G: no memo or bitmap is sized by it.
+		{"giant memo index", []byte("\x80\x04N\x94j\xff\xff\xff\xff."), "memo key 4294967295 not found"},
+		// A list that grows by memo references to itself (a pickle has
+		// no count to claim a billion chunks with; only the memo makes
+		// more values than bytes): refused by the item bound.
+		{"chunks by memo reference", []byte("\x80\x04]\x94(" + strings.Repeat("h\x00", 1000) + "e(" + strings.Repeat("h\x00", 1000) + "e."), "container items"},
 		{"unknown entry class", mutate(t, "TensorStorageMetadata", "TensorStorageMetadatX"),
 			`field state_dict_metadata["f32"]: expected TensorStorageMetadata or BytesStorageMetadata, got object torch.distributed.checkpoint.metadata.TensorStorageMetadatX`},
 		{"unknown properties class", mutate(t, "TensorProperties", "TensorPropertieX"),
@@ -191,6 +198,11 @@ func TestDecodeMetadataBad(t *testing.T) {
 			assert.ErrorContains(t, err, tc.err)
 			assert.True(t, strings.HasPrefix(err.Error(), "torchdcp: .metadata: "), err.Error())
 			assert.ErrorIs(t, err, ckpt.ErrInvalid)
+			// Open's streaming decoder fails the same way, allocating
+			// nothing sized by what the input claims.
+			var took cost.Cost
+			took = cost.Of(func() { checkStream(t, tc.in) })
+			assert.Less(t, took.Alloc, uint64(4*len(tc.in)+(8<<20)), "bytes allocated")
 		})
 	}
 }

@@ -52,8 +52,17 @@ func decodeMetadata(r io.Reader, maxBytes int64) (*Metadata, error) {
 }
 
 func decodeMetadataBytes(data []byte, maxBytes int64) (*Metadata, error) {
+	return decodeMetadataWith(data, maxBytes, nil)
+}
+
+// decodeMetadataWith decodes data, through the stream s when it is not nil
+// (metadatastream.go).
+func decodeMetadataWith(data []byte, maxBytes int64, s *stream) (*Metadata, error) {
 	opts := pickle.Options{MaxInputBytes: maxBytes,
 		MaxItems: max(minMetadataItems, metadataItemsPerByte*int64(len(data)))}
+	if s != nil {
+		opts.Sink = s
+	}
 	v, err := pickle.DecodeBytes(data, opts)
 	if err != nil {
 		var pe *pickle.Error
@@ -62,7 +71,7 @@ func decodeMetadataBytes(data []byte, maxBytes int64) (*Metadata, error) {
 		}
 		return nil, err
 	}
-	return metadataFromValue(v)
+	return metadataFromValue(v, s)
 }
 
 // invalidError marks an error as ckpt.ErrInvalid without changing its text.
@@ -75,7 +84,9 @@ func invalidf(format string, args ...any) error {
 	return &invalidError{err: fmt.Errorf(format, args...)}
 }
 
-func metadataFromValue(v any) (*Metadata, error) {
+// metadataFromValue maps the decoded root onto Metadata; s is the stream
+// that took the chunks and storage entries out of it, or nil.
+func metadataFromValue(v any, s *stream) (*Metadata, error) {
 	root, ok := v.(*pickle.Object)
 	if !ok || !(root.Is(modMetadata, "Metadata") || root.Is(modMCore, "MCoreMetadata")) {
 		return nil, fieldErr("(root)", "expected %s.Metadata, got %s", modMetadata, pickle.TypeName(v))
@@ -90,13 +101,17 @@ func metadataFromValue(v any) (*Metadata, error) {
 	if !ok {
 		return nil, fieldErr("state_dict_metadata", "missing")
 	}
-	if err := m.decodeStateDict(sdm); err != nil {
+	if err := m.decodeStateDict(sdm, s); err != nil {
 		return nil, err
 	}
 	if pd, ok := state.Get("planner_data"); ok {
 		m.decodePlannerData(pd)
 	}
-	if sd, ok := state.Get("storage_data"); ok && sd != nil {
+	sd, ok := state.Get("storage_data")
+	if s != nil && s.storageDict != nil && (!ok || s.storageDict != sd) {
+		return nil, errStream // storage entries outside storage_data
+	}
+	if ok && sd != nil {
 		if err := m.decodeStorageData(sd); err != nil {
 			return nil, err
 		}
@@ -121,7 +136,7 @@ func metadataFromValue(v any) (*Metadata, error) {
 	return m, nil
 }
 
-func (m *Metadata) decodeStateDict(v any) error {
+func (m *Metadata) decodeStateDict(v any, s *stream) error {
 	d, ok := v.(*pickle.Dict)
 	if !ok {
 		return fieldErr("state_dict_metadata", "expected dict, got %s", pickle.TypeName(v))
@@ -134,11 +149,14 @@ func (m *Metadata) decodeStateDict(v any) error {
 		}
 		field := fmt.Sprintf("state_dict_metadata[%q]", fqn)
 		obj, ok := it.Value.(*pickle.Object)
+		tr, isRef := it.Value.(tensorRef)
 		switch {
+		case isRef && s != nil:
+			m.Items = append(m.Items, Item{FQN: fqn, Tensor: tr.t.t})
 		case ok && obj.Is(modMetadata, "BytesStorageMetadata"):
 			m.Items = append(m.Items, Item{FQN: fqn})
 		case ok && obj.Is(modMetadata, "TensorStorageMetadata"):
-			t, err := decodeTensor(field, obj)
+			t, err := decodeTensor(field, obj, decodeChunkAt)
 			if err != nil {
 				return err
 			}
@@ -218,7 +236,11 @@ func decodeChunk(v any) (ChunkMetadata, error) {
 	return c, nil
 }
 
-func decodeTensor(field string, obj *pickle.Object) (*TensorMetadata, error) {
+// decodeChunkAt decodes chunk i of a tensor's chunks list: decodeChunk.
+func decodeChunkAt(_ int, v any) (ChunkMetadata, error) { return decodeChunk(v) }
+
+// decodeTensor decodes a TensorStorageMetadata, its chunks with chunk.
+func decodeTensor(field string, obj *pickle.Object, chunk func(i int, v any) (ChunkMetadata, error)) (*TensorMetadata, error) {
 	st, err := stateOf(field, obj)
 	if err != nil {
 		return nil, err
@@ -248,7 +270,7 @@ func decodeTensor(field string, obj *pickle.Object) (*TensorMetadata, error) {
 	}
 	t.Chunks = make([]ChunkMetadata, 0, len(l.Items))
 	for i, cv := range l.Items {
-		c, err := decodeChunk(cv)
+		c, err := chunk(i, cv)
 		if err != nil {
 			return nil, within(fmt.Sprintf("%s[%d]", sub, i), err)
 		}

@@ -5,7 +5,11 @@
 //   - names.go: the format's file names, and which names are its own;
 //     dtypes.go: the dtypes a record can hold (torch's storage classes).
 //   - metadata*.go: the .metadata model, DecodeMetadata (the restricted
-//     pickle VM, every field checked) and EncodeMetadata.
+//     pickle VM, every field checked) and EncodeMetadata;
+//     metadatastream.go: how Open decodes it: the VM hands each chunk and
+//     storage entry to a sink that keeps them in flat per-tensor arrays
+//     (no tree of pickle values, no map of storage keys), with the same
+//     field decoders, and the general decoder's answer for anything else.
 //   - record*.go: a chunk's record (a torch.save archive), located
 //     (record.go) and read in place (recordsource.go), and written
 //     (recordwrite.go: RecordWriter).
@@ -14,7 +18,9 @@
 //
 // Open parses .metadata and checks everything that is cheap to check
 // (storage entries, file confinement and sizes, chunk tiling) without
-// reading shard contents. Each chunk's bytes live inside a torch.save zip
+// reading shard contents. Optimizer state (by planner_data) that the
+// caller will not show (ckpt.OpenOptions) is checked the same way, then
+// kept only as ckpt.Left. Each chunk's bytes live inside a torch.save zip
 // record; where exactly is found on the chunk's first read and remembered.
 // The commit protocol of a writer (placement, numbering, .metadata written
 // last) is dcpwrite's.
@@ -37,6 +43,10 @@ type Options struct {
 	TempDir string
 	// MaxMetadataBytes bounds the .metadata file (default 1 GiB).
 	MaxMetadataBytes int64
+	// Open says what the caller will use (ckpt.OpenOptions): optimizer
+	// state (by planner_data) left out of Tensors is checked as the other
+	// tensors are, then kept only as a ckpt.LeftTensor.
+	Open ckpt.OpenOptions
 }
 
 // Reader is the torch DCP format.
@@ -54,6 +64,10 @@ func (reader) Internal(name string) bool { return IsInternal(name) }
 
 func (reader) Open(dir source.Tree) (*ckpt.Checkpoint, error) { return OpenTree(dir, Options{}) }
 
+func (reader) OpenWith(dir source.Tree, o ckpt.OpenOptions) (*ckpt.Checkpoint, error) {
+	return OpenTree(dir, Options{Open: o})
+}
+
 // Detect reports whether dir has a .metadata (a link to one that leads
 // outside the source counts, so that Open reports it).
 func Detect(dir source.Tree) bool { return source.Exists(dir, MetadataFile) }
@@ -67,27 +81,37 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	if opts.MaxMetadataBytes <= 0 {
 		opts.MaxMetadataBytes = DefaultMaxMetadataBytes
 	}
-	b, err := source.ReadFile(dir, MetadataFile, opts.MaxMetadataBytes)
+	var m *Metadata
+	var st *stream
+	err := withMetadata(dir, opts.MaxMetadataBytes, func(b []byte) error {
+		var err error
+		if m, st, err = decodeMetadataStream(b, opts.MaxMetadataBytes); err != nil {
+			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("torchdcp: %w", err)
+		return nil, err
 	}
-	m, err := decodeMetadataBytes(b, opts.MaxMetadataBytes)
-	if err != nil {
-		return nil, fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
-	}
-	return OpenDecoded(dir, m, opts)
+	return openDecoded(dir, m, st, opts)
 }
 
 // OpenDecoded opens the DCP checkpoint in dir whose .metadata m is, decoded
 // already (OpenTree, or a writer's view of what it has just committed,
 // without reading .metadata back), checking m against the files in dir.
 func OpenDecoded(dir source.Tree, m *Metadata, opts Options) (*ckpt.Checkpoint, error) {
+	return openDecoded(dir, m, nil, opts)
+}
+
+// openDecoded is OpenDecoded of m, whose storage entries are st's when st
+// is not nil (metadatastream.go).
+func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.Checkpoint, error) {
 	if opts.Format == "" {
 		opts.Format = ckpt.FormatTorchDCP
 	}
 	where := dir.Path(MetadataFile)
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: opts.Format, Files: ckpt.NewFileSet(dir)}
-	b := builder{m: m, c: c, opts: opts}
+	b := builder{m: m, st: st, c: c, opts: opts}
 	var unknown []string // "name (torch.X)" of tensors whose dtype torch does not have
 	for _, it := range m.Items {
 		if it.Tensor != nil && !knownDType(it.Tensor.Properties.DType) {
@@ -131,13 +155,18 @@ func firstFew(names []string, n int) []string {
 
 type builder struct {
 	m    *Metadata
+	st   *stream // where the storage entries are, when not in m
 	c    *ckpt.Checkpoint
 	opts Options
 	next int // the storage entry after the last one looked up: see lookupFrom
 }
 
-// lookup is m.Lookup, trying the entry after the last one found first.
-func (b *builder) lookup(fqn string, offset []int64) (StorageInfo, bool) {
+// lookup is m.Lookup of chunk i of tensor fqn, at offset (i < 0, offset
+// nil: the object fqn), trying the entry after the last one found first.
+func (b *builder) lookup(fqn string, i int, offset []int64) (StorageInfo, bool) {
+	if b.st != nil {
+		return b.st.lookup(fqn, i)
+	}
 	i, ok := b.m.lookupFrom(b.next, fqn, offset)
 	if !ok {
 		return StorageInfo{}, false
@@ -183,7 +212,7 @@ func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error)
 
 func (b *builder) object(fqn string) error {
 	what := fmt.Sprintf("object %q", fqn)
-	info, ok := b.lookup(fqn, nil)
+	info, ok := b.lookup(fqn, -1, nil)
 	if !ok {
 		return invalidf("%s has no storage_data entry", what)
 	}
@@ -215,21 +244,28 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		return nil
 	}
 	t := &ckpt.Tensor{Name: fqn, Path: b.m.PlannerData[fqn], DType: dt, Shape: tm.Size,
-		Chunks: make([]ckpt.Chunk, len(tm.Chunks))}
-	for i, cm := range tm.Chunks {
-		t.Chunks[i] = ckpt.Chunk{Offsets: cm.Offsets, Sizes: cm.Sizes}
+		Chunks: make([]ckpt.Chunk, tm.numChunks())}
+	for i := range t.Chunks {
+		t.Chunks[i].Offsets, t.Chunks[i].Sizes = tm.chunk(i)
 	}
 	// Tiling first: it also bounds every size used below.
 	if err := t.Validate(); err != nil {
 		return err
 	}
+	// Optimizer state the caller will not show is checked as the others,
+	// then described and dropped.
+	leave := b.opts.Open.LeaveOptimizer && ckpt.IsOptimizerPath(t.Path)
 	// One allocation for the sources of all chunks: a tensor can have
 	// hundreds of thousands.
-	srcs := make([]recordSource, len(t.Chunks))
+	var srcs []recordSource
+	if !leave {
+		srcs = make([]recordSource, len(t.Chunks))
+	}
+	rt := &recordTensor{name: fqn, dtype: tm.Properties.DType, elemSize: elem, tmpDir: b.opts.TempDir, files: b.c.Files}
 	for i := range t.Chunks {
 		ch := &t.Chunks[i]
 		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
-		info, ok := b.lookup(fqn, ch.Offsets)
+		info, ok := b.lookup(fqn, i, ch.Offsets)
 		if !ok {
 			return invalidf("%s has no storage_data entry", what())
 		}
@@ -247,13 +283,16 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 			return invalidf("%s stored in %s@%d+%d: record too short for %d bytes of data",
 				what(), f.Rel, info.Offset, info.Length, nbytes)
 		}
-		srcs[i] = recordSource{
-			file: f, off: info.Offset, length: info.Length, zstd: zstd,
-			want:   recordWant{DType: tm.Properties.DType, ElemSize: elem, Sizes: ch.Sizes},
-			nbytes: nbytes, tensor: fqn, offsets: ch.Offsets,
-			tmpDir: b.opts.TempDir, files: b.c.Files,
+		if leave {
+			continue
 		}
+		srcs[i] = recordSource{t: rt, file: f, off: info.Offset, length: info.Length, zstd: zstd,
+			nbytes: nbytes, sizes: ch.Sizes, offsets: ch.Offsets}
 		ch.Source = &srcs[i]
+	}
+	if leave {
+		b.c.Left = append(b.c.Left, ckpt.Leave(t))
+		return nil
 	}
 	b.c.Tensors = append(b.c.Tensors, t)
 	return nil

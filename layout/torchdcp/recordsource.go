@@ -14,6 +14,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -50,20 +51,33 @@ func crcMismatch(entry string, want, got uint32, how string) error {
 // of the whole chunk when the chunk is the entry (as DCP writes it), and
 // when a zstd record is decompressed. Verify checks it on demand.
 type recordSource struct {
+	t       *recordTensor
 	file    *ckpt.File
 	off     int64 // record offset in file
 	length  int64 // record length in file
-	zstd    bool
-	want    recordWant
 	nbytes  int64 // chunk bytes
-	tensor  string
+	sizes   []int64
 	offsets []int64 // the chunk's, for messages
-	tmpDir  string
-	files   *ckpt.FileSet // owns the scratch file of a large zstd record
+	zstd    bool
 
 	mu  sync.Mutex
 	loc *chunkBytes // GUARDED_BY(mu); set once located
 	err error       // GUARDED_BY(mu); a lasting failure (bad record, changed source)
+}
+
+// recordTensor is what the sources of one tensor's chunks share (a
+// checkpoint of many ranks has hundreds of thousands of sources).
+type recordTensor struct {
+	name     string
+	dtype    string // torch dtype name
+	elemSize int64
+	tmpDir   string
+	files    *ckpt.FileSet // owns the scratch file of a large zstd record
+}
+
+// want is what the metadata says the source's record must hold.
+func (s *recordSource) want() recordWant {
+	return recordWant{DType: s.t.dtype, ElemSize: s.t.elemSize, Sizes: s.sizes}
 }
 
 // chunkBytes is a located chunk: readers of its bytes and of the whole data
@@ -157,7 +171,7 @@ func (s *recordSource) Verify() error {
 	}
 	sum, err := crcOf(loc.entry)
 	if err != nil {
-		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.tensor, formatOffsets(s.offsets), loc.name, err)
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets), loc.name, err)
 	}
 	return s.checkCRC(loc, sum)
 }
@@ -175,7 +189,7 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 	if got == loc.crc {
 		return nil
 	}
-	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, formatOffsets(s.offsets), crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets), crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
 }
 
 // located finds the chunk's bytes on first use and remembers where they
@@ -197,7 +211,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 		var at recordLoc
 		err = s.file.Batch(func(r io.ReaderAt) error {
 			var err error
-			at, err = locateRecord(io.NewSectionReader(r, s.off, s.length), s.length, s.want)
+			at, err = locateRecord(io.NewSectionReader(r, s.off, s.length), s.length, s.want())
 			return err
 		})
 		if err == nil {
@@ -208,7 +222,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 		s.loc = loc
 		return loc, nil
 	}
-	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.tensor, formatOffsets(s.offsets), err)
+	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets), err)
 	var pathErr *fs.PathError
 	var errno syscall.Errno
 	switch {
@@ -224,7 +238,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 
 // resolve locates the chunk in the record read through r.
 func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
-	at, err := locateRecord(r, size, s.want)
+	at, err := locateRecord(r, size, s.want())
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +281,7 @@ func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 	if n <= memRecordLimit {
 		r = bytes.NewReader(buf.Bytes())
 	} else {
-		tmp, err := os.CreateTemp(s.tmpDir, "ckptfs-zstd-*")
+		tmp, err := os.CreateTemp(s.t.tmpDir, "ckptfs-zstd-*")
 		if err != nil {
 			return nil, err
 		}
@@ -291,8 +305,8 @@ func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 			return nil, fmt.Errorf("zstd: record decompresses to more than %d bytes", limit)
 		}
 		ok = true
-		if s.files != nil {
-			s.files.Adopt(tmp)
+		if s.t.files != nil {
+			s.t.files.Adopt(tmp)
 		}
 		r = tmp
 	}
@@ -319,3 +333,15 @@ var torchOnlyDTypes = torchzip.TorchOnlyDTypes
 
 // dtypeOf maps a torch dtype name to safetensors and its element size.
 func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DType(torch) }
+
+// ResidentBytes implements ckpt.Resident: the source, and what locating it
+// added.
+func (s *recordSource) ResidentBytes() int64 {
+	n := int64(unsafe.Sizeof(*s))
+	s.mu.Lock()
+	if s.loc != nil {
+		n += int64(unsafe.Sizeof(*s.loc)+unsafe.Sizeof(io.SectionReader{})) + int64(len(s.loc.name))
+	}
+	s.mu.Unlock()
+	return n
+}

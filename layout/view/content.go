@@ -55,8 +55,11 @@ func (g *geometry) origin() Origin           { return Origin{Sources: []string{g
 
 func (g *geometry) backing() []*ckpt.File {
 	var out []*ckpt.File
-	for _, c := range g.chunks {
-		if b, ok := c.src.(ckpt.Backed); ok && b.Backing() != nil {
+	for _, c := range g.tensor.Chunks {
+		if n, _ := ckpt.NumElements(c.Sizes); n == 0 {
+			continue // holds no bytes (boxes leaves it out)
+		}
+		if b, ok := c.Source.(ckpt.Backed); ok && b.Backing() != nil {
 			out = append(out, b.Backing())
 		}
 	}

@@ -3,6 +3,8 @@ package view
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/box"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -14,11 +16,17 @@ import (
 // one extent per chunk, scattered run by run when the chunk is not one run
 // (readplan.go reads them).
 
-// geometry is the precomputed layout of one tensor.
+// geometry is the layout of one tensor, its chunks' boxes computed on the
+// first read (boxes): a view of a checkpoint of millions of chunks lists
+// and opens without them, and holds them only for the tensors read.
 type geometry struct {
 	tensor *ckpt.Tensor
 	bytes  int64 // total bytes
-	chunks []chunkGeometry
+
+	once   sync.Once
+	chunks []chunkGeometry // set by once
+	err    error           // set by once
+	built  atomic.Int64    // the bytes chunks holds, once set
 }
 
 type chunkGeometry struct {
@@ -31,17 +39,29 @@ func newGeometry(t *ckpt.Tensor) (*geometry, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	g := &geometry{tensor: t, bytes: t.ByteSize()}
-	for _, c := range t.Chunks {
-		b, err := box.New(t.Shape, int64(t.DType.Size()), box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
-		if err != nil {
-			return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
+	return &geometry{tensor: t, bytes: t.ByteSize()}, nil
+}
+
+// boxes returns the geometry of each chunk that holds bytes, computed once.
+func (g *geometry) boxes() ([]chunkGeometry, error) {
+	g.once.Do(func() {
+		t := g.tensor
+		var chunks []chunkGeometry
+		for _, c := range t.Chunks {
+			b, err := box.New(t.Shape, int64(t.DType.Size()), box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
+			if err != nil {
+				g.err = fmt.Errorf("tensor %q: %w", t.Name, err)
+				return
+			}
+			if b.Bytes() > 0 { // empty chunks hold no bytes
+				chunks = append(chunks, chunkGeometry{src: c.Source, box: b, at: c.Offsets})
+			}
 		}
-		if b.Bytes() > 0 { // empty chunks hold no bytes
-			g.chunks = append(g.chunks, chunkGeometry{src: c.Source, box: b, at: c.Offsets})
-		}
-	}
-	return g, nil
+		g.chunks = chunks
+		per := int64(unsafe.Sizeof(chunkGeometry{})+unsafe.Sizeof(box.Geometry{})) + 4*8*int64(len(t.Shape)+1)
+		g.built.Store(int64(cap(chunks)) * per)
+	})
+	return g.chunks, g.err
 }
 
 // bufPool recycles scratch buffers so a read allocates nothing in the
@@ -75,8 +95,12 @@ func (g *geometry) plan(p *readPlan, dst []byte, pos int64) error {
 	if pos < 0 || end > g.bytes {
 		return fmt.Errorf("layout: tensor %q: range [%d, %d) outside %d bytes", g.tensor.Name, pos, end, g.bytes)
 	}
-	for i := range g.chunks {
-		c := &g.chunks[i]
+	chunks, err := g.boxes()
+	if err != nil {
+		return err
+	}
+	for i := range chunks {
+		c := &chunks[i]
 		l0, l1 := c.box.CountBefore(pos), c.box.CountBefore(end)
 		if l0 == l1 {
 			continue

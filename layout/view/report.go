@@ -99,5 +99,13 @@ func NewReport(c *ckpt.Checkpoint, v *View) Report {
 		}
 		r.Tensors = append(r.Tensors, tr)
 	}
+	for _, t := range c.Left {
+		tr := TensorReport{Name: t.Name, DType: string(t.DType), Shape: t.Shape,
+			Chunks: t.Chunks, ShardedDims: t.ShardedDims, Bytes: t.Bytes}
+		if tr.ShardedDims == nil {
+			tr.ShardedDims = []int{}
+		}
+		r.Tensors = append(r.Tensors, tr)
+	}
 	return r
 }

@@ -2,7 +2,7 @@ package view
 
 import (
 	"fmt"
-	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -22,18 +22,6 @@ import (
 //     "optimizer_states", "optimizer_0", ..., at any level) is never shown
 //     as weights.
 //   - Every tensor left out is listed with the reason (View.Omitted).
-
-// optimizerKeys are keys whose subtrees are optimizer state, at any level
-// of a saved nesting, as frameworks save it: {"optimizer": ...} (DCP,
-// KempnerForge), "optim" (NeMo), "optimizers" (Composer's
-// state.optimizers), "optimizer_states" (Lightning's .ckpt),
-// "optimizer_state_dict" (the torch tutorials' dict), "opt".
-var optimizerKeys = map[string]bool{"optimizer": true, "optim": true, "optimizers": true, "opt": true,
-	"optimizer_states": true, "optimizer_state_dict": true}
-
-// optimizerIndexed is Lightning's key for its N-th optimizer in a sharded
-// save ({"model": ..., "optimizer_0": ...}).
-var optimizerIndexed = regexp.MustCompile(`^optimizer_[0-9]+$`)
 
 // modelRoots are the subtrees a model is saved under in a nested state, in
 // the order they are looked for: {"model", "optimizer"} (DCP, torch
@@ -56,15 +44,19 @@ func savedRoot(t *ckpt.Tensor) (string, bool) {
 	return "", false
 }
 
-// isOptimizerState reports whether t was saved under an optimizer key, at
-// any level of its saved nesting.
-func isOptimizerState(t *ckpt.Tensor) bool {
-	for _, k := range t.Path[:max(len(t.Path)-1, 0)] {
-		if optimizerKeys[k] || optimizerIndexed.MatchString(k) {
-			return true
-		}
-	}
-	return false
+func isOptimizerState(t *ckpt.Tensor) bool { return ckpt.IsOptimizerPath(t.Path) }
+
+// OpenOptions is what a checkpoint planned with o needs opened: without
+// optimizer state unless o may show it, or checks every chunk (Verify).
+func OpenOptions(o Options) ckpt.OpenOptions {
+	return ckpt.OpenOptions{LeaveOptimizer: !NeedsOptimizer(o.Select) && !o.Verify}
+}
+
+// NeedsOptimizer reports whether a view of Select sel may show optimizer
+// state, so that its checkpoint must be opened with it
+// (ckpt.OpenOptions.LeaveOptimizer false).
+func NeedsOptimizer(sel string) bool {
+	return sel == SelectAll || slices.ContainsFunc(strings.Split(sel, "."), ckpt.IsOptimizerKey)
 }
 
 // modelRoot returns the subtree of modelRoots some tensor of c was saved
@@ -126,6 +118,12 @@ func selectTensors(c *ckpt.Checkpoint, sel string) ([]named, []Omission, error) 
 		}
 		seen[name] = true
 		out = append(out, named{name, t})
+	}
+	if len(c.Left) > 0 && NeedsOptimizer(sel) {
+		return nil, nil, fmt.Errorf("layout: %s: opened without its optimizer state, which --select %q may show", c.Dir, sel)
+	}
+	for _, t := range c.Left {
+		omitted = append(omitted, Omission{Name: t.Name, Reason: "optimizer state", Optimizer: true})
 	}
 	return out, omitted, nil
 }

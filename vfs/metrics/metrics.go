@@ -190,6 +190,8 @@ var stats = []stat{
 	{newDesc("cache_buffers_reused_total", "Fills into a kept block buffer instead of a fresh one (.ckptfs cache.buffers_reused)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.BuffersReused }, ""},
 	{newDesc("read_ahead_issued_total", "Blocks queued for read-ahead (.ckptfs cache.read_ahead_issued)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadIssued }, ""},
 	{newDesc("read_ahead_hits_total", "Read-ahead blocks later used by a read (.ckptfs cache.read_ahead_hits)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadHits }, ""},
+	{newDesc("metadata_bytes", "Resident metadata of the open views (.ckptfs metadata_bytes), within --metadata-budget."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.MetadataBytes }, ""},
+	{newDesc("metadata_budget_bytes", "The metadata budget (.ckptfs metadata_budget): views are closed beyond it."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.MetadataBudget }, ""},
 	{newDesc("read_ahead_dropped_total", "Read-ahead blocks dropped because the queue or the foreground was busy (.ckptfs cache.read_ahead_dropped)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.ReadAheadDropped }, ""},
 }
 

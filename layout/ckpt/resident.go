@@ -1,0 +1,60 @@
+package ckpt
+
+import "unsafe"
+
+// Resident memory of an open checkpoint: what its index holds while it is
+// open, counted from its own slices and strings (not measured), so that a
+// mount can bound the metadata of its open views by bytes
+// (vfs.Options.MetadataBudget). It counts what grows with the checkpoint:
+// tensors, chunks, their sources, left and skipped tensors, objects.
+
+// Resident is a Source that can say how many bytes it holds in memory
+// besides what its chunk's Offsets and Sizes hold.
+type Resident interface {
+	ResidentBytes() int64
+}
+
+// defaultSourceBytes is counted for a source that does not say.
+const defaultSourceBytes = 64
+
+// ResidentBytes estimates the bytes c's index holds in memory.
+func (c *Checkpoint) ResidentBytes() int64 {
+	if c == nil {
+		return 0
+	}
+	n := int64(unsafe.Sizeof(*c))
+	for _, t := range c.Tensors {
+		n += int64(unsafe.Sizeof(*t)) + int64(len(t.Name)) + pathBytes(t.Path) + 8*int64(len(t.Shape))
+		n += int64(len(t.Chunks)) * int64(unsafe.Sizeof(Chunk{}))
+		for i := range t.Chunks {
+			ch := &t.Chunks[i]
+			n += 8 * int64(cap(ch.Offsets)+cap(ch.Sizes))
+			if r, ok := ch.Source.(Resident); ok {
+				n += r.ResidentBytes()
+			} else if ch.Source != nil {
+				n += defaultSourceBytes
+			}
+		}
+	}
+	for _, t := range c.Left {
+		n += int64(unsafe.Sizeof(t)) + int64(len(t.Name)) + pathBytes(t.Path) + 8*int64(len(t.Shape)+len(t.ShardedDims))
+	}
+	for _, s := range c.Skipped {
+		n += int64(unsafe.Sizeof(s)) + int64(len(s.Name)+len(s.Reason))
+	}
+	for _, o := range c.Objects {
+		n += int64(unsafe.Sizeof(o)) + int64(len(o.Name)+len(o.Source)) + pathBytes(o.Path) + defaultSourceBytes
+	}
+	for _, p := range c.Parts {
+		n += p.ResidentBytes()
+	}
+	return n
+}
+
+func pathBytes(p []string) int64 {
+	n := int64(16 * len(p))
+	for _, s := range p {
+		n += int64(len(s))
+	}
+	return n
+}

@@ -1,0 +1,301 @@
+package torchdcp
+
+import (
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/ckptfs/ckptfs/layout/pickle"
+)
+
+// Decoding a .metadata for opening: the restricted pickle VM hands each
+// chunk, index and storage info to a sink (pickle.Sink) as it completes,
+// which keeps them in flat per-tensor arrays, so that a .metadata of
+// millions of chunks never becomes a tree of millions of pickle values, or
+// a map of millions of storage keys. The fields are read by the same
+// decoders as DecodeMetadata's (metadataread.go), and the root by the same
+// mapping; a file the stream cannot take (an object shared through the
+// memo, storage entries before their tensors are named, anything it finds
+// wrong) is decoded again the general way, whose result or error is the
+// one returned: the stream is never more lenient, and its errors are the
+// general decoder's.
+
+// stream is the pickle.Sink of a .metadata decoding, and afterwards the
+// storage of every chunk.
+type stream struct {
+	// Chunks built and not yet claimed by a TensorStorageMetadata: their
+	// offsets then sizes, rank each, back to back in pendDims.
+	pendDims []int64
+	pendRank []int32
+	pendBase int // chunkRef of pend[0]
+
+	tensors []*streamTensor
+	byFQN   map[string]*streamTensor
+	// objects are the storage of entries without offsets (BYTE_IO).
+	objects map[string]StorageInfo
+	// late are storage entries that came before their tensor was named.
+	late []streamEntry
+
+	files   []string // relative paths, by storedChunk.file
+	fileIdx map[string]int32
+	xforms  [][]string // transform descriptor lists; 0 is none
+	xformIx map[string]uint32
+
+	storageDict *pickle.Dict // the dict the storage entries went into
+}
+
+// streamTensor is one TensorStorageMetadata and the storage of its chunks.
+type streamTensor struct {
+	t     *TensorMetadata
+	fqn   string
+	store []storedChunk
+	order []int32 // chunk indices sorted by offsets, made on first look-up
+}
+
+// storedChunk is where a chunk's record is: file -1 when no storage entry
+// names it.
+type storedChunk struct {
+	file   int32
+	xform  uint32
+	off    int64
+	length int64
+}
+
+// The values the sink leaves in the pickle in place of what it took; their
+// own types, so nothing in the file can forge them.
+type (
+	chunkRef  int
+	tensorRef struct{ t *streamTensor }
+	indexRef  struct{ idx Index }
+	infoRef   struct{ info StorageInfo }
+)
+
+type streamEntry struct {
+	idx  Index
+	info StorageInfo
+}
+
+// errStream is a file the stream does not take; decoding is redone the
+// general way.
+var errStream = errors.New("not streamable")
+
+func newStream() *stream {
+	return &stream{byFQN: map[string]*streamTensor{}, objects: map[string]StorageInfo{},
+		fileIdx: map[string]int32{}, xforms: [][]string{nil}, xformIx: map[string]uint32{}}
+}
+
+// Built implements pickle.Sink.
+func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
+	switch {
+	case obj.Is(modMetadata, "ChunkStorageMetadata"):
+		c, err := decodeChunk(obj)
+		if err != nil {
+			return nil, false, err
+		}
+		if len(c.Offsets) != len(c.Sizes) {
+			return nil, false, errStream // the general way says which
+		}
+		s.pendDims = append(append(s.pendDims, c.Offsets...), c.Sizes...)
+		s.pendRank = append(s.pendRank, int32(len(c.Offsets)))
+		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
+	case obj.Is(modMetadata, "TensorStorageMetadata"):
+		st, err := s.tensor(obj)
+		if err != nil {
+			return nil, false, err
+		}
+		return tensorRef{st}, true, nil
+	case obj.Is(modMetadata, "MetadataIndex"):
+		idx, err := decodeIndex(obj)
+		if err != nil {
+			return nil, false, err
+		}
+		return &indexRef{idx}, true, nil
+	case obj.Is(modFilesystem, "_StorageInfo"):
+		info, err := decodeStorageInfo(obj)
+		if err != nil {
+			return nil, false, err
+		}
+		return &infoRef{info}, true, nil
+	}
+	return nil, false, nil
+}
+
+// tensor decodes a TensorStorageMetadata whose chunks are the pending
+// ones, in order, and copies their dims into one array of its own.
+func (s *stream) tensor(obj *pickle.Object) (*streamTensor, error) {
+	var pos, n int
+	var dims []int64
+	claim := func(i int, v any) (ChunkMetadata, error) {
+		ref, ok := v.(chunkRef)
+		if !ok || int(ref) != s.pendBase+i || i >= len(s.pendRank) {
+			return ChunkMetadata{}, errStream
+		}
+		r := int(s.pendRank[i])
+		c := ChunkMetadata{Offsets: dims[pos : pos+r : pos+r], Sizes: dims[pos+r : pos+2*r : pos+2*r]}
+		pos += 2 * r
+		n++
+		return c, nil
+	}
+	// The dims of every pending chunk, copied once: the chunks claimed
+	// are the first ones, in order (claim checks).
+	dims = append(make([]int64, 0, len(s.pendDims)), s.pendDims...)
+	t, err := decodeTensor("", obj, claim)
+	if err != nil {
+		return nil, err
+	}
+	if n != len(s.pendRank) {
+		return nil, errStream // chunks built outside any tensor's list
+	}
+	if !slices.ContainsFunc(s.pendRank, func(r int32) bool { return int(r) != len(t.Size) }) {
+		t.flat, t.n, t.Chunks = dims, n, nil
+	}
+	s.pendBase += n
+	s.pendDims, s.pendRank = s.pendDims[:0], s.pendRank[:0]
+	st := &streamTensor{t: t, store: make([]storedChunk, n)}
+	for i := range st.store {
+		st.store[i].file = -1
+	}
+	s.tensors = append(s.tensors, st)
+	return st, nil
+}
+
+// SetItem implements pickle.Sink: it names tensors (state_dict_metadata
+// items) and takes storage entries.
+func (s *stream) SetItem(dict *pickle.Dict, key, value any) (bool, error) {
+	if tr, ok := value.(tensorRef); ok {
+		fqn, ok := key.(string)
+		if !ok || tr.t.fqn != "" || s.byFQN[fqn] != nil {
+			return false, errStream
+		}
+		tr.t.fqn = fqn
+		s.byFQN[fqn] = tr.t
+		return false, nil
+	}
+	ir, ok := key.(*indexRef)
+	if !ok {
+		return false, nil
+	}
+	fr, ok := value.(*infoRef)
+	if !ok || (s.storageDict != nil && s.storageDict != dict) {
+		return false, errStream
+	}
+	s.storageDict = dict
+	if !s.put(ir.idx, fr.info) {
+		s.late = append(s.late, streamEntry{ir.idx, fr.info})
+	}
+	return true, nil
+}
+
+// put records a storage entry; false when its tensor is not named yet. A
+// later entry of the same key replaces an earlier one, as in Python.
+func (s *stream) put(idx Index, info StorageInfo) bool {
+	if idx.Offset == nil {
+		s.objects[idx.FQN] = info
+		return true
+	}
+	st := s.byFQN[idx.FQN]
+	if st == nil {
+		return false
+	}
+	sc := storedChunk{file: s.file(info.RelativePath), xform: s.xform(info.TransformDescriptors),
+		off: info.Offset, length: info.Length}
+	for _, i := range st.find(idx.Offset) {
+		st.store[i] = sc
+	}
+	return true
+}
+
+func (s *stream) file(rel string) int32 {
+	if i, ok := s.fileIdx[rel]; ok {
+		return i
+	}
+	i := int32(len(s.files))
+	s.files = append(s.files, rel)
+	s.fileIdx[rel] = i
+	return i
+}
+
+func (s *stream) xform(desc []string) uint32 {
+	if desc == nil {
+		return 0
+	}
+	key := strings.Join(desc, "\x00") + "\x00"
+	if i, ok := s.xformIx[key]; ok {
+		return i
+	}
+	i := uint32(len(s.xforms))
+	s.xforms = append(s.xforms, desc)
+	s.xformIx[key] = i
+	return i
+}
+
+// find returns the chunks whose offsets are offs (more than one only when
+// chunks repeat, which Validate reports).
+func (st *streamTensor) find(offs []int64) []int32 {
+	at := func(i int32) []int64 { o, _ := st.t.chunk(int(i)); return o }
+	if st.order == nil {
+		st.order = make([]int32, st.t.numChunks())
+		for i := range st.order {
+			st.order[i] = int32(i)
+		}
+		slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(at(a), at(b)) })
+	}
+	lo, _ := slices.BinarySearchFunc(st.order, offs, func(i int32, o []int64) int { return slices.Compare(at(i), o) })
+	hi := lo
+	for hi < len(st.order) && slices.Equal(at(st.order[hi]), offs) {
+		hi++
+	}
+	return st.order[lo:hi]
+}
+
+// finish places the storage entries that came early, once decoding ended
+// and every tensor is named, and checks that every tensor was.
+func (s *stream) finish() error {
+	for _, e := range s.late {
+		s.put(e.idx, e.info) // a tensor never named: torch ignores the entry too
+	}
+	s.late = nil
+	for _, st := range s.tensors {
+		if st.fqn == "" {
+			return errStream // a tensor outside state_dict_metadata
+		}
+		st.order = nil
+	}
+	if len(s.pendRank) > 0 {
+		return errStream
+	}
+	return nil
+}
+
+// lookup is the storage of chunk i of the tensor fqn (i < 0: the object
+// fqn), as Metadata.Lookup finds it.
+func (s *stream) lookup(fqn string, i int) (StorageInfo, bool) {
+	if i < 0 {
+		info, ok := s.objects[fqn]
+		return info, ok
+	}
+	st := s.byFQN[fqn]
+	if st == nil || i >= len(st.store) || st.store[i].file < 0 {
+		return StorageInfo{}, false
+	}
+	sc := st.store[i]
+	return StorageInfo{RelativePath: s.files[sc.file], Offset: sc.off, Length: sc.length,
+		TransformDescriptors: s.xforms[sc.xform]}, true
+}
+
+// decodeMetadataStream decodes data as decodeMetadataBytes does, through
+// a stream, and returns the Metadata without storage entries (Storage is
+// empty; the stream has them).
+func decodeMetadataStream(data []byte, maxBytes int64) (*Metadata, *stream, error) {
+	s := newStream()
+	m, err := decodeMetadataWith(data, maxBytes, s)
+	if err == nil {
+		err = s.finish()
+	}
+	if err != nil {
+		// The general way decides, and words the error.
+		m, err := decodeMetadataBytes(data, maxBytes)
+		return m, nil, err
+	}
+	return m, s, nil
+}
