@@ -88,8 +88,11 @@ func TestLeftOptimizerSameView(t *testing.T) {
 }
 
 func TestNeedsOptimizer(t *testing.T) {
+	// An optimizer key at any level: Composer's state.optimizers, a
+	// Lightning optimizer_0.
 	for sel, want := range map[string]bool{"": false, "model": false, ".": true, "optim": true,
-		"optimizer.state": true, "opt.x": true, "model.optim": false} {
+		"optimizer.state": true, "opt.x": true, "model.optim": true, "state.model": false,
+		"state.optimizers": true, "optimizer_0": true, "optimizer_x": false} {
 		assert.Equal(t, want, NeedsOptimizer(sel), sel)
 	}
 	assert.False(t, OpenOptions(Options{Verify: true}).LeaveOptimizer, "--verify checks every chunk")
