@@ -10,9 +10,7 @@ package azuretest
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
@@ -88,18 +86,7 @@ func (s *Server) Delete(container, key string) error {
 // Upload copies the local directory dir to the container under prefix.
 func (s *Server) Upload(t testing.TB, container, prefix, dir string) {
 	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil || !fi.Mode().IsRegular() {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return s.Put(container, prefix+"/"+filepath.ToSlash(rel), data)
+	objstoretest.UploadDir(t, prefix, dir, func(key string, data []byte) error {
+		return s.Put(container, key, data)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }

@@ -10,9 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"cloud.google.com/go/storage"
@@ -79,18 +77,7 @@ func (s *Server) Delete(bucket, key string) error {
 // Upload copies the local directory dir to the bucket under prefix.
 func (s *Server) Upload(t testing.TB, bucket, prefix, dir string) {
 	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil || !fi.Mode().IsRegular() {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return s.Put(bucket, prefix+"/"+filepath.ToSlash(rel), data)
+	objstoretest.UploadDir(t, prefix, dir, func(key string, data []byte) error {
+		return s.Put(bucket, key, data)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }

@@ -136,3 +136,23 @@ func (p *Process) Kill(t testing.TB) {
 	p.cmd.Process.Kill()
 	p.cmd.Wait()
 }
+
+// UploadDir puts every regular file under the local directory dir with put,
+// keyed prefix/REL (REL slash-separated), and fails t on the first error.
+func UploadDir(t testing.TB, prefix, dir string, put func(key string, data []byte) error) {
+	t.Helper()
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return put(prefix+"/"+filepath.ToSlash(rel), data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

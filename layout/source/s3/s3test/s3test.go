@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 
@@ -102,19 +101,8 @@ func (s *Server) Delete(t testing.TB, bucket, key string) {
 // Upload copies the local directory dir to the bucket under prefix.
 func (s *Server) Upload(t testing.TB, bucket, prefix, dir string) {
 	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil || !fi.Mode().IsRegular() {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		s.Put(t, bucket, prefix+"/"+filepath.ToSlash(rel), data)
+	objstoretest.UploadDir(t, prefix, dir, func(key string, data []byte) error {
+		s.Put(t, bucket, key, data)
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
