@@ -232,11 +232,8 @@ func (h *Handle) readAhead(off, end int64) {
 	endBlk := (end - 1) / bs
 	from := max(s.raNext, endBlk+1)
 	to := min(endBlk+window, h.f.nblocks-1)
-	if from > to {
-		h.mu.Unlock()
-		return
+	if from <= to {
+		s.raNext = c.enqueue(h, from, to)
 	}
-	s.raNext = to + 1
 	h.mu.Unlock()
-	c.enqueue(h, from, to)
 }
