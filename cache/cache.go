@@ -422,8 +422,10 @@ func (e *FillError) Unwrap() error { return e.Err }
 // fill gives back.
 func (c *Cache) fill(f *file, idx int64, owner *Handle) (b *block, led bool, err error) {
 	prefetch := owner != nil
+	var ownerClosed *atomic.Bool
 	staged := false // the reservation went to the staging ring with the block
 	if prefetch {
+		ownerClosed = owner.closed
 		defer func() {
 			if !staged {
 				c.stg.unreserve()
@@ -482,7 +484,7 @@ func (c *Cache) fill(f *file, idx int64, owner *Handle) (b *block, led bool, err
 		}
 		b.refs.Store(1) // the leader's
 		b.prefetched.Store(prefetch)
-		c.stg.put(b, owner)
+		c.stg.put(b, ownerClosed)
 		staged = prefetch
 		b.enterRC()
 		if !c.rc.Set(c.keyFn(f.id, idx), b, n) { // dropped; a rejection comes later, through OnExit
@@ -709,9 +711,9 @@ type staging struct {
 
 type staged struct {
 	b     *block
-	put   uint64  // seq at put
-	order uint64  // clock at put
-	owner *Handle // the handle that read it ahead; nil for a foreground fill
+	put   uint64       // seq at put
+	order uint64       // clock at put
+	owner *atomic.Bool // closed of the handle that read it ahead; nil for a foreground fill
 }
 
 type stagingKey struct {
@@ -734,7 +736,7 @@ func (s *staging) protectFor() uint64 { return uint64(4 * s.capacity) }
 // protected says whether e was read ahead for a reader still expected. Caller
 // holds mu.
 func (s *staging) protected(e *staged) bool {
-	return e.owner != nil && e.b.prefetched.Load() && !e.owner.closed.Load() &&
+	return e.owner != nil && e.b.prefetched.Load() && !e.owner.Load() &&
 		s.seq.Load()-e.put < s.protectFor()
 }
 
@@ -780,9 +782,9 @@ func (s *staging) get(id uint64, idx int64) *block {
 	return nil
 }
 
-// put stages b, filled ahead for owner (nil: by a foreground read), giving
-// back owner's reservation.
-func (s *staging) put(b *block, owner *Handle) {
+// put stages b, filled ahead for a handle (owner is its closed; nil: by a
+// foreground read), giving back the handle's reservation.
+func (s *staging) put(b *block, owner *atomic.Bool) {
 	k := stagingKey{b.id, b.idx}
 	s.mu.Lock()
 	defer s.mu.Unlock()

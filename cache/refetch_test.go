@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // slowSource is a memSource whose every ReadAt takes a while, as a request
@@ -161,4 +162,71 @@ func sampleHeld(c *Cache) (stop func() int64) {
 		}
 	}()
 	return func() int64 { close(done); wg.Wait(); return peak.Load() }
+}
+
+// TestStagingKeepsReadAheadUntilUsed: the staging ring drops the least
+// recently used block that is not a read-ahead block still awaited; such a
+// block stops being protected once used, once its handle is closed, or once
+// it is stale; read-ahead reserves only what leaves keepRead slots.
+func TestStagingKeepsReadAheadUntilUsed(t *testing.T) {
+	blk := func(idx int64, prefetched bool) *block {
+		b := &block{id: 1, idx: idx, data: make([]byte, 8)}
+		b.refs.Store(1)
+		b.prefetched.Store(prefetched)
+		return b
+	}
+	s := newStaging(4)
+	defer s.clear()
+	closed := new(atomic.Bool)
+	require.Equal(t, 2, s.keepRead())
+	require.True(t, s.reserve())
+	require.True(t, s.reserve())
+	assert.False(t, s.reserve(), "two slots are kept for the blocks being read")
+	ahead1, ahead2 := blk(1, true), blk(2, true)
+	s.put(ahead1, closed)
+	s.put(ahead2, closed)
+	assert.False(t, s.reserve(), "read-ahead blocks not yet used take their slots")
+
+	fg1, fg2, fg3 := blk(10, false), blk(11, false), blk(12, false)
+	s.put(fg1, nil)
+	s.put(fg2, nil)
+	s.touch(fg1) // fg2 is now the least recently used
+	s.put(fg3, nil)
+	for _, b := range []*block{ahead1, ahead2, fg1, fg3} {
+		assert.NotNil(t, s.get(1, b.idx), "block %d", b.idx)
+	}
+	assert.Nil(t, s.get(1, fg2.idx), "the least recently used block left, not a read-ahead one")
+
+	ahead1.prefetched.Store(false) // its reader used it
+	s.touch(ahead1)
+	assert.True(t, s.reserve(), "a used block no longer holds read-ahead back")
+	s.unreserve()
+	s.put(blk(13, false), nil)
+	assert.Nil(t, s.get(1, fg1.idx), "used blocks leave least recently used first")
+	assert.NotNil(t, s.get(1, ahead2.idx))
+
+	closed.Store(true) // its handle is gone: nobody will read it
+	s.touch(fg3)
+	s.put(blk(14, false), nil)
+	assert.Nil(t, s.get(1, ahead2.idx), "a closed handle's read-ahead is not protected")
+
+	// A protected block nobody read is dropped once stale.
+	s = newStaging(4)
+	defer s.clear()
+	stale := blk(20, true)
+	require.True(t, s.reserve())
+	s.put(stale, new(atomic.Bool))
+	for i := range s.protectFor() {
+		s.put(blk(100+int64(i), false), nil)
+	}
+	assert.Nil(t, s.get(1, stale.idx), "stale after protectFor fills")
+
+	// With every slot protected, a fill still fits: the oldest goes.
+	s = newStaging(1)
+	defer s.clear()
+	require.True(t, s.reserve(), "a ring of one keeps no slot back")
+	s.put(blk(30, true), new(atomic.Bool))
+	s.put(blk(31, false), nil)
+	assert.Nil(t, s.get(1, 30))
+	assert.Len(t, s.list, 1)
 }
