@@ -24,6 +24,9 @@ type block struct {
 	// prefetched is set when read-ahead filled the block and cleared by the
 	// first foreground read that uses it (ReadAheadHits counts those).
 	prefetched atomic.Bool
+	// lastUse is the staging ring's clock at the block's last foreground
+	// use (or its fill).
+	lastUse atomic.Uint64
 
 	refs atomic.Int32
 	inRC atomic.Bool // ristretto holds one of refs (released once, however often it says the block left)

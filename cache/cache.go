@@ -8,7 +8,9 @@
 // it. Concurrent misses on one block share one fill (singleflight). A handle
 // whose reads are sequential prefetches the next blocks on a small worker pool;
 // prefetch is dropped, never waited for, when the pool or the foreground is
-// busy.
+// busy. A prefetched block is kept in the staging ring until its reader has
+// used it (ristretto's admission may reject it), and read-ahead goes only as
+// far as the ring can keep: a sequential read fetches each block once.
 //
 // Invariants (each one is checked in cache_test.go):
 //   - Partial data is never visible: a fill that fails caches nothing and
@@ -84,12 +86,13 @@ type Options struct {
 	// BusyFills: when this many foreground fills are in flight, prefetch is
 	// dropped instead of competing with them (default 2 × Workers).
 	BusyFills int
-	// Staging is how many of the most recently filled blocks are kept
-	// regardless of ristretto's admission decision, so that the reads that
-	// immediately follow a fill (the rest of a sequential stream's block, the
-	// blocks just prefetched) do not refill a block ristretto rejected
-	// (default 2 × (ReadAhead + Workers), at most a quarter of Size, at
-	// least 1).
+	// Staging is how many recently filled blocks are kept regardless of
+	// ristretto's admission decision, so that the reads that follow a fill
+	// (the rest of a sequential stream's block, the blocks just prefetched)
+	// do not refill a block ristretto rejected (default 2 × (ReadAhead +
+	// Workers), at most a quarter of Size, at least 1). Blocks prefetched and
+	// not yet used stay until used (see staging); read-ahead runs at most
+	// Staging − 2 blocks ahead of the blocks being read.
 	Staging int
 	// FillObserver, when set, is called after every fill (foreground or
 	// prefetch, failed or not) with the time its Source read took: the
@@ -304,6 +307,7 @@ func (c *Cache) Close() {
 		for drained := false; !drained && c.queue != nil; {
 			select {
 			case <-c.queue:
+				c.stg.unreserve()
 				c.raDropped.Add(1)
 				c.jobDone()
 			default:
@@ -413,8 +417,21 @@ func (e *FillError) Unwrap() error { return e.Err }
 // at the same time, and offers it to ristretto and the staging ring. A failed
 // fill caches nothing; every caller sharing it gets the error. The caller
 // that led the fill (led) holds a reference to the block; the others must
-// acquire one, and the block may be dead by then.
-func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err error) {
+// acquire one, and the block may be dead by then. A prefetch names the
+// handle it reads ahead for (owner) and holds a staging reservation, which
+// fill gives back.
+func (c *Cache) fill(f *file, idx int64, owner *Handle) (b *block, led bool, err error) {
+	prefetch := owner != nil
+	var ownerClosed *atomic.Bool
+	staged := false // the reservation went to the staging ring with the block
+	if prefetch {
+		ownerClosed = owner.closed
+		defer func() {
+			if !staged {
+				c.stg.unreserve()
+			}
+		}()
+	}
 	var k [16]byte
 	binary.LittleEndian.PutUint64(k[:8], f.id)
 	binary.LittleEndian.PutUint64(k[8:], uint64(idx))
@@ -467,7 +484,8 @@ func (c *Cache) fill(f *file, idx int64, prefetch bool) (b *block, led bool, err
 		}
 		b.refs.Store(1) // the leader's
 		b.prefetched.Store(prefetch)
-		c.stg.put(b)
+		c.stg.put(b, ownerClosed)
+		staged = prefetch
 		b.enterRC()
 		if !c.rc.Set(c.keyFn(f.id, idx), b, n) { // dropped; a rejection comes later, through OnExit
 			b.leaveRC()
@@ -491,7 +509,7 @@ func (c *Cache) getBlock(f *file, idx int64) (*block, error) {
 		if err := c.failed.recent(c.keyFn(f.id, idx), f.id, idx); err != nil {
 			return nil, err
 		}
-		b, led, err := c.fill(f, idx, false)
+		b, led, err := c.fill(f, idx, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -572,35 +590,45 @@ func (c *Cache) getBlockCtx(ctx context.Context, f *file, idx int64) (*block, er
 	}
 }
 
-// used counts the first foreground use of a prefetched block.
+// used counts the first foreground use of a prefetched block, and records
+// the use for the staging ring.
 func (c *Cache) used(b *block) *block {
+	c.stg.touch(b)
 	if b.prefetched.Load() && b.prefetched.CompareAndSwap(true, false) {
 		c.raHits.Add(1)
 	}
 	return b
 }
 
-// enqueue offers prefetch of blocks [from, to] of h's file. It never blocks:
-// when the foreground is busy or the queue is full the rest is dropped.
-func (c *Cache) enqueue(h *Handle, from, to int64) {
+// enqueue offers prefetch of blocks [from, to] of h's file, each with a
+// staging slot reserved to keep it until read, and returns the first block
+// it did not offer for want of a slot (to+1 when none): those are offered
+// again by the reads that follow. It never blocks: when the foreground is
+// busy or the queue is full the rest is dropped.
+func (c *Cache) enqueue(h *Handle, from, to int64) (next int64) {
 	for i := from; i <= to; i++ {
 		if c.fgFills.Load() >= int64(c.opts.BusyFills) {
 			c.raDropped.Add(to - i + 1)
-			return
+			return to + 1
 		}
 		if _, _, ok := c.lookup(&h.f, i); ok {
 			continue
+		}
+		if !c.stg.reserve() {
+			return i
 		}
 		c.jobAdd()
 		select {
 		case c.queue <- job{h: h, idx: i}:
 			c.raIssued.Add(1)
 		default:
+			c.stg.unreserve()
 			c.jobDone()
 			c.raDropped.Add(to - i + 1)
-			return
+			return to + 1
 		}
 	}
+	return to + 1
 }
 
 func (c *Cache) worker() {
@@ -616,22 +644,27 @@ func (c *Cache) worker() {
 	}
 }
 
+// prefetch runs a job; the job's staging reservation goes to the block
+// filled, or back.
 func (c *Cache) prefetch(j job) {
 	select {
 	case <-c.stop:
+		c.stg.unreserve()
 		c.raDropped.Add(1)
 		return
 	default:
 	}
 	if j.h.closed.Load() || c.fgFills.Load() >= int64(c.opts.BusyFills) {
+		c.stg.unreserve()
 		c.raDropped.Add(1)
 		return
 	}
 	if _, _, ok := c.lookup(&j.h.f, j.idx); ok {
+		c.stg.unreserve()
 		return
 	}
 	// An error is counted in FillErrors; a foreground read will retry.
-	if b, led, err := c.fill(&j.h.f, j.idx, true); err == nil && led {
+	if b, led, err := c.fill(&j.h.f, j.idx, j.h); err == nil && led {
 		b.release()
 	}
 }
@@ -651,15 +684,36 @@ func (c *Cache) jobDone() {
 	c.pmu.Unlock()
 }
 
-// staging is a FIFO ring of the most recently filled blocks. It holds
-// references, not copies: a block usually sits in ristretto too. Each block
-// in the ring holds one of its refs.
+// staging holds the most recently filled blocks regardless of ristretto's
+// admission decision, up to its capacity. It holds references, not copies: a
+// block usually sits in ristretto too. Each block staged holds one of its
+// refs.
+//
+// A block read ahead for a handle that is still open and has not used it yet
+// is protected: it leaves only when nothing else can (or once it is stale,
+// protectFor fills later), since its reader is on its way and would fetch it
+// again (issue 36: ristretto's admission rejects fresh blocks against the
+// ones a sequential reader hit many times, and a FIFO ring as long as the
+// read-ahead window dropped them before use). Read-ahead takes a slot
+// (reserve) before it fetches, and fetches only while protected blocks and
+// reservations leave keepRead slots for the blocks being read, which leave
+// least recently used first.
 type staging struct {
-	mu    sync.Mutex
-	slots []*block              // GUARDED_BY(mu)
-	next  int                   // GUARDED_BY(mu)
-	index map[stagingKey]*block // GUARDED_BY(mu)
-	size  atomic.Int64          // bytes in slots; written under mu
+	mu       sync.Mutex
+	capacity int
+	list     []*staged              // GUARDED_BY(mu); at most capacity
+	index    map[stagingKey]*staged // GUARDED_BY(mu)
+	reserved int                    // GUARDED_BY(mu); read-ahead fills that will be put
+	seq      atomic.Uint64          // puts so far: a read-ahead block's age
+	clock    atomic.Uint64          // puts and foreground uses: what lastUse says
+	size     atomic.Int64           // bytes in list; written under mu
+}
+
+type staged struct {
+	b     *block
+	put   uint64       // seq at put
+	order uint64       // clock at put
+	owner *atomic.Bool // closed of the handle that read it ahead; nil for a foreground fill
 }
 
 type stagingKey struct {
@@ -668,39 +722,115 @@ type stagingKey struct {
 }
 
 func newStaging(n int) staging {
-	return staging{slots: make([]*block, n), index: make(map[stagingKey]*block, n)}
+	return staging{capacity: n, list: make([]*staged, 0, n), index: make(map[stagingKey]*staged, n)}
 }
+
+// keepRead is how many slots read-ahead leaves to the blocks being read: a
+// sequential reader's block, and the one before it that reads still in
+// flight may finish.
+func (s *staging) keepRead() int { return min(2, s.capacity-1) }
+
+// protectFor is how many fills a block read ahead stays protected.
+func (s *staging) protectFor() uint64 { return uint64(4 * s.capacity) }
+
+// protected says whether e was read ahead for a reader still expected. Caller
+// holds mu.
+func (s *staging) protected(e *staged) bool {
+	return e.owner != nil && e.b.prefetched.Load() && !e.owner.Load() &&
+		s.seq.Load()-e.put < s.protectFor()
+}
+
+// roomLocked is how many more blocks read-ahead may reserve now. Caller
+// holds mu.
+func (s *staging) roomLocked() int {
+	n := s.reserved
+	for _, e := range s.list {
+		if s.protected(e) {
+			n++
+		}
+	}
+	return max(0, s.capacity-s.keepRead()-n)
+}
+
+// reserve takes a slot for a block read-ahead is about to fetch; put or
+// unreserve gives it back.
+func (s *staging) reserve() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.roomLocked() == 0 {
+		return false
+	}
+	s.reserved++
+	return true
+}
+
+func (s *staging) unreserve() {
+	s.mu.Lock()
+	s.reserved--
+	s.mu.Unlock()
+}
+
+// touch records a foreground use of b.
+func (s *staging) touch(b *block) { b.lastUse.Store(s.clock.Add(1)) }
 
 func (s *staging) get(id uint64, idx int64) *block {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.index[stagingKey{id, idx}]
+	if e := s.index[stagingKey{id, idx}]; e != nil {
+		return e.b
+	}
+	return nil
 }
 
-func (s *staging) put(b *block) {
+// put stages b, filled ahead for a handle (owner is its closed; nil: by a
+// foreground read), giving back the handle's reservation.
+func (s *staging) put(b *block, owner *atomic.Bool) {
 	k := stagingKey{b.id, b.idx}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if owner != nil {
+		s.reserved--
+	}
 	b.retain()
+	now, order := s.seq.Add(1), s.clock.Add(1)
+	b.lastUse.Store(order)
+	e := &staged{b: b, put: now, order: order, owner: owner}
 	if old, ok := s.index[k]; ok {
-		s.index[k] = b // already in a slot; keep the newer fill
-		for i, o := range s.slots {
-			if o == old {
-				s.slots[i] = b
-			}
-		}
-		old.release()
+		// Already staged; keep the newer fill.
+		old.b.release()
+		*old = *e
 		return
 	}
-	if old := s.slots[s.next]; old != nil {
-		delete(s.index, stagingKey{old.id, old.idx})
-		s.size.Add(-int64(len(old.data)))
-		old.release()
+	if len(s.list) == s.capacity {
+		s.evictLocked()
 	}
-	s.slots[s.next] = b
-	s.index[k] = b
+	s.list = append(s.list, e)
+	s.index[k] = e
 	s.size.Add(int64(len(b.data)))
-	s.next = (s.next + 1) % len(s.slots)
+}
+
+// evictLocked drops one block: the least recently used one not protected,
+// else the oldest protected one. Caller holds mu.
+func (s *staging) evictLocked() {
+	victim, vProt, vAge := -1, false, uint64(0)
+	for i, e := range s.list {
+		prot := s.protected(e)
+		age := e.order
+		if !prot {
+			age = max(age, e.b.lastUse.Load())
+		}
+		if victim < 0 || (vProt && !prot) || (vProt == prot && age < vAge) {
+			victim, vProt, vAge = i, prot, age
+		}
+	}
+	old := s.list[victim]
+	last := len(s.list) - 1
+	s.list[victim] = s.list[last]
+	s.list[last] = nil
+	s.list = s.list[:last]
+	delete(s.index, stagingKey{old.b.id, old.b.idx})
+	s.size.Add(-int64(len(old.b.data)))
+	old.b.release()
 }
 
 func (s *staging) bytes() int64 { return s.size.Load() }
@@ -708,12 +838,11 @@ func (s *staging) bytes() int64 { return s.size.Load() }
 func (s *staging) clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, b := range s.slots {
-		if b != nil {
-			b.release()
-		}
+	for _, e := range s.list {
+		e.b.release()
 	}
-	clear(s.slots)
+	clear(s.list)
+	s.list = s.list[:0]
 	clear(s.index)
 	s.size.Store(0)
 }

@@ -498,7 +498,8 @@ func TestFailedFillFailsAgainBriefly(t *testing.T) {
 
 	// A read-ahead fill that fails is not remembered.
 	src.setFail(2, boom)
-	_, _, err = c.fill(&h.f, 2, true)
+	require.True(t, c.stg.reserve())
+	_, _, err = c.fill(&h.f, 2, h)
 	require.ErrorIs(t, err, boom)
 	src.setFail(2, nil)
 	checkRead(t, h, src.data, 2*testBS, 10)

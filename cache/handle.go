@@ -15,9 +15,11 @@ var errNegativeOffset = errors.New("cache: negative offset")
 // reads to drive read-ahead; the blocks themselves are shared by every handle
 // of every file in the Cache. A Handle is safe for concurrent use.
 type Handle struct {
-	c      *Cache
-	f      file
-	closed atomic.Bool
+	c *Cache
+	f file
+	// closed is apart from the Handle so that the staging ring can tell
+	// a closed handle's blocks without keeping the handle (and its Source).
+	closed *atomic.Bool
 
 	mu      sync.Mutex
 	streams [maxStreams]stream // GUARDED_BY(mu)
@@ -61,7 +63,7 @@ func (c *Cache) Open(id uint64, src Source, size int64) *Handle {
 		nb++
 	}
 	c.openHandles.Add(1)
-	return &Handle{c: c, f: file{id: id, src: src, size: size, nblocks: nb}}
+	return &Handle{c: c, f: file{id: id, src: src, size: size, nblocks: nb}, closed: new(atomic.Bool)}
 }
 
 // Size returns the size of the file.
@@ -232,11 +234,8 @@ func (h *Handle) readAhead(off, end int64) {
 	endBlk := (end - 1) / bs
 	from := max(s.raNext, endBlk+1)
 	to := min(endBlk+window, h.f.nblocks-1)
-	if from > to {
-		h.mu.Unlock()
-		return
+	if from <= to {
+		s.raNext = c.enqueue(h, from, to)
 	}
-	s.raNext = to + 1
 	h.mu.Unlock()
-	c.enqueue(h, from, to)
 }

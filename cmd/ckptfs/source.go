@@ -23,9 +23,10 @@ const (
 
 // s3CacheDefaults fits the s3 defaults to a block cache of cacheSize bytes.
 // The cache keeps a quarter of its blocks as the staging ring and a quarter
-// for fills; read-ahead workers must leave ristretto at least another
-// quarter, or blocks read ahead are evicted before they are read and fetched
-// twice (BENCHMARKS.md, s3://). Fewer blocks in flight cost less
+// for fills; read-ahead workers leave ristretto at least another quarter.
+// The staging ring keeps each block read ahead until it is read, and
+// read-ahead runs only as far ahead as the ring can keep (BENCHMARKS.md,
+// s3://, and the cache's package doc). Fewer blocks in flight cost less
 // than smaller blocks (more requests): only a cache under 8 blocks gets 8 MiB
 // ones.
 // A blockSize given (not 0) is kept.
