@@ -31,6 +31,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
+	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 // unmountGrace is how long an unmount waits for requests in flight before
@@ -74,7 +75,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.owner.register(fs)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
-	f.metaBudget = newByteSize(vfs.DefaultMetadataBudget, false)
+	f.metaBudget = newByteSize(viewcache.DefaultMetadataBudget, false)
 	f.readAhead = newByteSize(vfs.DefaultReadAhead, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for object store sources, --prefill and --direct-reads=false; peak RSS stays near this plus the open views' metadata (at most --metadata-budget) plus ~64 MiB")
 	fs.Var(f.metaBudget, "metadata-budget", "memory for the open views' metadata (chunk indexes): least recently used views are closed beyond it (see README, Memory)")
