@@ -74,8 +74,8 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.readAhead = newByteSize(vfs.DefaultReadAhead, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for object store sources, --prefill and --direct-reads=false; peak RSS stays near this plus the open views' metadata (at most --metadata-budget) plus ~64 MiB")
 	fs.Var(f.metaBudget, "metadata-budget", "memory for the open views' metadata (chunk indexes): least recently used views are closed beyond it (see README, Memory)")
-	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
-	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
+	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(cache.ObjectStoreBlockSize)))
+	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", cache.ObjectStorePrefetch, cache.ObjectStoreWorkers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as object store sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default): unless given, the disk's under SRC, so that the view is read as a copy there would be; the default below where SRC is on no disk (tmpfs, s3://)")
@@ -198,7 +198,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	}
 
 	// cancelRequests ends the store's requests for good, once unmounted;
-	// interruptRequests those in flight and every lookup after (s3.Drain),
+	// interruptRequests those in flight and every lookup after (Store.Drain),
 	// which an unmount would wait on.
 	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
@@ -212,17 +212,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		f.source.observeRequest = m.ObserveRequest
 	}
 	if remote {
-		// Each block is a request: bigger blocks, several in flight.
-		var given int64
-		if f.source.changed("block-size") {
-			given = copts.BlockSize
-		}
-		block, prefetch, workers := s3CacheDefaults(copts.Size, given)
-		copts.BlockSize = block
-		if !f.source.changed("prefetch") {
-			copts.ReadAhead = prefetch
-		}
-		copts.Workers = workers
+		copts = copts.ForObjectStore(f.source.changed("block-size"), f.source.changed("prefetch"))
 	}
 	sopts := f.source.options(copts.BlockSize)
 	sopts.Writable = f.write.rw
@@ -237,7 +227,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if source.Store != nil {
 		// One deadline per read: what one block's request may take, its
 		// retries included; a read waits for at most two blocks.
-		vopts.ReadDeadline = f.source.s3Options().Budget(copts.BlockSize)
+		vopts.ReadDeadline = f.source.limits().Budget(copts.BlockSize)
 		cancelRequests = func() { source.Close() }
 		interruptRequests = source.Store.Drain
 	}
