@@ -18,6 +18,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 // Dir is a directory of the source tree. Whether it is a checkpoint (and so
@@ -137,11 +138,11 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 	}
 	if ok {
 		format = f
-		var e *viewEntry
+		var e *viewcache.Entry
 		err := d.brokenErr()
 		if err == nil {
 			e = d.fsys.view(d.name(), f)
-			err = d.fsys.viewErr(e)
+			err = d.fsys.views.Err(e)
 		}
 		switch {
 		case err != nil:
@@ -149,16 +150,16 @@ func (d *Dir) children(only string) ([]entry, syscall.Errno) {
 			add(entry{name: errorName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
 				return &memFile{data: msg, access: d.fsys.dirAccess(d.name()).AsFile()}
 			}})
-		case e.note != "":
+		case e.Note() != "":
 			// Nothing to show as a model: the files are shown as they are.
 			format = nil
-			msg := []byte(e.note + "\n")
+			msg := []byte(e.Note() + "\n")
 			add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder {
 				return &memFile{data: msg, access: d.fsys.dirAccess(d.name()).AsFile()}
 			}})
 		default:
-			for _, info := range e.files {
-				add(entry{name: info.name, mode: syscall.S_IFREG, view: true, make: func() fs.InodeEmbedder {
+			for _, info := range e.Files() {
+				add(entry{name: info.Name, mode: syscall.S_IFREG, view: true, make: func() fs.InodeEmbedder {
 					return &ViewFile{fsys: d.fsys, e: e, info: info}
 				}})
 			}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 // evictBudget is the descriptor budget the eviction tests mount with: two
@@ -69,10 +71,28 @@ func readAll(t *testing.T, f *os.File) []byte {
 // accounting against the budget.
 func residentViews(t *testing.T, fsys *FS) int {
 	t.Helper()
-	fsys.mu.Lock()
-	defer fsys.mu.Unlock()
-	require.LessOrEqual(t, fsys.openFDs, evictBudget+4, "open views may hold at most the budget and the newest view")
-	return fsys.lru.Len()
+	st := fsys.views.Stats()
+	require.LessOrEqual(t, st.FDs, evictBudget+4, "open views may hold at most the budget and the newest view")
+	return st.Views
+}
+
+// setViewLimits gives fsys, before it serves, a view cache within l.
+func setViewLimits(fsys *FS, l viewcache.Limits) {
+	old := fsys.views
+	fsys.views = fsys.newViews(l)
+	old.Close()
+}
+
+// entryStats is what fsys's view cache says of the checkpoint in dir.
+func entryStats(t *testing.T, fsys *FS, dir string) viewcache.EntryStats {
+	t.Helper()
+	for _, e := range fsys.views.Stats().Entries {
+		if e.Dir == dir {
+			return e
+		}
+	}
+	require.Fail(t, "no view of "+dir)
+	return viewcache.EntryStats{}
 }
 
 // Reading more checkpoints than the descriptor budget allows open at once,
@@ -85,7 +105,7 @@ func TestViewsEvictedWithinDescriptorBudget(t *testing.T) {
 			const n = 12
 			root, ref := trainingRoot(t, n)
 			fsys := newFS(t, root, readMode(mode.direct))
-			fsys.fdBudget = evictBudget
+			setViewLimits(fsys, viewcache.Limits{FDs: evictBudget})
 			mnt := testMount(t, fsys)
 			base := openFDs(t)
 			for pass := range 2 {
@@ -125,7 +145,7 @@ func TestHandleKeepsEvictedViewOpen(t *testing.T) {
 	want, err := os.ReadFile(filepath.Join(ref, "model.safetensors"))
 	require.NoError(t, err)
 	fsys := newFS(t, root, readMode(true))
-	fsys.fdBudget = evictBudget
+	setViewLimits(fsys, viewcache.Limits{FDs: evictBudget})
 	mnt := testMount(t, fsys)
 
 	held, err := os.OpenFile(filepath.Join(mnt, step(0), "model.safetensors"), os.O_RDONLY|syscall.O_DIRECT, 0)
@@ -135,23 +155,20 @@ func TestHandleKeepsEvictedViewOpen(t *testing.T) {
 	_, err = held.ReadAt(head, 0)
 	require.NoError(t, err)
 	e := fsys.view(step(0), nil)
-	fsys.mu.Lock()
-	inst := e.inst
-	fsys.mu.Unlock()
-	require.NotNil(t, inst)
+	inst, err := fsys.views.Acquire(e) // the view held opened
+	require.NoError(t, err)
+	inst.Unref()
 
 	for i := 1; i < n; i++ {
 		requireSameFiles(t, ref, filepath.Join(mnt, step(i)))
 	}
-	fsys.mu.Lock()
-	elem := inst.elem
-	fsys.mu.Unlock()
-	require.Nil(t, elem, "evicted from the LRU")
-	require.False(t, inst.dead.Load(), "but not closed: a handle holds it")
+	st := entryStats(t, fsys, step(0))
+	require.True(t, st.Open && !st.Resident, "evicted from the LRU")
+	require.False(t, inst.Closed(), "but not closed: a handle holds it")
 
 	require.True(t, bytes.Equal(want, readAll(t, held)))
 	held.Close()
-	require.Eventually(t, inst.dead.Load, 5*time.Second, 10*time.Millisecond, "closed once released")
+	require.Eventually(t, inst.Closed, 5*time.Second, 10*time.Millisecond, "closed once released")
 	// And opened again on demand.
 	require.True(t, bytes.Equal(want, readDirect(t, filepath.Join(mnt, step(0), "model.safetensors"))))
 }
@@ -165,20 +182,17 @@ func TestChangedWhileEvictedGivesEIO(t *testing.T) {
 			const n = 4
 			root, ref := trainingRoot(t, n)
 			fsys := newFS(t, root)
-			fsys.fdBudget = evictBudget
+			setViewLimits(fsys, viewcache.Limits{FDs: evictBudget})
 			mnt := testMount(t, fsys)
 			path := filepath.Join(mnt, step(0), "model.safetensors")
 			requireSameFiles(t, ref, filepath.Join(mnt, step(0)))
 			for i := 1; i < n; i++ {
 				requireSameFiles(t, ref, filepath.Join(mnt, step(i)))
 			}
-			e := fsys.view(step(0), nil)
 			// Closed once the kernel's RELEASE of its last handle, which
 			// comes after close(2) returns, has arrived.
 			require.Eventually(t, func() bool {
-				fsys.mu.Lock()
-				defer fsys.mu.Unlock()
-				return e.inst == nil
+				return !entryStats(t, fsys, step(0)).Open
 			}, 5*time.Second, 5*time.Millisecond, "step_00 was evicted and closed")
 
 			shards, err := filepath.Glob(filepath.Join(root, step(0), "*.distcp"))

@@ -2,7 +2,6 @@ package vfs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,11 +13,11 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/vfs/readpath"
+	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 const (
@@ -42,8 +41,8 @@ type ViewFile struct {
 	file *view.File // a write target's
 	id   uint64     // cache id
 
-	e    *viewEntry
-	info viewFileInfo // e's file
+	e    *viewcache.Entry
+	info viewcache.FileInfo // e's file
 }
 
 var (
@@ -55,19 +54,19 @@ var (
 // size and modTime are the file's, as listed.
 func (f *ViewFile) size() int64 {
 	if f.e != nil {
-		return f.info.size
+		return f.info.Size
 	}
 	return f.file.Size
 }
 
 func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	mtime := f.info.modTime
+	mtime := f.info.ModTime
 	if f.e == nil {
 		mtime = f.file.ModTime
 	}
 	setAttr(&out.Attr, mtime, f.size(), syscall.S_IFREG|0o444)
 	if f.e != nil {
-		showAccess(&out.Attr, f.info.access)
+		showAccess(&out.Attr, f.info.Access)
 	}
 	out.SetTimeout(f.fsys.opts.ViewTimeout)
 	return 0
@@ -77,7 +76,7 @@ func (f *ViewFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 // are logged (errorLog).
 func (f *ViewFile) logKey() string {
 	if f.e != nil {
-		return f.fsys.tree.Path(f.e.dir)
+		return f.fsys.tree.Path(f.e.Dir())
 	}
 	return f.file.Name // a write target's file
 }
@@ -94,7 +93,7 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	// object store may not answer: a signal ends the open at once.
 	o, errno := interruptiblyDropping(ctx, f.fsys, f.openView, func(o openedView) {
 		if o.inst != nil {
-			f.fsys.unref(o.inst)
+			o.inst.Unref()
 		}
 	})
 	if errno != 0 {
@@ -115,27 +114,27 @@ func (f *ViewFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 type openedView struct {
 	file *view.File
 	id   uint64
-	inst *viewInst
+	inst *viewcache.View
 }
 
 func (f *ViewFile) openView() (openedView, syscall.Errno) {
 	o := openedView{file: f.file, id: f.id}
 	if f.e != nil {
-		inst, err := f.fsys.acquire(f.e)
+		inst, err := f.fsys.views.Acquire(f.e)
 		if err != nil {
 			f.fsys.readErrors.Add(1)
-			return o, f.fsys.limitedErrno(f.logKey(), "open "+f.info.name, err)
+			return o, f.fsys.limitedErrno(f.logKey(), "open "+f.info.Name, err)
 		}
-		o.file, o.id, o.inst = inst.files[f.info.name], f.info.id, inst
-		if o.file == nil || o.file.Size != f.info.size { // reopened rules this out
-			f.fsys.unref(inst)
+		o.file, o.id, o.inst = inst.File(f.info.Name), f.info.ID, inst
+		if o.file == nil || o.file.Size != f.info.Size { // the reopen check rules this out
+			inst.Unref()
 			f.fsys.readErrors.Add(1)
-			return o, f.fsys.limitedErrno(f.logKey(), "open "+f.info.name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.name))
+			return o, f.fsys.limitedErrno(f.logKey(), "open "+f.info.Name, fmt.Errorf("%w: %s is not in the view opened again", ckpt.ErrSourceChanged, f.info.Name))
 		}
 	}
 	if err := o.file.CheckFresh(); err != nil {
 		if o.inst != nil {
-			f.fsys.unref(o.inst)
+			o.inst.Unref()
 		}
 		f.fsys.readErrors.Add(1)
 		return o, f.fsys.limitedErrno(f.logKey(), "open "+o.file.Name, err)
@@ -152,17 +151,17 @@ func (f *ViewFile) openView() (openedView, syscall.Errno) {
 type viewReader struct {
 	fsys *FS
 	file *view.File
-	inst *viewInst // nil for a write target's view
+	inst *viewcache.View // nil for a write target's view
 }
 
 func (r *viewReader) ReadAt(p []byte, off int64) (n int, err error) {
 	if i := r.inst; i != nil {
-		if !i.ref() {
-			return 0, errClosed
+		if !i.Ref() {
+			return 0, viewcache.ErrClosed
 		}
-		defer r.fsys.unref(i)
-		if i.dead.Load() {
-			return 0, errClosed
+		defer i.Unref()
+		if i.Closed() {
+			return 0, viewcache.ErrClosed
 		}
 	}
 	defer func() {
@@ -180,10 +179,10 @@ func (r *viewReader) hold() (release func(), ok bool) {
 	if i == nil {
 		return func() {}, true
 	}
-	if !i.ref() {
+	if !i.Ref() {
 		return nil, false
 	}
-	return func() { r.fsys.unref(i) }, true
+	return i.Unref, true
 }
 
 // Lseek: view files have no holes.
@@ -209,7 +208,7 @@ type viewHandle struct {
 	fsys *FS
 	file *view.File
 	r    *readpath.Reader
-	inst *viewInst // the view it holds a reference to; nil for a write target's
+	inst *viewcache.View // the view it holds a reference to; nil for a write target's
 	// logKey groups its error lines with the other files of its checkpoint's.
 	logKey string
 }
@@ -232,7 +231,7 @@ func (h *viewHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 func (h *viewHandle) Release(ctx context.Context) syscall.Errno {
 	h.r.Close()
 	if h.inst != nil {
-		h.fsys.unref(h.inst)
+		h.inst.Unref()
 	}
 	return 0
 }
@@ -395,127 +394,3 @@ func sliceAt(data, dest []byte, off int64) []byte {
 	}
 	return dest[:copy(dest, data[off:])]
 }
-
-// statsFile is .ckptfs: a JSON snapshot of the mount's counters, taken at
-// open. It is direct-io so its size can change between opens.
-type statsFile struct {
-	fs.Inode
-	fsys *FS
-}
-
-var (
-	_ = (fs.NodeGetattrer)((*statsFile)(nil))
-	_ = (fs.NodeOpener)((*statsFile)(nil))
-	_ = (fs.NodeReader)((*statsFile)(nil))
-)
-
-// Stats is the content of the .ckptfs file.
-type Stats struct {
-	Source      string `json:"source"`
-	BytesServed int64  `json:"bytes_served"`
-	// PassBytesServed counts the bytes of files shown as they are that
-	// ckptfs read itself: with FUSE passthrough the kernel reads them and
-	// this stays 0.
-	PassBytesServed int64 `json:"pass_bytes_served"`
-	// PrefilledBytes counts the bytes --prefill stored in the kernel's page
-	// cache (which may drop them again under memory pressure).
-	PrefilledBytes int64 `json:"prefilled_bytes"`
-	ReadErrors     int64 `json:"read_errors"`
-	// LookupErrors counts the lookups, attributes and listings answered EIO
-	// (or EACCES) because the source failed; a name not there is no error.
-	LookupErrors int64 `json:"lookup_errors"`
-	// Commits and CommitErrors count the files closed in write targets.
-	Commits      int64       `json:"commits,omitempty"`
-	CommitErrors int64       `json:"commit_errors,omitempty"`
-	Cache        cache.Stats `json:"cache"`
-	// SourceIO is the traffic of a remote source (requests, bytes fetched,
-	// retries, errors, disk cache); absent for a local one.
-	SourceIO *source.Stats `json:"source_io,omitempty"`
-	// MetadataBytes is the resident metadata of the open views, within
-	// MetadataBudget (the newest view may pass it by its own size).
-	MetadataBytes  int64       `json:"metadata_bytes"`
-	MetadataBudget int64       `json:"metadata_budget"`
-	Views          []ViewStats `json:"views"`
-}
-
-// ViewStats describes one opened checkpoint view.
-type ViewStats struct {
-	Dir     string `json:"dir"`
-	Format  string `json:"format,omitempty"`
-	Files   int    `json:"files"`
-	Tensors int    `json:"tensors"`
-	Bytes   int64  `json:"bytes"`
-	Error   string `json:"error,omitempty"`
-	// Writing marks a write target of this mount (its view so far).
-	Writing bool `json:"writing,omitempty"`
-	// MetadataBytes is the view's resident metadata while it is open
-	// (View.ResidentBytes), 0 when it is closed.
-	MetadataBytes int64 `json:"metadata_bytes,omitempty"`
-}
-
-// Stats returns a snapshot of the mount's counters.
-func (f *FS) Stats() Stats {
-	s := Stats{Source: f.root, BytesServed: f.bytesServed.Load(), PassBytesServed: f.passServed.Load(), ReadErrors: f.readErrors.Load(), LookupErrors: f.lookupErrors.Load(), Cache: f.opts.Cache.Stats(),
-		Commits: f.commits.Load(), CommitErrors: f.commitErrors.Load()}
-	s.PrefilledBytes = f.reads.Prefilled()
-	if c, ok := f.opts.Tree.(source.Counted); ok {
-		st := c.Stats()
-		s.SourceIO = &st
-	}
-	f.mu.Lock()
-	targets := make([]*target, 0, len(f.targets))
-	for _, t := range f.targets {
-		targets = append(targets, t)
-	}
-	f.mu.Unlock()
-	for _, t := range targets {
-		s.Views = append(s.Views, t.stats())
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s.MetadataBytes, s.MetadataBudget = f.meta, f.metaMax
-	for _, e := range f.views {
-		vs := ViewStats{Dir: e.dir}
-		switch {
-		case e.err != nil:
-			vs.Error = e.err.Error()
-		case e.shown:
-			vs.Format, vs.Files, vs.Tensors, vs.Bytes = e.format, len(e.files), e.tensors, e.bytes
-			if e.inst != nil {
-				vs.MetadataBytes = e.inst.meta
-			}
-		default:
-			continue // being opened
-		}
-		s.Views = append(s.Views, vs)
-	}
-	return s
-}
-
-func (f *statsFile) snapshot() []byte {
-	b, _ := json.MarshalIndent(f.fsys.Stats(), "", "  ")
-	return append(b, '\n')
-}
-
-func (f *statsFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	setAttr(&out.Attr, time.Now(), int64(len(f.snapshot())), syscall.S_IFREG)
-	showAccess(&out.Attr, f.fsys.statsAccess())
-	out.SetTimeout(0)
-	return 0
-}
-
-func (f *statsFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
-		return nil, 0, syscall.EROFS
-	}
-	return &memHandle{data: f.snapshot()}, fuse.FOPEN_DIRECT_IO, 0
-}
-
-func (f *statsFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if h, ok := fh.(*memHandle); ok {
-		return fuse.ReadResultData(sliceAt(h.data, dest, off)), 0
-	}
-	return fuse.ReadResultData(sliceAt(f.snapshot(), dest, off)), 0
-}
-
-type memHandle struct{ data []byte }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
+	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 // writeScaled writes a DCP checkpoint of ranks FSDP ranks into dir: a
@@ -95,38 +96,35 @@ func TestViewsEvictedWithinMetadataBudget(t *testing.T) {
 	}
 	fsys := newFS(t, root)
 	one := func() int64 {
-		e := fsys.view(step(0), nil)
-		fsys.mu.Lock()
-		defer fsys.mu.Unlock()
-		require.NotNil(t, e.inst, "%v", e.err)
-		return e.inst.meta
+		fsys.view(step(0), nil)
+		st := entryStats(t, fsys, step(0))
+		require.True(t, st.Open, "%v", st.Err)
+		return st.MetadataBytes
 	}()
 	require.Greater(t, one, int64(512<<10), "a view of %d ranks holds most of a MB of metadata", ranks)
-	fsys.mu.Lock()
-	fsys.metaMax = one * 5 / 2
-	fsys.mu.Unlock()
+	metaMax := one * 5 / 2
+	setViewLimits(fsys, viewcache.Limits{Meta: metaMax})
 
 	base := heapAlloc()
 	for pass := range 2 {
 		for i := range n {
 			e := fsys.view(step(i), nil)
-			i, err := fsys.acquire(e)
+			i, err := fsys.views.Acquire(e)
 			require.NoError(t, err)
-			require.Len(t, i.view.Files, len(i.files))
-			fsys.unref(i)
-			fsys.mu.Lock()
-			meta, views := fsys.meta, fsys.lru.Len()
-			fsys.mu.Unlock()
-			require.LessOrEqual(t, meta, fsys.metaMax+one, "pass %d", pass)
+			for _, f := range e.Files() {
+				require.NotNil(t, i.File(f.Name), f.Name)
+			}
+			i.Unref()
+			st := fsys.views.Stats()
+			meta, views := st.MetadataBytes, st.Views
+			require.LessOrEqual(t, meta, metaMax+one, "pass %d", pass)
 			require.LessOrEqual(t, views, 3, "pass %d", pass)
 		}
 	}
 	// What the views hold is what they count (ResidentBytes), within a
 	// quarter, plus what a Go heap keeps beside.
 	held := heapAlloc() - base
-	fsys.mu.Lock()
-	meta := fsys.meta
-	fsys.mu.Unlock()
+	meta := fsys.views.Stats().MetadataBytes
 	require.LessOrEqual(t, held, meta*5/4+(4<<20), "the views hold %d bytes of heap; they count %d", held, meta)
-	require.LessOrEqual(t, held, fsys.metaMax+one+(4<<20))
+	require.LessOrEqual(t, held, metaMax+one+(4<<20))
 }

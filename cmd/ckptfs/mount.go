@@ -10,13 +10,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -26,11 +23,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ckptfs/ckptfs/cache"
-	"github.com/ckptfs/ckptfs/layout"
-	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
+	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 // unmountGrace is how long an unmount waits for requests in flight before
@@ -74,12 +70,12 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	f.owner.register(fs)
 	f.cacheSize = newByteSize(cache.DefaultSize, false)
 	f.blockSize = newByteSize(cache.DefaultBlockSize, false)
-	f.metaBudget = newByteSize(vfs.DefaultMetadataBudget, false)
+	f.metaBudget = newByteSize(viewcache.DefaultMetadataBudget, false)
 	f.readAhead = newByteSize(vfs.DefaultReadAhead, true)
 	fs.Var(f.cacheSize, "cache-size", "block cache size (memory), for object store sources, --prefill and --direct-reads=false; peak RSS stays near this plus the open views' metadata (at most --metadata-budget) plus ~64 MiB")
 	fs.Var(f.metaBudget, "metadata-budget", "memory for the open views' metadata (chunk indexes): least recently used views are closed beyond it (see README, Memory)")
-	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(s3BlockSize)))
-	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", s3Prefetch, s3Workers))
+	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(cache.ObjectStoreBlockSize)))
+	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", cache.ObjectStorePrefetch, cache.ObjectStoreWorkers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as object store sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default): unless given, the disk's under SRC, so that the view is read as a copy there would be; the default below where SRC is on no disk (tmpfs, s3://)")
@@ -202,7 +198,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	}
 
 	// cancelRequests ends the store's requests for good, once unmounted;
-	// interruptRequests those in flight and every lookup after (s3.Drain),
+	// interruptRequests those in flight and every lookup after (Store.Drain),
 	// which an unmount would wait on.
 	cancelRequests, interruptRequests := func() {}, func() {}
 	copts := cache.Options{Size: f.cacheSize.Int64(), BlockSize: f.blockSize.Int64(), ReadAhead: f.prefetch}
@@ -216,17 +212,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		f.source.observeRequest = m.ObserveRequest
 	}
 	if remote {
-		// Each block is a request: bigger blocks, several in flight.
-		var given int64
-		if f.source.changed("block-size") {
-			given = copts.BlockSize
-		}
-		block, prefetch, workers := s3CacheDefaults(copts.Size, given)
-		copts.BlockSize = block
-		if !f.source.changed("prefetch") {
-			copts.ReadAhead = prefetch
-		}
-		copts.Workers = workers
+		copts = copts.ForObjectStore(f.source.changed("block-size"), f.source.changed("prefetch"))
 	}
 	sopts := f.source.options(copts.BlockSize)
 	sopts.Writable = f.write.rw
@@ -241,7 +227,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if source.Store != nil {
 		// One deadline per read: what one block's request may take, its
 		// retries included; a read waits for at most two blocks.
-		vopts.ReadDeadline = f.source.s3Options().Budget(copts.BlockSize)
+		vopts.ReadDeadline = f.source.limits().Budget(copts.BlockSize)
 		cancelRequests = func() { source.Close() }
 		interruptRequests = source.Store.Drain
 	}
@@ -368,129 +354,6 @@ func unmountOnSignal(sigs chan os.Signal, server *fuse.Server, mnt string, log *
 	}
 }
 
-// level is the least level logged, as --log-level, -v, -q and --debug say:
-// one of them, or --debug with the level it needs.
-func (f *mountFlags) level() (slog.Level, error) {
-	var given []string
-	for _, name := range []string{"log-level", "verbose", "quiet"} {
-		if f.source.changed(name) {
-			given = append(given, "--"+name)
-		}
-	}
-	if len(given) > 1 {
-		return 0, &usageError{fmt.Errorf("%s contradict each other: give one", strings.Join(given, " and "))}
-	}
-	name := f.logLevel
-	switch {
-	case f.verbose:
-		name = "debug"
-	case f.quiet:
-		name = "warn"
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(name)); err != nil || strings.ContainsAny(name, "+-") {
-		return 0, &usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", name)}
-	}
-	if f.fuseDebug {
-		if level > slog.LevelDebug && len(given) > 0 {
-			return 0, &usageError{fmt.Errorf("--debug logs its traces at level debug; %s hides them", given[0])}
-		}
-		level = slog.LevelDebug
-	}
-	return level, nil
-}
-
-// newLogger returns the mount's logger: text or JSON, to the file at path
-// if set (then returned, to reopen and close; a nil *logFile is stderr).
-func newLogger(stderr io.Writer, path, format string, level slog.Level) (*slog.Logger, *logFile, error) {
-	w := stderr
-	var lf *logFile
-	if path != "" {
-		var err error
-		if lf, err = openLogFile(path); err != nil {
-			return nil, nil, fmt.Errorf("--log-file: %w", err)
-		}
-		w = lf
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), lf, nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), lf, nil
-	}
-	lf.Close()
-	return nil, nil, &usageError{fmt.Errorf("--log-format %q: want text or json", format)}
-}
-
-// logFile is --log-file, reopened on SIGHUP so that logrotate can move it
-// away and the mount goes on logging to a new file of that name.
-type logFile struct {
-	path string
-	mu   sync.Mutex
-	f    *os.File // GUARDED_BY(mu); nil once closed
-}
-
-func openLogFile(path string) (*logFile, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	return &logFile{path: path, f: f}, nil
-}
-
-func (l *logFile) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f == nil {
-		return 0, os.ErrClosed
-	}
-	return l.f.Write(p)
-}
-
-// reopen opens the path again; on failure the old file stays in use.
-func (l *logFile) reopen() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f == nil {
-		return os.ErrClosed
-	}
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return err
-	}
-	l.f.Close()
-	l.f = f
-	return nil
-}
-
-func (l *logFile) Close() {
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f != nil {
-		l.f.Close()
-		l.f = nil
-	}
-}
-
-// reopenOnHangup reopens the log file on each SIGHUP until hup is closed
-// (a mount logging to stderr ignores SIGHUP: it no longer unmounts).
-func reopenOnHangup(hup <-chan os.Signal, lf *logFile, log *slog.Logger) {
-	for range hup {
-		if lf == nil {
-			continue
-		}
-		if err := lf.reopen(); err != nil {
-			log.Error("--log-file not reopened", "path", lf.path, "err", err)
-			continue
-		}
-		log.Info("log file reopened", "path", lf.path)
-	}
-}
-
 // checkMountpoint refuses a mount point that is no directory, or one with
 // files or a mount on it unless nonEmpty, before anything is mounted on it (a FUSE mount on a
 // regular file succeeds, and then nothing can use it).
@@ -537,126 +400,6 @@ func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(
 		}
 	}()
 	return func() { srv.Close() }, nil
-}
-
-// writeFlags choose whether a mount is writable and the layout written.
-type writeFlags struct {
-	rw        bool
-	worldSize int
-	plan      string
-	like      string
-	prefix    string
-}
-
-func (w *writeFlags) register(fs *pflag.FlagSet) {
-	fs.BoolVar(&w.rw, "rw", false, "writable mount: directories created in it become DCP checkpoints of the safetensors written into them")
-	fs.IntVar(&w.worldSize, "world-size", 1, "with --rw: `N` ranks in the written checkpoint; tensors are sharded on dim 0 as FSDP2 does unless --plan or --like says otherwise")
-	fs.StringVar(&w.plan, "plan", "", "with --rw: per-tensor placement `FILE`, one \"REGEX DIM\" or \"REGEX replicate\" per line, first match wins (e.g. 'q_proj 0', 'o_proj 1', 'norm replicate')")
-	fs.StringVar(&w.like, "like", "", "with --rw: reuse the chunk layout of the checkpoint in `DIR` for the tensors it has")
-	fs.StringVar(&w.prefix, "prefix", "", "with --rw: store tensors under `KEY` (e.g. model, as dcp.save of {\"model\": state_dict} does)")
-}
-
-// target builds the write layout, checking the flags.
-func (w *writeFlags) target() (dcpwrite.Target, error) {
-	t := dcpwrite.Target{WorldSize: w.worldSize, Prefix: strings.Trim(w.prefix, ".")}
-	if !w.rw {
-		if w.worldSize != 1 || w.plan != "" || w.like != "" || w.prefix != "" {
-			return t, errors.New("--world-size, --plan, --like and --prefix need --rw")
-		}
-		return t, nil
-	}
-	if w.worldSize < 1 {
-		return t, fmt.Errorf("--world-size %d: want 1 or more", w.worldSize)
-	}
-	if w.plan != "" {
-		f, err := os.Open(w.plan)
-		if err != nil {
-			return t, err
-		}
-		defer f.Close()
-		if t.Rules, err = dcpwrite.ParseRules(f); err != nil {
-			return t, fmt.Errorf("--plan %s: %w", w.plan, err)
-		}
-	}
-	if w.like != "" {
-		c, err := layout.Open(w.like)
-		if err != nil {
-			return t, fmt.Errorf("--like: %w", err)
-		}
-		c.Close() // only the chunk boxes are used
-		t.Like = c
-	}
-	return t, nil
-}
-
-func (w *writeFlags) describe() string {
-	if !w.rw {
-		return "read-only"
-	}
-	s := fmt.Sprintf("read-write: new directories become DCP checkpoints, world size %d", w.worldSize)
-	if w.plan != "" {
-		s += ", plan " + w.plan
-	}
-	if w.like != "" {
-		s += ", like " + w.like
-	}
-	if w.prefix != "" {
-		s += ", prefix " + w.prefix
-	}
-	return s
-}
-
-func newUmountCmd() *cobra.Command {
-	var lazy bool
-	cmd := &cobra.Command{
-		Use:   "umount [flags] MNT",
-		Short: "Unmount a ckptfs mount (the serving process then exits)",
-		Args:  positional("MNT"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			mnt := args[0]
-			// As umount(8) -t fuse.ckptfs would: never another filesystem.
-			if _, err := findCkptfsMount(mnt); err != nil {
-				return err
-			}
-			if lazy {
-				return lazyUnmount(mnt)
-			}
-			err := unmountRetrying(mnt)
-			if err != nil && !errors.Is(err, syscall.EBUSY) {
-				if out, ferr := exec.Command("fusermount3", "-u", mnt).CombinedOutput(); ferr != nil {
-					return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
-				}
-				err = nil
-			}
-			if err != nil {
-				return fmt.Errorf("unmount %s: %w (files open under it; --lazy detaches it now)", mnt, err)
-			}
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&lazy, "lazy", false, "detach now even if files are open")
-	cmd.ValidArgsFunction = dirArgs
-	return cmd
-}
-
-// busyFor is how long an unmount retries a mount found busy. The kernel
-// holds a FUSE mount busy until the server has answered the RELEASE of
-// every file closed on it, which it sends after close(2) returns: an
-// unmount right after a reader closed (or right after mounting, whose
-// readiness check opens a file) can find it busy for a moment.
-const busyFor = 2 * time.Second
-
-// unmountRetrying unmounts mnt, retrying for up to busyFor while it is
-// busy.
-func unmountRetrying(mnt string) error {
-	deadline := time.Now().Add(busyFor)
-	for delay := 5 * time.Millisecond; ; delay = min(2*delay, 200*time.Millisecond) {
-		err := syscall.Unmount(mnt, 0)
-		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(delay)
-	}
 }
 
 // dirArgs completes positional arguments with directories.

@@ -10,37 +10,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/gcs"
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
 	"github.com/ckptfs/ckptfs/layout/source/open"
-	"github.com/ckptfs/ckptfs/layout/source/s3"
 )
-
-// Defaults for an s3:// source, whose every block is a request with tens of
-// milliseconds of latency: larger blocks, more of them in flight.
-const (
-	s3BlockSize = 16 << 20 // faster than 8 MiB against a boto3 download (BENCHMARKS.md, s3://)
-	s3Prefetch  = 8
-	s3Workers   = 8
-)
-
-// s3CacheDefaults fits the s3 defaults to a block cache of cacheSize bytes.
-// The cache keeps a quarter of its blocks as the staging ring and a quarter
-// for fills; read-ahead workers leave ristretto at least another quarter.
-// The staging ring keeps each block read ahead until it is read, and
-// read-ahead runs only as far ahead as the ring can keep (BENCHMARKS.md,
-// s3://, and the cache's package doc). Fewer blocks in flight cost less
-// than smaller blocks (more requests): only a cache under 8 blocks gets 8 MiB
-// ones.
-// A blockSize given (not 0) is kept.
-func s3CacheDefaults(cacheSize, blockSize int64) (block int64, prefetch, workers int) {
-	if blockSize == 0 {
-		blockSize = s3BlockSize
-		if cacheSize < 8*s3BlockSize {
-			blockSize = s3BlockSize / 2
-		}
-	}
-	n := int(cacheSize / blockSize)
-	workers = max(1, min(s3Workers, n/4))
-	return blockSize, min(s3Prefetch, workers), workers
-}
 
 // sourceFlags say how an object store source (s3://, gs://, az://) is
 // reached (mount, inspect, export).
@@ -73,9 +43,9 @@ func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
 	fs.StringVar(&s.profile, "profile", "", "s3:// sources: `NAME` of the profile in the AWS config and credentials files (default: $AWS_PROFILE, else default)")
 	fs.BoolVar(&s.noSignRequest, "no-sign-request", false, "object store sources: send requests without credentials (public buckets and containers)")
 	fs.BoolVar(&s.requesterPays, "requester-pays", false, "s3:// sources: send x-amz-request-payer: requester, so that a requester-pays bucket bills your account")
-	fs.IntVar(&s.maxAttempts, "max-attempts", s3.DefaultMaxAttempts, "object store sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
-	fs.DurationVar(&s.readTimeout, "read-timeout", s3.DefaultReadTimeout, "object store sources: fail an attempt whose connection delivers nothing for this long (then retried)")
-	s.minRate = newByteSize(s3.DefaultMinRate, false)
+	fs.IntVar(&s.maxAttempts, "max-attempts", objstore.DefaultMaxAttempts, "object store sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
+	fs.DurationVar(&s.readTimeout, "read-timeout", objstore.DefaultReadTimeout, "object store sources: fail an attempt whose connection delivers nothing for this long (then retried)")
+	s.minRate = newByteSize(objstore.DefaultMinRate, false)
 	fs.Var(s.minRate, "min-rate", "object store sources: slowest transfer, in `BYTES` per second: an attempt fails (and is retried) after --read-timeout plus its bytes at this rate, so a store that trickles cannot hold a read forever")
 	if withCache {
 		s.cacheDirSize = newByteSize(10<<30, false)
@@ -92,16 +62,15 @@ func (s *sourceFlags) check(src string) error {
 	if open.IsRemote(src) {
 		// Flags of one store given for another would do nothing as well.
 		for _, store := range []struct {
-			is    func(string) bool
-			what  string
-			names []string
+			scheme string
+			names  []string
 		}{
-			{s3.IsURL, "s3://", []string{"path-style", "region", "profile", "requester-pays"}},
-			{azure.IsURL, "az://", []string{"account"}},
+			{"s3://", []string{"path-style", "region", "profile", "requester-pays"}},
+			{"az://", []string{"account"}},
 		} {
 			for _, name := range store.names {
-				if !store.is(src) && s.changed(name) {
-					return &usageError{fmt.Errorf("--%s is for %s sources, not %s", name, store.what, src)}
+				if open.Scheme(src) != store.scheme && s.changed(name) {
+					return &usageError{fmt.Errorf("--%s is for %s sources, not %s", name, store.scheme, src)}
 				}
 			}
 		}
@@ -118,25 +87,25 @@ func (s *sourceFlags) check(src string) error {
 // options are the open.Options the flags give, with a disk cache of blocks
 // of blockSize.
 func (s *sourceFlags) options(blockSize int64) open.Options {
-	s3o := s.s3Options()
-	limits := objstore.Limits{MaxAttempts: s3o.MaxAttempts, ReadTimeout: s3o.ReadTimeout, MinRate: s3o.MinRate,
-		ObserveRequest: s3o.ObserveRequest}
-	o := open.Options{S3: s3o, CacheDir: s.cacheDir, BlockSize: blockSize,
+	limits := s.limits()
+	o := open.Options{CacheDir: s.cacheDir, BlockSize: blockSize,
 		GCS:   gcs.Options{Limits: limits, Endpoint: s.endpoint, Anonymous: s.noSignRequest},
 		Azure: azure.Options{Limits: limits, Account: s.account, Endpoint: s.endpoint, Anonymous: s.noSignRequest}}
+	o.S3.Endpoint, o.S3.Region, o.S3.Profile = s.endpoint, s.region, s.profile
+	o.S3.NoSignRequest, o.S3.RequesterPays = s.noSignRequest, s.requesterPays
+	o.S3.MaxAttempts, o.S3.ReadTimeout, o.S3.MinRate = limits.MaxAttempts, limits.ReadTimeout, limits.MinRate
+	o.S3.ObserveRequest = limits.ObserveRequest
+	if s.changed("path-style") {
+		o.S3.PathStyle = &s.pathStyle
+	}
 	if s.cacheDirSize != nil { // a command with --cache-dir
 		o.CacheDirSize = s.cacheDirSize.Int64()
 	}
 	return o
 }
 
-// s3Options are the store's options as the flags give them.
-func (s *sourceFlags) s3Options() s3.Options {
-	o := s3.Options{Endpoint: s.endpoint, Region: s.region, Profile: s.profile, NoSignRequest: s.noSignRequest,
-		RequesterPays: s.requesterPays, MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64(),
+// limits bound the store's requests, as the flags give them.
+func (s *sourceFlags) limits() objstore.Limits {
+	return objstore.Limits{MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64(),
 		ObserveRequest: s.observeRequest}
-	if s.changed("path-style") {
-		o.PathStyle = &s.pathStyle
-	}
-	return o
 }

@@ -13,29 +13,6 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
 )
 
-func TestS3CacheDefaults(t *testing.T) {
-	for _, tc := range []struct {
-		cache, given      int64
-		block             int64
-		prefetch, workers int
-	}{
-		{512 << 20, 0, 16 << 20, 8, 8},
-		{4 << 30, 0, 16 << 20, 8, 8},
-		{256 << 20, 0, 16 << 20, 4, 4},
-		{128 << 20, 0, 16 << 20, 2, 2},
-		{32 << 20, 0, 8 << 20, 1, 1},
-		{256 << 20, 16 << 20, 16 << 20, 4, 4},
-		{512 << 20, 1 << 20, 1 << 20, 8, 8},
-	} {
-		block, prefetch, workers := s3CacheDefaults(tc.cache, tc.given)
-		assert.Equal(t, []any{tc.block, tc.prefetch, tc.workers}, []any{block, prefetch, workers}, "cache %d", tc.cache)
-		// Staging, fills and read-ahead workers leave ristretto a quarter.
-		quarter := int(tc.cache / block / 4)
-		reserve := int64(min(2*(prefetch+workers), quarter)+quarter+workers) * block
-		assert.LessOrEqual(t, reserve, tc.cache*3/4, "cache %d", tc.cache)
-	}
-}
-
 // TestMinRate: --min-rate and -o min_rate= set the store's MinRate (the
 // per-attempt total deadline), whose default is the store's; a local source
 // refuses it.
@@ -54,7 +31,7 @@ func TestMinRate(t *testing.T) {
 		require.NoError(t, flags.Parse(tc.args))
 		_, err := applyOptions(flags, f.options)
 		require.NoError(t, err)
-		require.Equal(t, tc.want, f.source.s3Options().MinRate, tc.args)
+		require.Equal(t, tc.want, f.source.options(0).S3.MinRate, tc.args)
 	}
 	code, _, errs := runCLI("mount", "--min-rate", "1MiB", sample, t.TempDir())
 	require.Equal(t, 2, code)
@@ -76,7 +53,7 @@ func TestAuthOptions(t *testing.T) {
 		require.NoError(t, flags.Parse(args))
 		_, err := applyOptions(flags, f.options)
 		require.NoError(t, err)
-		got := f.source.s3Options()
+		got := f.source.options(0).S3
 		assert.Equal(t, want, s3.Options{Region: got.Region, Profile: got.Profile, NoSignRequest: got.NoSignRequest, RequesterPays: got.RequesterPays}, args)
 	}
 	for _, flag := range []string{"--no-sign-request", "--requester-pays", "--region=x", "--profile=x"} {

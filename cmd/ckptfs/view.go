@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/ckptfs/ckptfs/cache"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/export"
@@ -133,7 +134,7 @@ func closeView(c *layout.Checkpoint, v *view.View) {
 }
 
 // exportBlockSize is the unit export reads a local source in (an s3://
-// one: s3BlockSize, also the block of its disk cache).
+// one: cache.ObjectStoreBlockSize, also the block of its disk cache).
 const exportBlockSize = 8 << 20
 
 const rootHelp = "read nothing outside `DIR` (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/ (for s3:// SRC, an s3:// prefix above it)"
@@ -166,7 +167,7 @@ func newInspectCmd() *cobra.Command {
 }
 
 func runInspect(stdout io.Writer, src, root string, vf viewFlags, sf *sourceFlags, asJSON bool) error {
-	c, v, planErr := openView(src, root, vf, sf, s3BlockSize)
+	c, v, planErr := openView(src, root, vf, sf, cache.ObjectStoreBlockSize)
 	if c == nil {
 		return planErr
 	}
@@ -286,7 +287,7 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 				return err
 			}
 			if open.IsRemote(args[0]) && !cmd.Flags().Changed("workers") {
-				workers = s3Workers
+				workers = cache.ObjectStoreWorkers
 			}
 			return runExport(cmd.ErrOrStderr(), args[0], root, args[1], vf, &sf, quiet, workers)
 		},
@@ -294,7 +295,7 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 	vf.register(cmd.Flags())
 	sf.register(cmd.Flags(), true)
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress bar")
-	cmd.Flags().IntVar(&workers, "workers", 4, fmt.Sprintf("blocks read in parallel (%d for object store sources)", s3Workers))
+	cmd.Flags().IntVar(&workers, "workers", 4, fmt.Sprintf("blocks read in parallel (%d for object store sources)", cache.ObjectStoreWorkers))
 	cmd.Flags().StringVar(&root, "root", "", rootHelp)
 	completeDirs(cmd, "hf-config", "root")
 	cmd.ValidArgsFunction = dirArgs
@@ -304,7 +305,7 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *sourceFlags, quiet bool, workers int) error {
 	blockSize := int64(exportBlockSize)
 	if open.IsRemote(src) {
-		blockSize = s3BlockSize
+		blockSize = cache.ObjectStoreBlockSize
 	}
 	c, v, err := openView(src, root, vf, sf, blockSize)
 	defer closeView(c, v)

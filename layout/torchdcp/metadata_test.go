@@ -200,8 +200,7 @@ func TestDecodeMetadataBad(t *testing.T) {
 			assert.ErrorIs(t, err, ckpt.ErrInvalid)
 			// Open's streaming decoder fails the same way, allocating
 			// nothing sized by what the input claims.
-			var took cost.Cost
-			took = cost.Of(func() { checkStream(t, tc.in) })
+			took := cost.Of(func() { checkStream(t, tc.in) })
 			assert.Less(t, took.Alloc, uint64(4*len(tc.in)+(8<<20)), "bytes allocated")
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/azure"
@@ -60,7 +61,18 @@ type Source struct {
 
 // IsRemote reports whether loc names an object store location, not a local
 // directory.
-func IsRemote(loc string) bool { return s3.IsURL(loc) || gcs.IsURL(loc) || azure.IsURL(loc) }
+func IsRemote(loc string) bool { return Scheme(loc) != "" }
+
+// Scheme is the URL scheme of the object store loc names (s3.Scheme,
+// gcs.Scheme or azure.Scheme), or "" for a local directory.
+func Scheme(loc string) string {
+	for _, s := range []string{s3.Scheme, gcs.Scheme, azure.Scheme} {
+		if strings.HasPrefix(loc, s) {
+			return s
+		}
+	}
+	return ""
+}
 
 // schemes are the object stores by URL scheme.
 var schemes = []struct {

@@ -105,3 +105,15 @@ func TestOpenLocal(t *testing.T) {
 	require.NoError(t, err, "a snapshot's links into blobs/ are inside its tree")
 	assert.Equal(t, "weights", string(b))
 }
+
+// Scheme names the store of a location, and nothing for a local path,
+// however much it looks like a URL.
+func TestScheme(t *testing.T) {
+	for loc, want := range map[string]string{
+		"s3://bucket/ckpt": "s3://", "gs://bucket/ckpt": "gs://", "az://container/ckpt": "az://",
+		"/data/ckpt": "", "ckpt": "", "S3://bucket": "", "s3:/bucket": "", "./s3://x": "", "http://host/ckpt": "",
+	} {
+		require.Equal(t, want, Scheme(loc), loc)
+		require.Equal(t, want != "", IsRemote(loc), loc)
+	}
+}
