@@ -129,11 +129,9 @@ func OpenAtWith(ctx context.Context, loc, root string, o open.Options, co ckpt.O
 	return c, nil
 }
 
-// OpenSource opens the checkpoint at s's location; the caller keeps s open
-// while the checkpoint is used. In a hub cache repo folder it opens the
-// snapshot refs/main names, as from_pretrained does.
-func OpenSource(s *open.Source) (*Checkpoint, error) { return openSource(s, ckpt.OpenOptions{}) }
-
+// openSource opens the checkpoint at s's location with co; the caller
+// keeps s open while the checkpoint is used. In a hub cache repo folder it
+// opens the snapshot refs/main names, as from_pretrained does.
 func openSource(s *open.Source, co ckpt.OpenOptions) (*Checkpoint, error) {
 	if s.Hub {
 		return openHub(s.Tree, s.Rel)

@@ -85,11 +85,6 @@ func (r *refs) index() {
 	r.kept = make([]slot, n)
 }
 
-func (r *refs) has(i uint32) bool {
-	w := int(i / 64)
-	return w < len(r.bits) && r.bits[w]&(1<<(i%64)) != 0
-}
-
 func (r *refs) set(i uint32) {
 	w := int(i / 64)
 	for w >= len(r.bits) {
