@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/writetest"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/hfdir"
@@ -365,7 +366,9 @@ func TestWriteRefused(t *testing.T) {
 	require.NoError(t, err)
 	src := t.TempDir()
 	// an existing checkpoint
-	w, err := hfwrite.Create(filepath.Join(src, "ckpt"), hfwrite.Options{})
+	root, err := writetest.MakeDir(filepath.Join(src, "ckpt"))
+	require.NoError(t, err)
+	w, err := hfwrite.CreateIn(root, hfwrite.Options{})
 	require.NoError(t, err)
 	wh, err := w.Create("a.safetensors")
 	require.NoError(t, err)

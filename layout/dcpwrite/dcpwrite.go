@@ -8,7 +8,7 @@
 // before), each a concatenation of torch.save records, one per chunk, then
 // rewrites .metadata atomically to cover everything committed so far.
 // .metadata is the only commit point: shard files it does not name are
-// garbage from a failed or killed writer, and OpenDir (or RemoveStale)
+// garbage from a failed or killed writer, and Open (or RemoveStale)
 // removes them.
 //
 // There is one reshard pipeline (reshard.go): Dir.Reshard runs it while the
@@ -86,49 +86,20 @@ type Dir struct {
 	// Test hooks.
 	create         func(name string, excl bool) (outFile, error)
 	beforeMetadata func() error
-	// removed lists the stale files OpenDir deleted (for tests).
+	// removed lists the stale files Open deleted (for tests).
 	removed []string
 }
 
-// OpenDir opens the DCP directory path for writing, creating it (not its
-// parents) if missing. An existing .metadata is the committed state: its
-// entries are carried over into every later .metadata. Leftovers of an
+// Open opens the DCP directory root (opened already) for writing. It
+// takes root: the Dir closes it, and Open does when it fails. An existing
+// .metadata is the committed state: its entries are carried over into
+// every later .metadata. Leftovers of an
 // earlier writer that died mid-commit are removed: .metadata.tmp and every
 // __{rank}_{n}.distcp that .metadata does not reference. A directory holding
 // only torch's rank-local __{rank}.metadata files, or a .metadata with a
 // root class other than Metadata (Megatron's MCoreMetadata) or custom
 // planner_data, is refused (ErrUnsupported): rewriting it would drop data.
 // The Dir's reshards count against limits (nil: limits of its own).
-func OpenDir(path string, target Target, limits *Limits) (*Dir, error) {
-	root, err := MakeDir(path)
-	if err != nil {
-		return nil, err
-	}
-	return Open(root, target, limits)
-}
-
-// MakeDir opens the directory path for writing, creating it (not its
-// parents) if missing.
-func MakeDir(path string) (*source.Dir, error) {
-	if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("dcpwrite: %w", err)
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("dcpwrite: %w", err)
-	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("dcpwrite: %s is not a directory", path)
-	}
-	root, err := source.OpenDir(path)
-	if err != nil {
-		return nil, fmt.Errorf("dcpwrite: %w", err)
-	}
-	return root, nil
-}
-
-// Open is OpenDir of the directory root, opened already. It takes root:
-// the Dir closes it, and Open does when it fails.
 func Open(root *source.Dir, target Target, limits *Limits) (*Dir, error) {
 	if limits == nil {
 		limits = NewLimits()
@@ -236,9 +207,9 @@ func removeUnreferenced(root *source.Dir, names []string, referenced map[string]
 }
 
 // RemoveStale removes what a writer killed mid-commit (or mid eager
-// commit) left in the DCP directory root, as OpenDir does: .metadata.tmp
+// commit) left in the DCP directory root, as Open does: .metadata.tmp
 // and the shard files .metadata does not name. It returns the names
-// removed. A directory OpenDir would refuse, or whose .metadata cannot be
+// removed. A directory Open would refuse, or whose .metadata cannot be
 // read, is left alone. No writer may be using the directory.
 func RemoveStale(root *source.Dir) ([]string, error) {
 	names, meta, err := loadCommitted(root)
@@ -313,7 +284,7 @@ func (d *Dir) release(n int) {
 }
 
 // cleanup removes the shard files of a failed commit numbered n and returns
-// err. A file that cannot be removed is left for OpenDir, and its number is
+// err. A file that cannot be removed is left for Open, and its number is
 // never used again.
 func (d *Dir) cleanup(created []string, n int, err error) error {
 	removed := true

@@ -52,7 +52,7 @@ func mustRules(t testing.TB, plan string) []Rule {
 // expectations.
 func commitAll(t *testing.T, dir string, target Target, files ...*stFile) []expectation {
 	t.Helper()
-	d, err := OpenDir(dir, target, nil)
+	d, err := openDir(dir, target, nil)
 	require.NoError(t, err)
 	var exps []expectation
 	for _, f := range files {
@@ -69,7 +69,7 @@ func TestRoundTrip(t *testing.T) {
 			exps := sc.run(t, dir)
 			verifyDir(t, dir, exps)
 			// Reopening sees the same committed state.
-			d, err := OpenDir(dir, Target{}, nil)
+			d, err := openDir(dir, Target{}, nil)
 			require.NoError(t, err)
 			var names []string
 			for _, e := range exps {
@@ -111,7 +111,7 @@ func TestUnevenLayout(t *testing.T) {
 
 func TestFileNumbering(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "n")
-	d, err := OpenDir(dir, Target{WorldSize: 2, Rules: mustRules(t, "^r replicate")}, nil)
+	d, err := openDir(dir, Target{WorldSize: 2, Rules: mustRules(t, "^r replicate")}, nil)
 	require.NoError(t, err)
 	for i, f := range []*stFile{
 		makeST(t, 1, spec{"a", safetensors.F32, []int64{4}}),
@@ -122,7 +122,7 @@ func TestFileNumbering(t *testing.T) {
 	}
 	assert.Equal(t, []string{"__0_0.distcp", "__0_1.distcp", "__0_2.distcp", "__1_0.distcp", "__1_2.distcp"}, shardFiles(t, dir))
 	// A reopened Dir continues after the highest number.
-	d, err = OpenDir(dir, Target{WorldSize: 2}, nil)
+	d, err = openDir(dir, Target{WorldSize: 2}, nil)
 	require.NoError(t, err)
 	f := makeST(t, 4, spec{"c", safetensors.F32, []int64{4}})
 	require.NoError(t, d.Commit(f.reader(), f.header))
@@ -224,7 +224,7 @@ func TestCommitFailureLeavesOldState(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "c")
 			exps := commitAll(t, dir, target, first)
 			before := snapshot(t, dir)
-			d, err := OpenDir(dir, target, nil)
+			d, err := openDir(dir, target, nil)
 			require.NoError(t, err)
 			tc.setup(d)
 			src := second.reader()
@@ -261,7 +261,7 @@ func TestOpenDirCleansStaleFiles(t *testing.T) {
 	} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644))
 	}
-	d, err := OpenDir(dir, Target{WorldSize: 2}, nil)
+	d, err := openDir(dir, Target{WorldSize: 2}, nil)
 	require.NoError(t, err)
 	sort.Strings(d.removed)
 	assert.Equal(t, []string{".metadata.tmp", "__0_1.distcp", "__5_1.distcp"}, d.removed)
@@ -277,7 +277,7 @@ func TestOpenDirCleansStaleFiles(t *testing.T) {
 	dir2 := filepath.Join(t.TempDir(), "k2")
 	require.NoError(t, os.Mkdir(dir2, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir2, "__0_0.distcp"), []byte("x"), 0o644))
-	d2, err := OpenDir(dir2, Target{}, nil)
+	d2, err := openDir(dir2, Target{}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"__0_0.distcp"}, d2.removed)
 	assert.Empty(t, d2.Committed())
@@ -289,7 +289,7 @@ func TestDuplicateAndBadDType(t *testing.T) {
 	first := makeST(t, 1, spec{"a", safetensors.F32, []int64{5, 3}})
 	exps := commitAll(t, dir, target, first)
 	before := snapshot(t, dir)
-	d, err := OpenDir(dir, target, nil)
+	d, err := openDir(dir, target, nil)
 	require.NoError(t, err)
 
 	dup := makeST(t, 2, spec{"b", safetensors.F32, []int64{2}}, spec{"a", safetensors.F32, []int64{1}})
@@ -314,7 +314,7 @@ func TestInvalidBoxes(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "bad")
 	f := makeST(t, 1, spec{"a", safetensors.F32, []int64{4}})
 	like := fakeLike("a", []int64{4}, [][2][]int64{{{0}, {3}}, {{2}, {2}}})
-	d, err := OpenDir(dir, Target{WorldSize: 2, Like: like}, nil)
+	d, err := openDir(dir, Target{WorldSize: 2, Like: like}, nil)
 	require.NoError(t, err)
 	err = d.Commit(f.reader(), f.header)
 	require.Error(t, err)
@@ -432,27 +432,27 @@ func TestOpenDirRefuses(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join("..", "torchdcp", "testdata", "plain_mcore.metadata"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, ".metadata"), b, 0o644))
-	_, err = OpenDir(dir, Target{}, nil)
+	_, err = openDir(dir, Target{}, nil)
 	require.ErrorIs(t, err, ErrUnsupported)
 
 	// Rank-local checkpoint without a global .metadata.
 	dir = filepath.Join(t.TempDir(), "local")
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "__0.metadata"), []byte("x"), 0o644))
-	_, err = OpenDir(dir, Target{}, nil)
+	_, err = openDir(dir, Target{}, nil)
 	require.ErrorIs(t, err, ErrUnsupported)
 
 	// Garbage .metadata.
 	dir = filepath.Join(t.TempDir(), "junk")
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, ".metadata"), []byte("junk"), 0o644))
-	_, err = OpenDir(dir, Target{}, nil)
+	_, err = openDir(dir, Target{}, nil)
 	require.Error(t, err)
 
 	// A file, not a directory.
 	p := filepath.Join(t.TempDir(), "file")
 	require.NoError(t, os.WriteFile(p, nil, 0o644))
-	_, err = OpenDir(p, Target{}, nil)
+	_, err = openDir(p, Target{}, nil)
 	require.Error(t, err)
 }
 
@@ -460,7 +460,7 @@ func TestOpenDirRefuses(t *testing.T) {
 // test -race checks the locking).
 func TestConcurrentCommitted(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "cc")
-	d, err := OpenDir(dir, Target{WorldSize: 2}, nil)
+	d, err := openDir(dir, Target{WorldSize: 2}, nil)
 	require.NoError(t, err)
 	done := make(chan struct{})
 	go func() {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/writetest"
+
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/sttest"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
@@ -320,4 +322,14 @@ func uneven(world int) func(t *testing.T, dir string) []expectation {
 			spec{"col.w", safetensors.F16, []int64{3, 5}}, spec{"col.b", safetensors.F16, []int64{2}},
 			spec{"rep.w", safetensors.F32, []int64{4, 4}}, spec{"nodim", safetensors.F32, []int64{2, 2}}))
 	}
+}
+
+// openDir opens the DCP directory path (creating it, not its parents, if
+// missing) for writing.
+func openDir(path string, target Target, limits *Limits) (*Dir, error) {
+	root, err := writetest.MakeDir(path)
+	if err != nil {
+		return nil, err
+	}
+	return Open(root, target, limits)
 }

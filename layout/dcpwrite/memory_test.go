@@ -37,7 +37,7 @@ func TestCommitMemoryBounded(t *testing.T) {
 	src := patternFile{size: dataStart + infos[0].End}
 
 	dir := filepath.Join(t.TempDir(), "big")
-	d, err := OpenDir(dir, Target{WorldSize: 2, Rules: mustRules(t, "big 1")}, nil)
+	d, err := openDir(dir, Target{WorldSize: 2, Rules: mustRules(t, "big 1")}, nil)
 	require.NoError(t, err)
 	var before, after runtime.MemStats
 	runtime.GC()

@@ -28,7 +28,7 @@ import (
 // Its shard files are numbered by a file number reserved when it starts.
 // Until Reshard.Commit renames .metadata nothing of it is committed:
 // Discard, a failure, or a killed process leave shard files that .metadata
-// does not name, which Discard, the failure path, or the next OpenDir or
+// does not name, which Discard, the failure path, or the next Open or
 // RemoveStale remove.
 
 // Source is the safetensors file a Reshard reads.

@@ -142,7 +142,7 @@ func TestEagerMatchesCommit(t *testing.T) {
 			files := eagerFiles(t)
 			plain, eager := filepath.Join(t.TempDir(), "plain"), filepath.Join(t.TempDir(), "eager")
 			exps := commitAll(t, plain, tc.target, files...)
-			d, err := OpenDir(eager, tc.target, nil)
+			d, err := openDir(eager, tc.target, nil)
 			require.NoError(t, err)
 			for i, f := range files {
 				require.NoError(t, eagerCommit(t, d, f, 7+i*50), "file %d", i)
@@ -206,7 +206,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "c")
 			commitAll(t, dir, target, first)
-			d, err := OpenDir(dir, target, nil)
+			d, err := openDir(dir, target, nil)
 			require.NoError(t, err)
 			before := snapshot(t, dir)
 			committed := d.Committed()
@@ -234,7 +234,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 func TestEagerNumbering(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "n")
 	target := Target{WorldSize: 2}
-	d, err := OpenDir(dir, target, nil)
+	d, err := openDir(dir, target, nil)
 	require.NoError(t, err)
 	a := makeST(t, 1, spec{"a", safetensors.F32, []int64{6, 2}})
 	b := makeST(t, 2, spec{"b", safetensors.F32, []int64{6, 2}})
@@ -260,7 +260,7 @@ func TestEagerMemoryBounded(t *testing.T) {
 	infos := safetensors.Layout([]safetensors.TensorInfo{{Name: "big", DType: safetensors.F32, Shape: []int64{rows, cols}}})
 	const dataStart = 64
 	h := &safetensors.Header{Tensors: infos, DataStart: dataStart}
-	d, err := OpenDir(filepath.Join(t.TempDir(), "big"), Target{WorldSize: 512}, nil)
+	d, err := openDir(filepath.Join(t.TempDir(), "big"), Target{WorldSize: 512}, nil)
 	require.NoError(t, err)
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -280,7 +280,7 @@ type readyPattern struct{ patternFile }
 func (readyPattern) Wait(int64) error { return nil }
 
 func TestReshardTooMany(t *testing.T) {
-	d, err := OpenDir(filepath.Join(t.TempDir(), "b"), Target{}, nil)
+	d, err := openDir(filepath.Join(t.TempDir(), "b"), Target{}, nil)
 	require.NoError(t, err)
 	f := makeST(t, 1, spec{"a", safetensors.F32, []int64{4}})
 	var es []*Reshard
@@ -293,11 +293,11 @@ func TestReshardTooMany(t *testing.T) {
 	require.ErrorIs(t, err, ErrTooMany)
 	// The bound is the Limits', not the process's: a Dir sharing them is
 	// refused too, one with limits of its own is not.
-	shared, err := OpenDir(filepath.Join(t.TempDir(), "shared"), Target{}, d.limits)
+	shared, err := openDir(filepath.Join(t.TempDir(), "shared"), Target{}, d.limits)
 	require.NoError(t, err)
 	_, err = shared.Reshard(newTrickle(f.data, 1<<20), f.header)
 	require.ErrorIs(t, err, ErrTooMany)
-	own, err := OpenDir(filepath.Join(t.TempDir(), "own"), Target{}, nil)
+	own, err := openDir(filepath.Join(t.TempDir(), "own"), Target{}, nil)
 	require.NoError(t, err)
 	e, err := own.Reshard(newTrickle(f.data, 1<<20), f.header)
 	require.NoError(t, err)

@@ -123,9 +123,9 @@ func TestEagerSameAsFallback(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eager, fallback := filepath.Join(t.TempDir(), "e"), filepath.Join(t.TempDir(), "f")
-			we, err := Create(eager, Options{Target: tc.target})
+			we, err := createSession(eager, Options{Target: tc.target})
 			require.NoError(t, err)
-			wf, err := Create(fallback, Options{Target: tc.target})
+			wf, err := createSession(fallback, Options{Target: tc.target})
 			require.NoError(t, err)
 			for i, specs := range eagerSpecs {
 				data := stFile(t, byte(i), specs...)
@@ -257,13 +257,13 @@ func TestEagerOutOfOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := filepath.Join(t.TempDir(), "want")
-			w, err := Create(want, Options{Target: target})
+			w, err := createSession(want, Options{Target: target})
 			require.NoError(t, err)
 			require.NoError(t, put(t, w, "m.safetensors", data))
 			require.NoError(t, w.Close())
 
 			dir := filepath.Join(t.TempDir(), "got")
-			w, err = Create(dir, Options{Target: target})
+			w, err = createSession(dir, Options{Target: target})
 			require.NoError(t, err)
 			f := tc.write(t, w)
 			require.NoError(t, f.Commit())
@@ -280,7 +280,7 @@ func TestEagerOutOfOrder(t *testing.T) {
 // before it is closed is stored as-is; its eager shard files go.
 func TestEagerRenamedToSidecar(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "c")
-	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
+	w, err := createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 	require.NoError(t, err)
 	data := stFile(t, 1, eagerSpecs[0]...)
 	f := create(t, w, "m.safetensors")
@@ -299,12 +299,12 @@ func TestEagerRenamedToSidecar(t *testing.T) {
 // no shard file is left.
 func TestEagerFailureCommitsNothing(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "c")
-	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
+	w, err := createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "a.safetensors", stFile(t, 1, eagerSpecs[0]...)))
 	require.NoError(t, w.Close())
 	before := dirFiles(t, dir)
-	w, err = Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
+	w, err = createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	planted := filepath.Join(dir, "__2_1.distcp")
 	require.NoError(t, os.WriteFile(planted, []byte("not ours"), 0o644))
@@ -320,7 +320,7 @@ func TestEagerFailureCommitsNothing(t *testing.T) {
 	assert.Equal(t, before, dirFiles(t, dir))
 
 	// The directory is usable, the file number free.
-	w, err = Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
+	w, err = createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "b.safetensors", data))
 	require.NoError(t, w.Close())
@@ -338,7 +338,7 @@ func TestEagerKilledWriter(t *testing.T) {
 	for _, clean := range []string{"CleanStale", "Create"} {
 		t.Run(clean, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "k")
-			w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
+			w, err := createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 			require.NoError(t, err)
 			require.NoError(t, put(t, w, "a.safetensors", stFile(t, 1, eagerSpecs[0]...)))
 			require.NoError(t, w.Close())
@@ -369,7 +369,7 @@ func TestEagerKilledWriter(t *testing.T) {
 				require.NoError(t, err)
 				assert.True(t, removed)
 			} else {
-				w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
+				w, err := createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 				require.NoError(t, err)
 				require.NoError(t, w.Close())
 			}
@@ -381,7 +381,7 @@ func TestEagerKilledWriter(t *testing.T) {
 // eagerKilledWriter is the process TestEagerKilledWriter kills: it writes
 // most of a file and waits, its eager reshard under way.
 func eagerKilledWriter(t *testing.T, dir string) {
-	w, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
+	w, err := createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 2}})
 	require.NoError(t, err)
 	f := create(t, w, "b.safetensors")
 	data := stFile(t, 2, eagerSpecs[1]...)

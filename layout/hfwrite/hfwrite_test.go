@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/writetest"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
@@ -50,6 +51,16 @@ func put(t *testing.T, s *Session, name string, data []byte) error {
 }
 
 func target(t dcpwrite.Target) Options { return Options{Target: t} }
+
+// createSession opens path (creating it, not its parents, if missing) as a
+// session's directory.
+func createSession(path string, opts Options) (*Session, error) {
+	root, err := writetest.MakeDir(path)
+	if err != nil {
+		return nil, err
+	}
+	return CreateIn(root, opts)
+}
 
 func TestKindOf(t *testing.T) {
 	for name, want := range map[string]any{
@@ -88,7 +99,7 @@ func TestKindOf(t *testing.T) {
 
 func TestSessionCommits(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	w, err := Create(dir, target(dcpwrite.Target{WorldSize: 2, Prefix: "model"}))
+	w, err := createSession(dir, target(dcpwrite.Target{WorldSize: 2, Prefix: "model"}))
 	require.NoError(t, err)
 	require.NoError(t, put(t, w, "config.json", []byte(`{}`)))
 	require.Equal(t, 0, w.Tensors())
@@ -148,7 +159,7 @@ func TestSessionCommits(t *testing.T) {
 
 func TestAbortAndClose(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	w, err := Create(dir, target(dcpwrite.Target{}))
+	w, err := createSession(dir, target(dcpwrite.Target{}))
 	require.NoError(t, err)
 	f := create(t, w, "a.safetensors")
 	_, err = f.WriteAt(st(t, map[string]int64{"x": 5}), 0)
@@ -177,7 +188,7 @@ func openDir(t *testing.T, path string) *source.Dir {
 
 func TestCleanStale(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	w, err := Create(dir, target(dcpwrite.Target{}))
+	w, err := createSession(dir, target(dcpwrite.Target{}))
 	require.NoError(t, err)
 	f := create(t, w, "a.safetensors")
 	_, err = f.WriteAt([]byte("partial"), 0)
@@ -198,7 +209,7 @@ func TestCleanStale(t *testing.T) {
 	require.True(t, errors.Is(err, os.ErrNotExist))
 	// Create cleans too
 	require.NoError(t, os.MkdirAll(filepath.Join(dead, SpoolDir), 0o700))
-	w2, err := Create(dead, target(dcpwrite.Target{}))
+	w2, err := createSession(dead, target(dcpwrite.Target{}))
 	require.NoError(t, err)
 	_, err = os.Stat(filepath.Join(dead, SpoolDir))
 	require.True(t, errors.Is(err, os.ErrNotExist))
@@ -211,7 +222,7 @@ func TestCleanStale(t *testing.T) {
 // disk, file for file.
 func TestViewFromCommittedMetadata(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	w, err := Create(dir, target(dcpwrite.Target{WorldSize: 2}))
+	w, err := createSession(dir, target(dcpwrite.Target{WorldSize: 2}))
 	require.NoError(t, err)
 	defer w.Close()
 	require.NoError(t, put(t, w, "a.safetensors", st(t, map[string]int64{"x": 6, "y": 3})))

@@ -167,21 +167,12 @@ type Session struct {
 	closed  bool             // GUARDED_BY(mu)
 }
 
-// Create opens path (creating it, not its parents, if missing) as a DCP
-// directory to write into. Leftovers of an earlier session that died are
-// removed: its spool (CleanStale) and the shard files its .metadata does not
-// name (dcpwrite.Open).
-func Create(path string, opts Options) (*Session, error) {
-	root, err := dcpwrite.MakeDir(path)
-	if err != nil {
-		return nil, err
-	}
-	return CreateIn(root, opts)
-}
-
-// CreateIn is Create of the directory root, opened already (created
-// through its parent's Dir, so that no name leads it out). It takes root:
-// the session closes it, and CreateIn does when it fails.
+// CreateIn opens the directory root, opened already (created through its
+// parent's Dir, so that no name leads it out), as a DCP directory to write
+// into. Leftovers of an earlier session that died are removed: its spool
+// (CleanStale) and the shard files its .metadata does not name
+// (dcpwrite.Open). It takes root: the session closes it, and CreateIn does
+// when it fails.
 func CreateIn(root *source.Dir, opts Options) (*Session, error) {
 	if opts.Limits == nil {
 		opts.Limits = NewLimits()

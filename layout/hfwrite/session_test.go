@@ -42,7 +42,7 @@ func (r *reports) list() []Report {
 func newSession(t *testing.T) (*Session, *reports) {
 	t.Helper()
 	r := &reports{}
-	s, err := Create(filepath.Join(t.TempDir(), "ckpt"), Options{Target: dcpwrite.Target{WorldSize: 2}, OnCommit: r.add})
+	s, err := createSession(filepath.Join(t.TempDir(), "ckpt"), Options{Target: dcpwrite.Target{WorldSize: 2}, OnCommit: r.add})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s, r

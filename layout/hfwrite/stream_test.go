@@ -191,7 +191,7 @@ func TestWriteBehindLooksAtFreeSpacePer16MiB(t *testing.T) {
 func TestManyFilesWrittenAtOnce(t *testing.T) {
 	const files = 2*behindQueued + 2
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	s, err := Create(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
+	s, err := createSession(dir, Options{Target: dcpwrite.Target{WorldSize: 3}})
 	require.NoError(t, err)
 	want := map[string][]byte{}
 	var wg sync.WaitGroup
