@@ -93,23 +93,3 @@ func FromTorch(name string) (DType, bool) {
 	d, ok := fromTorch[name]
 	return d, ok
 }
-
-// refOrder lists the dtypes in the order of the reference crate's Dtype enum
-// ("increasing alignment"); its writer lays tensors out by descending rank.
-// Checked against safetensors 0.8.0 (see TestSortForWrite).
-var refOrder = []DType{
-	BOOL, F4, F6_E2M3, F6_E3M2, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ,
-	I16, U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64,
-}
-
-var refRank = func() map[DType]int {
-	m := make(map[DType]int, len(refOrder))
-	for i, d := range refOrder {
-		m[d] = i + 1
-	}
-	return m
-}()
-
-// rank is d's position in the reference crate's Dtype enum, from 1; 0 for an
-// unknown dtype.
-func (d DType) rank() int { return refRank[d] }

@@ -52,21 +52,16 @@ func rawN(length uint64, hdr string, n int) []byte {
 	return append(b, pattern(n)...)
 }
 
-// written is a file produced by Writer from Layout(tensors).
+// written is the file EncodeHeader and a data buffer make of
+// Layout(tensors).
 func written(metadata map[string]string, tensors []TensorInfo) []byte {
 	tensors = Layout(tensors)
-	var buf bytes.Buffer
-	w, err := NewWriter(&buf, metadata, tensors)
+	hdr, err := EncodeHeader(metadata, tensors)
 	if err != nil {
 		panic(err)
 	}
-	if _, err := w.Write(pattern(int(w.Remaining()))); err != nil {
-		panic(err)
-	}
-	if err := w.Close(); err != nil {
-		panic(err)
-	}
-	return buf.Bytes()
+	h := Header{Tensors: tensors}
+	return append(hdr, pattern(int(h.DataSize()))...)
 }
 
 const w24 = `"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}`

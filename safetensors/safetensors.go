@@ -1,5 +1,5 @@
 // Package safetensors reads and writes the header of HuggingFace
-// safetensors files and streams new files.
+// safetensors files.
 //
 // A safetensors file is an 8-byte little-endian header length N, N bytes of
 // JSON header, then the data buffer. The header maps each tensor name to its
@@ -8,7 +8,8 @@
 //
 // The package is shaped like archive/zip: [ReadHeader] parses and validates
 // a header from an [io.ReaderAt] without touching the data buffer, and
-// [Writer] streams a file, header first. Validation follows the Rust
+// [EncodeHeader] writes one deterministically (the data buffer follows it;
+// whole files for tests come from internal/stwrite). Validation follows the Rust
 // safetensors crate (read_metadata and Metadata::validate), which the Python
 // safe_open uses, and is stricter where that crate is lax; see
 // [Header.Validate].
@@ -19,9 +20,7 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strconv"
-	"strings"
 )
 
 // MaxHeaderSize is the largest JSON header accepted, in bytes, as in the
@@ -35,14 +34,6 @@ var (
 	// ErrHeaderTooLarge is wrapped, with ErrInvalidHeader, when the header
 	// length exceeds MaxHeaderSize.
 	ErrHeaderTooLarge = errors.New("safetensors: header too large")
-	// ErrWriteTooLong is returned by Writer.Write when more data bytes are
-	// written than the header declares.
-	ErrWriteTooLong = errors.New("safetensors: write too long")
-	// ErrShortData is wrapped by Writer.Close when fewer data bytes were
-	// written than the header declares.
-	ErrShortData = errors.New("safetensors: fewer data bytes than the header declares")
-	// ErrWriterClosed is returned by Writer.Write after Close.
-	ErrWriterClosed = errors.New("safetensors: write to closed Writer")
 )
 
 // A HeaderError describes why a header is invalid. It wraps ErrInvalidHeader
@@ -155,7 +146,7 @@ func ByteSize(dtype DType, shape []int64) (int64, error) {
 // Layout returns a copy of tensors with Begin and End assigned contiguously
 // from 0 in the given order, each sized from its Shape and DType. Shape
 // slices are shared with the input. An entry whose size cannot be computed
-// (see ByteSize) gets End == Begin; EncodeHeader and NewWriter then report it.
+// (see ByteSize) gets End == Begin; EncodeHeader then reports it.
 func Layout(tensors []TensorInfo) []TensorInfo {
 	if tensors == nil {
 		return nil
@@ -184,18 +175,4 @@ func fmtShape(shape []int64) string {
 		b = strconv.AppendInt(b, d, 10)
 	}
 	return string(append(b, ']'))
-}
-
-// SortForWrite sorts tensors in place into the order the reference writer
-// (Rust serialize, Python save_file) lays them out: by descending dtype
-// alignment rank, then by name. Follow it with Layout to get a file whose
-// header EncodeHeader writes byte for byte as Python would (given at most one
-// metadata key: the reference writes metadata in hash-map order).
-func SortForWrite(tensors []TensorInfo) {
-	slices.SortStableFunc(tensors, func(a, b TensorInfo) int {
-		if c := b.DType.rank() - a.DType.rank(); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
 }

@@ -3,7 +3,6 @@ package safetensors
 import (
 	"encoding/binary"
 	"fmt"
-	"io"
 	"slices"
 	"strconv"
 )
@@ -15,8 +14,8 @@ import (
 // The JSON is compact and deterministic: "__metadata__" first (keys sorted)
 // when metadata is non-nil, then the tensors in the given order, each as
 // {"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}, with strings escaped
-// as serde_json does. With tensors in the reference writer's order (see
-// SortForWrite) and at most one metadata key, the result is byte for byte what
+// as serde_json does. With tensors in the reference writer's order (by
+// descending dtype alignment, then by name) and at most one metadata key, the result is byte for byte what
 // Python's save_file writes.
 //
 // The tensors must already satisfy the per-entry rules of Header.Validate in
@@ -119,77 +118,4 @@ func appendString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
-}
-
-// Writer streams a safetensors file: header first, then each tensor's bytes
-// in header order. It does not close the underlying writer.
-type Writer struct {
-	w         io.Writer
-	remaining int64 // data bytes still to write
-	err       error // sticky error from w
-	closed    bool
-	closeErr  error // what Close returned
-}
-
-// NewWriter encodes the header for metadata and tensors (see EncodeHeader)
-// and writes it to w immediately. The caller then writes the data buffer,
-// whose length is the last tensor's End, and calls Close.
-func NewWriter(w io.Writer, metadata map[string]string, tensors []TensorInfo) (*Writer, error) {
-	hdr, err := EncodeHeader(metadata, tensors)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := w.Write(hdr); err != nil {
-		return nil, fmt.Errorf("safetensors: writing header: %w", err)
-	}
-	var size int64
-	if len(tensors) > 0 {
-		size = tensors[len(tensors)-1].End
-	}
-	return &Writer{w: w, remaining: size}, nil
-}
-
-// Remaining is the number of data bytes still to be written.
-func (w *Writer) Remaining() int64 { return w.remaining }
-
-// Write writes data bytes, in header order. Past the declared data size it
-// writes what fits and returns ErrWriteTooLong.
-func (w *Writer) Write(p []byte) (int, error) {
-	if w.closed {
-		return 0, ErrWriterClosed
-	}
-	if w.err != nil {
-		return 0, w.err
-	}
-	tooLong := int64(len(p)) > w.remaining
-	if tooLong {
-		p = p[:w.remaining]
-	}
-	n, err := w.w.Write(p)
-	w.remaining -= int64(n)
-	if err != nil {
-		w.err = err
-		return n, err
-	}
-	if tooLong {
-		return n, ErrWriteTooLong
-	}
-	return n, nil
-}
-
-// Close checks that the whole data buffer was written. It returns an error
-// wrapping ErrShortData if fewer bytes were written than declared, or the
-// first error from the underlying writer. Later calls return the same.
-func (w *Writer) Close() error {
-	if w.closed {
-		return w.closeErr
-	}
-	w.closed = true
-	switch {
-	case w.err != nil:
-		w.closeErr = w.err
-	case w.remaining > 0:
-		w.closeErr = fmt.Errorf("%w: %d bytes missing", ErrShortData, w.remaining)
-	}
-	return w.closeErr
 }

@@ -3,8 +3,6 @@ package safetensors
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
-	"io"
 	"math"
 	"strings"
 	"testing"
@@ -13,19 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// roundTrip writes h's metadata and tensors with data through Writer, reads
-// the result back, and checks that nothing changed.
+// roundTrip encodes h's metadata and tensors, appends data, reads the
+// result back, and checks that nothing changed.
 func roundTrip(t *testing.T, h *Header, data []byte) {
 	t.Helper()
-	var buf bytes.Buffer
-	w, err := NewWriter(&buf, h.Metadata, h.Tensors)
+	require.Equal(t, h.DataSize(), int64(len(data)))
+	hdr, err := EncodeHeader(h.Metadata, h.Tensors)
 	require.NoError(t, err)
-	require.Equal(t, h.DataSize(), w.Remaining())
-	n, err := w.Write(data)
-	require.NoError(t, err)
-	require.Equal(t, len(data), n)
-	require.NoError(t, w.Close())
-	out := buf.Bytes()
+	out := append(hdr, data...)
 
 	h2, err := ReadHeader(bytes.NewReader(out), int64(len(out)))
 	require.NoError(t, err)
@@ -197,8 +190,6 @@ func TestEncodeHeaderErrors(t *testing.T) {
 			_, err := EncodeHeader(tc.metadata, tc.tensors)
 			require.ErrorIs(t, err, ErrInvalidHeader)
 			assert.ErrorContains(t, err, tc.wantErr)
-			_, err = NewWriter(io.Discard, tc.metadata, tc.tensors)
-			assert.ErrorContains(t, err, tc.wantErr)
 		})
 	}
 }
@@ -235,93 +226,4 @@ func TestHeaderValidate(t *testing.T) {
 	assert.ErrorContains(t, h.Validate(8+MaxHeaderSize+9), "data start")
 	h = &Header{Tensors: []TensorInfo{{Name: "a", DType: U8, Shape: []int64{}, Begin: 0, End: 1}}, DataStart: math.MaxInt64}
 	assert.ErrorContains(t, h.Validate(math.MaxInt64), "data start")
-}
-
-func TestWriter(t *testing.T) {
-	tensors := Layout([]TensorInfo{
-		{Name: "a", DType: F32, Shape: []int64{2}},
-		{Name: "b", DType: U8, Shape: []int64{3}},
-	})
-	hdr, err := EncodeHeader(nil, tensors)
-	require.NoError(t, err)
-
-	t.Run("in pieces", func(t *testing.T) {
-		var buf bytes.Buffer
-		w, err := NewWriter(&buf, nil, tensors)
-		require.NoError(t, err)
-		assert.Equal(t, hdr, buf.Bytes(), "header written immediately")
-		data := pattern(11)
-		for _, p := range [][]byte{data[:3], nil, data[3:8], data[8:]} {
-			n, err := w.Write(p)
-			require.NoError(t, err)
-			assert.Equal(t, len(p), n)
-		}
-		assert.Zero(t, w.Remaining())
-		require.NoError(t, w.Close())
-		require.NoError(t, w.Close())
-		assert.Equal(t, append(hdr, data...), buf.Bytes())
-		_, err = w.Write([]byte{1})
-		assert.ErrorIs(t, err, ErrWriterClosed)
-	})
-	t.Run("too long", func(t *testing.T) {
-		var buf bytes.Buffer
-		w, err := NewWriter(&buf, nil, tensors)
-		require.NoError(t, err)
-		n, err := w.Write(pattern(10))
-		require.NoError(t, err)
-		assert.Equal(t, 10, n)
-		n, err = w.Write([]byte{1, 2, 3})
-		assert.ErrorIs(t, err, ErrWriteTooLong)
-		assert.Equal(t, 1, n, "writes what fits")
-		n, err = w.Write([]byte{4})
-		assert.ErrorIs(t, err, ErrWriteTooLong)
-		assert.Zero(t, n)
-		require.NoError(t, w.Close())
-		assert.Len(t, buf.Bytes(), len(hdr)+11)
-	})
-	t.Run("short", func(t *testing.T) {
-		w, err := NewWriter(io.Discard, nil, tensors)
-		require.NoError(t, err)
-		_, err = w.Write(pattern(4))
-		require.NoError(t, err)
-		err = w.Close()
-		assert.ErrorIs(t, err, ErrShortData)
-		assert.EqualError(t, err, "safetensors: fewer data bytes than the header declares: 7 bytes missing")
-		assert.Equal(t, err, w.Close(), "Close is idempotent")
-	})
-	t.Run("underlying error", func(t *testing.T) {
-		boom := errors.New("boom")
-		fw := &failWriter{after: len(hdr) + 2, err: boom}
-		w, err := NewWriter(fw, nil, tensors)
-		require.NoError(t, err)
-		n, err := w.Write(pattern(5))
-		assert.ErrorIs(t, err, boom)
-		assert.Equal(t, 2, n)
-		_, err = w.Write(pattern(1))
-		assert.ErrorIs(t, err, boom, "sticky")
-		assert.ErrorIs(t, w.Close(), boom)
-	})
-	t.Run("header write error", func(t *testing.T) {
-		boom := errors.New("boom")
-		w, err := NewWriter(&failWriter{after: 3, err: boom}, nil, tensors)
-		assert.Nil(t, w)
-		assert.ErrorIs(t, err, boom)
-		assert.ErrorContains(t, err, "safetensors: writing header")
-	})
-}
-
-// failWriter accepts after bytes, then fails.
-type failWriter struct {
-	after int
-	err   error
-}
-
-func (f *failWriter) Write(p []byte) (int, error) {
-	if len(p) <= f.after {
-		f.after -= len(p)
-		return len(p), nil
-	}
-	n := f.after
-	f.after = 0
-	return n, f.err
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ckptfs/ckptfs/internal/stwrite"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -22,7 +23,7 @@ func plainModel(t *testing.T, n int64) string {
 	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
 	require.NoError(t, err)
 	defer f.Close()
-	w, err := safetensors.NewWriter(f, nil, safetensors.Layout([]safetensors.TensorInfo{{Name: "w", DType: safetensors.F32, Shape: []int64{n / 4}}}))
+	w, err := stwrite.NewWriter(f, nil, safetensors.Layout([]safetensors.TensorInfo{{Name: "w", DType: safetensors.F32, Shape: []int64{n / 4}}}))
 	require.NoError(t, err)
 	buf := make([]byte, n)
 	for i := range buf {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/stwrite"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
 	"github.com/ckptfs/ckptfs/layout/hfdir"
 	"github.com/ckptfs/ckptfs/layout/hfwrite"
@@ -53,10 +54,10 @@ func writeST(t *testing.T, path string, seed int64, specs ...tspec) map[string][
 	for i, s := range specs {
 		infos[i] = safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape}
 	}
-	safetensors.SortForWrite(infos)
+	stwrite.SortForWrite(infos)
 	infos = safetensors.Layout(infos)
 	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, map[string]string{"format": "pt"}, infos)
+	w, err := stwrite.NewWriter(&buf, map[string]string{"format": "pt"}, infos)
 	require.NoError(t, err)
 	rng := rand.New(rand.NewSource(seed))
 	out := map[string][]byte{}

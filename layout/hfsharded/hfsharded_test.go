@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/stwrite"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -90,7 +91,7 @@ func TestShardWithoutShardingInfo(t *testing.T) {
 	require.False(t, treetest.Detect(t, Reader, dir))
 	f, err := os.Create(filepath.Join(dir, "shard-00001-model-00001-of-00001.safetensors"))
 	require.NoError(t, err)
-	w, err := safetensors.NewWriter(f, nil, safetensors.Layout([]safetensors.TensorInfo{{Name: "a", DType: safetensors.F32, Shape: []int64{1}}}))
+	w, err := stwrite.NewWriter(f, nil, safetensors.Layout([]safetensors.TensorInfo{{Name: "a", DType: safetensors.F32, Shape: []int64{1}}}))
 	require.NoError(t, err)
 	_, err = w.Write(make([]byte, 4))
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/stwrite"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -25,7 +26,7 @@ func writeFile(t *testing.T, path string, b byte, names ...string) {
 	require.NoError(t, err)
 	defer f.Close()
 	infos = safetensors.Layout(infos)
-	w, err := safetensors.NewWriter(f, map[string]string{"format": "pt"}, infos)
+	w, err := stwrite.NewWriter(f, map[string]string{"format": "pt"}, infos)
 	require.NoError(t, err)
 	data := make([]byte, 8*len(names))
 	for i := range data {

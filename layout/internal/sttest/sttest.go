@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/stwrite"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
@@ -32,7 +33,7 @@ func Build(t testing.TB, meta map[string]string, fill func(safetensors.TensorInf
 	}
 	infos = safetensors.Layout(infos)
 	var buf bytes.Buffer
-	w, err := safetensors.NewWriter(&buf, meta, infos)
+	w, err := stwrite.NewWriter(&buf, meta, infos)
 	require.NoError(t, err)
 	raw := make(map[string][]byte, len(infos))
 	for _, ti := range infos {
