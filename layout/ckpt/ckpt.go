@@ -112,12 +112,31 @@ type ModelRecord interface {
 	// known), whether the output projection is tied to the input
 	// embeddings, and what was assumed, one line each.
 	Params() (params map[string]int64, tied bool, notes []string)
-	// HFConfig writes the HF config.json of the model as the built-in
-	// mapping named spec shows it; an error says what HF cannot express.
-	HFConfig(spec string) ([]byte, error)
+	// HFConfig writes the HF config.json of the model as the mapping
+	// target describes shows it; an error says what HF cannot express.
+	HFConfig(target HFTarget) ([]byte, error)
 	// Source says where it was read from, for inspect.
 	Source() string
 }
+
+// HFTarget is what a mapping makes of a checkpoint, as HFConfig needs it.
+type HFTarget struct {
+	// Mapping names the mapping.
+	Mapping string
+	// MoE is the HF mixture-of-experts family the mapping's rules make
+	// (MoEMixtral, MoEQwen); "" for a dense model.
+	MoE string
+}
+
+// The HF mixture-of-experts families a mapping makes.
+const (
+	// MoEMixtral is MixtralForCausalLM.
+	MoEMixtral = "mixtral"
+	// MoEQwen is Qwen3MoeForCausalLM (QK norms) or Qwen2MoeForCausalLM (QKV
+	// biases and a gated shared expert): one set of names, the model's
+	// arguments tell which.
+	MoEQwen = "qwen-moe"
+)
 
 // Close releases every open shard file.
 func (c *Checkpoint) Close() error {

@@ -39,13 +39,13 @@ var megatronGPT = &Spec{Name: "megatron-gpt", Rules: megatronDecoder(true, []Rul
 // megatronMixtral is Megatron-Core's GPTModel with MoE layers (a router,
 // SwiGLU experts, no shared experts; Mixtral's attention) as HF
 // MixtralForCausalLM, with Megatron-Bridge's names.
-var megatronMixtral = &Spec{Name: "megatron-mixtral", Rules: megatronDecoder(false,
+var megatronMixtral = &Spec{Name: "megatron-mixtral", MoE: ckpt.MoEMixtral, Rules: megatronDecoder(false,
 	megatronExperts(layer+"block_sparse_moe.", "w1", "w3", "w2"))}
 
 // megatronQwenMoE is the same model as HF Qwen3MoeForCausalLM (QK norms)
 // or Qwen2MoeForCausalLM (QKV biases, a gated shared expert): the names
 // the two share, with what only one of them has optional.
-var megatronQwenMoE = &Spec{Name: "megatron-qwen-moe", Rules: megatronDecoder(true, append(
+var megatronQwenMoE = &Spec{Name: "megatron-qwen-moe", MoE: ckpt.MoEQwen, Rules: megatronDecoder(true, append(
 	megatronExperts(layer+"mlp.", "gate_proj", "up_proj", "down_proj"),
 	Rule{To: layer + "mlp.shared_expert.gate_proj.weight", From: Names{"decoder.layers.mlp.shared_experts.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(0), Optional: true},
 	Rule{To: layer + "mlp.shared_expert.up_proj.weight", From: Names{"decoder.layers.mlp.shared_experts.linear_fc1.weight"}, Stacked: ByLayer, Split: gateUp(1), Optional: true},

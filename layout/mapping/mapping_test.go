@@ -59,6 +59,7 @@ func TestParseRejects(t *testing.T) {
 		`{"name": "x", "tensors": [{"to": "a", "from": "b", "split": {"sizes": ["1"], "take": 1}}]}`: "split takes part 1 of 1",
 		`{"name": "x", "tensors": [{"to": "a", "from": "b", "rows": "5"}]}`:                          `rows "5" is not "start:end"`,
 		`{"name": "x", "tensors": [{"to": "a", "from": 7}]}`:                                         "want a name or a list",
+		`{"name": "x", "moe": "deepseek", "tensors": [{"to": "a", "from": "b"}]}`:                    `moe "deepseek" is not`,
 	} {
 		_, err := Parse([]byte(doc))
 		assert.ErrorContains(t, err, msg, doc)
@@ -66,6 +67,22 @@ func TestParseRejects(t *testing.T) {
 	s, err := Parse([]byte(`{"name": "x", "params": {"heads": 2}, "tensors": [{"to": "a", "from": ["b", "c"], "optional": true}]}`))
 	require.NoError(t, err)
 	assert.Equal(t, Names{"b", "c"}, s.Rules[0].From)
+	s, err = Parse([]byte(`{"name": "x", "moe": "mixtral", "tensors": [{"to": "a", "from": "b"}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, ckpt.MoEMixtral, s.MoE)
+}
+
+// The built-in mappings say which HF MoE family their rules make, for the
+// config.json a view generates; the dense ones none.
+func TestBuiltinMoE(t *testing.T) {
+	moe := map[string]string{}
+	for _, s := range Builtin {
+		require.NoError(t, s.validate(), s.Name)
+		if s.MoE != "" {
+			moe[s.Name] = s.MoE
+		}
+	}
+	assert.Equal(t, map[string]string{"megatron-mixtral": ckpt.MoEMixtral, "megatron-qwen-moe": ckpt.MoEQwen}, moe)
 }
 
 func tensor(name string, shape ...int64) Source {

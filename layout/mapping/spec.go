@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"syscall"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 )
 
 // Spec is a mapping as data: the built-in ones (one table per model family)
@@ -25,7 +27,11 @@ type Spec struct {
 	// Params fixes hyper-parameters; config.json and the checkpoint's own
 	// arguments give the others.
 	Params map[string]int64 `json:"params,omitempty"`
-	Rules  []Rule           `json:"tensors"`
+	// MoE names the HF mixture-of-experts family the rules make
+	// (ckpt.MoEMixtral, ckpt.MoEQwen), for the config.json a view
+	// generates; "" for a dense model.
+	MoE   string `json:"moe,omitempty"`
+	Rules []Rule `json:"tensors"`
 }
 
 // Rule makes one view tensor, or one per layer when To holds "{l}".
@@ -167,6 +173,9 @@ func (s *Spec) validate() error {
 	}
 	if len(s.Rules) == 0 {
 		return fmt.Errorf("mapping %s: no tensors", s.Name)
+	}
+	if s.MoE != "" && s.MoE != ckpt.MoEMixtral && s.MoE != ckpt.MoEQwen {
+		return fmt.Errorf("mapping %s: moe %q is not %q or %q", s.Name, s.MoE, ckpt.MoEMixtral, ckpt.MoEQwen)
 	}
 	for i, r := range s.Rules {
 		where := fmt.Sprintf("mapping %s: tensor %d (%q)", s.Name, i, r.To)

@@ -3,17 +3,19 @@ package megatron
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 )
 
 // HFConfig writes the HF config.json of a Megatron-Core GPT model from the
-// arguments its checkpoint stores, for the view the built-in mapping named
-// spec made: LlamaForCausalLM, or Qwen2ForCausalLM when
+// arguments its checkpoint stores, for the view the mapping target made:
+// LlamaForCausalLM, or Qwen2ForCausalLM when
 // Q/K/V have biases, or Qwen3ForCausalLM with QK norms; with MoE layers
 // MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM. It
 // refuses (with the reason) what those classes cannot express exactly:
 // another activation or norm, learned positions, RoPE scaling, biases on
 // other linears, routing HF does not do.
-func (args Args) HFConfig(spec string) ([]byte, error) {
+func (args Args) HFConfig(target ckpt.HFTarget) ([]byte, error) {
 	str := func(k string) string { s, _ := args[k].(string); return s }
 	flag := func(k string) bool { b, _ := args[k].(bool); return b }
 	num := func(k string) (int64, bool) { v, ok := args[k].(int64); return v, ok && v > 0 }
@@ -75,7 +77,7 @@ func (args Args) HFConfig(spec string) ([]byte, error) {
 		cfg["torch_dtype"] = "float16"
 	}
 	if experts, ok := num("num_experts"); ok {
-		if err := moeConfig(cfg, args, experts, spec); err != nil {
+		if err := moeConfig(cfg, args, experts, target); err != nil {
 			return nil, err
 		}
 		return json.MarshalIndent(cfg, "", "  ")
@@ -93,10 +95,10 @@ func (args Args) HFConfig(spec string) ([]byte, error) {
 	return json.MarshalIndent(cfg, "", "  ")
 }
 
-// moeConfig adds to cfg what an HF MoE class needs, for the mapping named
-// spec: Mixtral (megatron-mixtral), Qwen3-MoE (QK norms) or Qwen2-MoE (QKV
-// biases and a gated shared expert, which it always has).
-func moeConfig(cfg, args map[string]any, experts int64, spec string) error {
+// moeConfig adds to cfg what an HF MoE class needs, for the family the
+// mapping target makes: Mixtral, or of the Qwen family Qwen3-MoE (QK norms)
+// or Qwen2-MoE (QKV biases and a gated shared expert, which it always has).
+func moeConfig(cfg, args map[string]any, experts int64, target ckpt.HFTarget) error {
 	str := func(k string) string { s, _ := args[k].(string); return s }
 	flag := func(k string) bool { b, _ := args[k].(bool); return b }
 	num := func(k string) (int64, bool) { v, ok := args[k].(int64); return v, ok && v > 0 }
@@ -125,7 +127,7 @@ func moeConfig(cfg, args map[string]any, experts int64, spec string) error {
 	normTopK := !flag("moe_router_pre_softmax")
 	delete(cfg, "mlp_bias")
 	switch {
-	case spec == "megatron-mixtral":
+	case target.MoE == ckpt.MoEMixtral:
 		if hasShared || flag("qk_layernorm") || flag("add_qkv_bias") || !normTopK {
 			return fmt.Errorf("shared experts, QK norms, QKV biases or pre-softmax routing have no MixtralForCausalLM equivalent")
 		}
@@ -133,22 +135,22 @@ func moeConfig(cfg, args map[string]any, experts int64, spec string) error {
 		cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"] = experts, topk, ffn
 		cfg["output_router_logits"], cfg["sliding_window"] = false, nil
 		delete(cfg, "attention_bias")
-	case spec == "megatron-qwen-moe" && flag("qk_layernorm"):
+	case target.MoE == ckpt.MoEQwen && flag("qk_layernorm"):
 		if hasShared {
 			return fmt.Errorf("Qwen3MoeForCausalLM has no shared experts")
 		}
 		cfg["architectures"], cfg["model_type"] = []string{"Qwen3MoeForCausalLM"}, "qwen3_moe"
 		cfg["attention_bias"] = flag("add_qkv_bias")
-	case spec == "megatron-qwen-moe":
+	case target.MoE == ckpt.MoEQwen:
 		if !hasShared || !flag("moe_shared_expert_gate") || !flag("add_qkv_bias") {
 			return fmt.Errorf("Qwen2MoeForCausalLM needs QKV biases and a gated shared expert")
 		}
 		cfg["architectures"], cfg["model_type"] = []string{"Qwen2MoeForCausalLM"}, "qwen2_moe"
 		cfg["shared_expert_intermediate_size"] = shared
 	default:
-		return fmt.Errorf("the %s mapping makes no MoE model", spec)
+		return fmt.Errorf("the %s mapping makes no MoE model", target.Mapping)
 	}
-	if spec == "megatron-qwen-moe" {
+	if target.MoE == ckpt.MoEQwen {
 		cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"] = experts, topk, ffn
 		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = normTopK, 1, []int{}
 		cfg["output_router_logits"] = false

@@ -40,7 +40,7 @@ func TestFixtures(t *testing.T) {
 			assert.Equal(t, []int{1}, dims["layers.1.feed_forward.w2.weight"])
 			assert.Empty(t, dims["layers.1.ffn_norm.weight"])
 
-			got, err := c.Record.HFConfig("torchtitan-llama")
+			got, err := c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama"})
 			if tc.name == "meta_llama31_mp2" {
 				// Llama 3.1's params.json, like 3.2's, sets use_scaled_rope
 				// but not the factor: no config is guessed; with the factor
@@ -59,7 +59,7 @@ func TestFixtures(t *testing.T) {
 				require.NoError(t, os.WriteFile(filepath.Join(tmp, ParamsFile), b, 0o644))
 				c, rerr = open(tmp)
 				require.NoError(t, rerr)
-				got, err = c.Record.HFConfig("torchtitan-llama")
+				got, err = c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama"})
 			}
 			require.NoError(t, err)
 			var ours, theirs map[string]any
@@ -82,7 +82,7 @@ func TestFixtures(t *testing.T) {
 					assert.Equal(t, rope[k], v, k)
 				}
 			}
-			_, err = c.Record.HFConfig("megatron-gpt")
+			_, err = c.Record.HFConfig(ckpt.HFTarget{Mapping: "megatron-gpt"})
 			assert.Error(t, err)
 		})
 	}
@@ -161,7 +161,7 @@ func FuzzParams(f *testing.F) {
 			return
 		}
 		defer c.Close()
-		_, _ = c.Record.HFConfig("torchtitan-llama")
+		_, _ = c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama"})
 	})
 }
 

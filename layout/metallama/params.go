@@ -116,9 +116,9 @@ func (r *record) intermediateSize() int64 {
 // otherwise, so no config is written rather than a guessed one. Llama 1
 // cannot be told from Llama 2: the config is Llama 2's (4096 positions;
 // 16384 with a larger rope_theta, as Code Llama).
-func (r *record) HFConfig(spec string) ([]byte, error) {
-	if spec != "torchtitan-llama" {
-		return nil, fmt.Errorf("%s describes a Llama; the %s mapping makes another model", r.p.source, spec)
+func (r *record) HFConfig(target ckpt.HFTarget) ([]byte, error) {
+	if target.Mapping != "torchtitan-llama" {
+		return nil, fmt.Errorf("%s describes a Llama; the %s mapping makes another model", r.p.source, target.Mapping)
 	}
 	if got := r.intermediateSize(); r.ffn != got {
 		return nil, fmt.Errorf("%s: dim %d, multiple_of and ffn_dim_multiplier give an intermediate size of %d, but feed_forward.w1 has %d rows", r.p.source, r.p.Dim, got, r.ffn)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
@@ -54,6 +55,7 @@ func (v *View) mapTensors(selected []named, sidecars []*File, opts Options) ([]v
 		return nil, fmt.Errorf("layout: %s: %w", v.Checkpoint.Dir, err)
 	}
 	v.Mapping = spec.Name
+	v.hfTarget = ckpt.HFTarget{Mapping: spec.Name, MoE: spec.MoE}
 	v.Warnings = append(v.Warnings, model.Notes...)
 	for _, name := range res.Unused {
 		v.Omitted = append(v.Omitted, Omission{Name: saved[name], Reason: "not used by the " + spec.Name + " mapping"})
@@ -124,7 +126,7 @@ func (v *View) generatedConfig(sidecars []*File, mtime time.Time) *File {
 			return nil
 		}
 	}
-	b, err := r.HFConfig(v.Mapping)
+	b, err := r.HFConfig(v.hfTarget)
 	if err != nil {
 		v.Warnings = append(v.Warnings, "no config.json for the view: "+err.Error()+" (pass --hf-config DIR)")
 		return nil

@@ -85,7 +85,8 @@ type View struct {
 	// had to assume (a mapping lacking a hyper-parameter, say).
 	Warnings []string
 
-	extra []io.Closer // file sets of sidecars from outside the checkpoint
+	hfTarget ckpt.HFTarget // what the mapping makes, for a generated config.json
+	extra    []io.Closer   // file sets of sidecars from outside the checkpoint
 }
 
 // Omission is a tensor of the checkpoint that is not in the view.
