@@ -6,9 +6,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/ckptfs/ckptfs/layout/source/azure"
-	"github.com/ckptfs/ckptfs/layout/source/gcs"
-	"github.com/ckptfs/ckptfs/layout/source/objstore"
 	"github.com/ckptfs/ckptfs/layout/source/open"
 )
 
@@ -43,9 +40,9 @@ func (s *sourceFlags) register(fs *pflag.FlagSet, withCache bool) {
 	fs.StringVar(&s.profile, "profile", "", "s3:// sources: `NAME` of the profile in the AWS config and credentials files (default: $AWS_PROFILE, else default)")
 	fs.BoolVar(&s.noSignRequest, "no-sign-request", false, "object store sources: send requests without credentials (public buckets and containers)")
 	fs.BoolVar(&s.requesterPays, "requester-pays", false, "s3:// sources: send x-amz-request-payer: requester, so that a requester-pays bucket bills your account")
-	fs.IntVar(&s.maxAttempts, "max-attempts", objstore.DefaultMaxAttempts, "object store sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
-	fs.DurationVar(&s.readTimeout, "read-timeout", objstore.DefaultReadTimeout, "object store sources: fail an attempt whose connection delivers nothing for this long (then retried)")
-	s.minRate = newByteSize(objstore.DefaultMinRate, false)
+	fs.IntVar(&s.maxAttempts, "max-attempts", open.DefaultMaxAttempts, "object store sources: attempts per request, retried with backoff on throttling, 5xx and cut connections")
+	fs.DurationVar(&s.readTimeout, "read-timeout", open.DefaultReadTimeout, "object store sources: fail an attempt whose connection delivers nothing for this long (then retried)")
+	s.minRate = newByteSize(open.DefaultMinRate, false)
 	fs.Var(s.minRate, "min-rate", "object store sources: slowest transfer, in `BYTES` per second: an attempt fails (and is retried) after --read-timeout plus its bytes at this rate, so a store that trickles cannot hold a read forever")
 	if withCache {
 		s.cacheDirSize = newByteSize(10<<30, false)
@@ -88,9 +85,9 @@ func (s *sourceFlags) check(src string) error {
 // of blockSize.
 func (s *sourceFlags) options(blockSize int64) open.Options {
 	limits := s.limits()
-	o := open.Options{CacheDir: s.cacheDir, BlockSize: blockSize,
-		GCS:   gcs.Options{Limits: limits, Endpoint: s.endpoint, Anonymous: s.noSignRequest},
-		Azure: azure.Options{Limits: limits, Account: s.account, Endpoint: s.endpoint, Anonymous: s.noSignRequest}}
+	o := open.Options{CacheDir: s.cacheDir, BlockSize: blockSize}
+	o.GCS.Limits, o.GCS.Endpoint, o.GCS.Anonymous = limits, s.endpoint, s.noSignRequest
+	o.Azure.Limits, o.Azure.Account, o.Azure.Endpoint, o.Azure.Anonymous = limits, s.account, s.endpoint, s.noSignRequest
 	o.S3.Endpoint, o.S3.Region, o.S3.Profile = s.endpoint, s.region, s.profile
 	o.S3.NoSignRequest, o.S3.RequesterPays = s.noSignRequest, s.requesterPays
 	o.S3.MaxAttempts, o.S3.ReadTimeout, o.S3.MinRate = limits.MaxAttempts, limits.ReadTimeout, limits.MinRate
@@ -105,7 +102,7 @@ func (s *sourceFlags) options(blockSize int64) open.Options {
 }
 
 // limits bound the store's requests, as the flags give them.
-func (s *sourceFlags) limits() objstore.Limits {
-	return objstore.Limits{MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64(),
+func (s *sourceFlags) limits() open.Limits {
+	return open.Limits{MaxAttempts: s.maxAttempts, ReadTimeout: s.readTimeout, MinRate: s.minRate.Int64(),
 		ObserveRequest: s.observeRequest}
 }

@@ -21,6 +21,17 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 )
 
+// Limits bound every request to an object store, whatever its scheme
+// (objstore.Limits): callers set them without naming a store's package.
+type Limits = objstore.Limits
+
+// The bounds of a zero field of Limits.
+const (
+	DefaultMaxAttempts = objstore.DefaultMaxAttempts
+	DefaultReadTimeout = objstore.DefaultReadTimeout
+	DefaultMinRate     = objstore.DefaultMinRate
+)
+
 // Options say how a source is opened.
 type Options struct {
 	// Writable opens a local directory to be written into: confined to
