@@ -126,7 +126,14 @@ type HFTarget struct {
 	// MoE is the HF mixture-of-experts family the mapping's rules make
 	// (MoEMixtral, MoEQwen); "" for a dense model.
 	MoE string
+	// Model is the HF model the mapping's rules make whatever the
+	// checkpoint's arguments say (ModelLlama); "" when they decide it.
+	Model string
 }
+
+// ModelLlama is LlamaForCausalLM: what Meta's and torchtitan's Llama names
+// become.
+const ModelLlama = "llama"
 
 // The HF mixture-of-experts families a mapping makes.
 const (

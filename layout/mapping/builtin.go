@@ -174,7 +174,7 @@ func titanMoE(routerExtras ...Rule) []Rule {
 // torchtitanLlama is torchtitan's Llama 3 as HF LlamaForCausalLM, as its own
 // state dict adapter's to_hf() makes it: renames, and q/k rows from the
 // interleaved-pair RoPE order to HF's rotate-half order.
-var torchtitanLlama = &Spec{Name: "torchtitan-llama", Rules: titanDecoder(titanAttention(true, false), titanMLP(false))}
+var torchtitanLlama = &Spec{Name: "torchtitan-llama", Model: ckpt.ModelLlama, Rules: titanDecoder(titanAttention(true, false), titanMLP(false))}
 
 // torchtitanQwen3 is torchtitan's Qwen3 as HF Qwen3ForCausalLM: renames
 // only (Qwen3 rotates halves already), plus the q/k norms.

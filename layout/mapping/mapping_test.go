@@ -60,6 +60,7 @@ func TestParseRejects(t *testing.T) {
 		`{"name": "x", "tensors": [{"to": "a", "from": "b", "rows": "5"}]}`:                          `rows "5" is not "start:end"`,
 		`{"name": "x", "tensors": [{"to": "a", "from": 7}]}`:                                         "want a name or a list",
 		`{"name": "x", "moe": "deepseek", "tensors": [{"to": "a", "from": "b"}]}`:                    `moe "deepseek" is not`,
+		`{"name": "x", "model": "qwen3", "tensors": [{"to": "a", "from": "b"}]}`:                     `model "qwen3" is not`,
 	} {
 		_, err := Parse([]byte(doc))
 		assert.ErrorContains(t, err, msg, doc)

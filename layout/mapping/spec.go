@@ -30,7 +30,10 @@ type Spec struct {
 	// MoE names the HF mixture-of-experts family the rules make
 	// (ckpt.MoEMixtral, ckpt.MoEQwen), for the config.json a view
 	// generates; "" for a dense model.
-	MoE   string `json:"moe,omitempty"`
+	MoE string `json:"moe,omitempty"`
+	// Model names the HF model the rules make when the checkpoint's
+	// arguments do not decide it (ckpt.ModelLlama); "" otherwise.
+	Model string `json:"model,omitempty"`
 	Rules []Rule `json:"tensors"`
 }
 
@@ -176,6 +179,9 @@ func (s *Spec) validate() error {
 	}
 	if s.MoE != "" && s.MoE != ckpt.MoEMixtral && s.MoE != ckpt.MoEQwen {
 		return fmt.Errorf("mapping %s: moe %q is not %q or %q", s.Name, s.MoE, ckpt.MoEMixtral, ckpt.MoEQwen)
+	}
+	if s.Model != "" && s.Model != ckpt.ModelLlama {
+		return fmt.Errorf("mapping %s: model %q is not %q", s.Name, s.Model, ckpt.ModelLlama)
 	}
 	for i, r := range s.Rules {
 		where := fmt.Sprintf("mapping %s: tensor %d (%q)", s.Name, i, r.To)

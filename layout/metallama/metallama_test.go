@@ -40,7 +40,7 @@ func TestFixtures(t *testing.T) {
 			assert.Equal(t, []int{1}, dims["layers.1.feed_forward.w2.weight"])
 			assert.Empty(t, dims["layers.1.ffn_norm.weight"])
 
-			got, err := c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama"})
+			got, err := c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama", Model: ckpt.ModelLlama})
 			if tc.name == "meta_llama31_mp2" {
 				// Llama 3.1's params.json, like 3.2's, sets use_scaled_rope
 				// but not the factor: no config is guessed; with the factor
@@ -59,7 +59,7 @@ func TestFixtures(t *testing.T) {
 				require.NoError(t, os.WriteFile(filepath.Join(tmp, ParamsFile), b, 0o644))
 				c, rerr = open(tmp)
 				require.NoError(t, rerr)
-				got, err = c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama"})
+				got, err = c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama", Model: ckpt.ModelLlama})
 			}
 			require.NoError(t, err)
 			var ours, theirs map[string]any
@@ -82,6 +82,10 @@ func TestFixtures(t *testing.T) {
 					assert.Equal(t, rope[k], v, k)
 				}
 			}
+			// The spec says what it makes, whatever its name: a Llama, or
+			// (megatron-gpt: the checkpoint's arguments decide) not.
+			_, err = c.Record.HFConfig(ckpt.HFTarget{Mapping: "my-llama", Model: ckpt.ModelLlama})
+			assert.NoError(t, err)
 			_, err = c.Record.HFConfig(ckpt.HFTarget{Mapping: "megatron-gpt"})
 			assert.Error(t, err)
 		})
@@ -161,7 +165,7 @@ func FuzzParams(f *testing.F) {
 			return
 		}
 		defer c.Close()
-		_, _ = c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama"})
+		_, _ = c.Record.HFConfig(ckpt.HFTarget{Mapping: "torchtitan-llama", Model: ckpt.ModelLlama})
 	})
 }
 

@@ -117,7 +117,7 @@ func (r *record) intermediateSize() int64 {
 // cannot be told from Llama 2: the config is Llama 2's (4096 positions;
 // 16384 with a larger rope_theta, as Code Llama).
 func (r *record) HFConfig(target ckpt.HFTarget) ([]byte, error) {
-	if target.Mapping != "torchtitan-llama" {
+	if target.Model != ckpt.ModelLlama || target.MoE != "" {
 		return nil, fmt.Errorf("%s describes a Llama; the %s mapping makes another model", r.p.source, target.Mapping)
 	}
 	if got := r.intermediateSize(); r.ffn != got {

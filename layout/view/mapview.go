@@ -55,7 +55,7 @@ func (v *View) mapTensors(selected []named, sidecars []*File, opts Options) ([]v
 		return nil, fmt.Errorf("layout: %s: %w", v.Checkpoint.Dir, err)
 	}
 	v.Mapping = spec.Name
-	v.hfTarget = ckpt.HFTarget{Mapping: spec.Name, MoE: spec.MoE}
+	v.hfTarget = ckpt.HFTarget{Mapping: spec.Name, MoE: spec.MoE, Model: spec.Model}
 	v.Warnings = append(v.Warnings, model.Notes...)
 	for _, name := range res.Unused {
 		v.Omitted = append(v.Omitted, Omission{Name: saved[name], Reason: "not used by the " + spec.Name + " mapping"})
