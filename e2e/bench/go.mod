@@ -87,3 +87,9 @@ require (
 	google.golang.org/grpc v1.82.0 // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
 )
+
+// The benchmark servers' tests share the main module's test environment
+// (internal/testenv): the same skips, failing where CKPTFS_REQUIRE_* is set.
+require github.com/ckptfs/ckptfs v0.0.0
+
+replace github.com/ckptfs/ckptfs => ../..

@@ -10,13 +10,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/ckptfs/ckptfs/internal/testenv"
 )
 
 // Every transport serves the file's pattern, and its requests come the way
 // it says: a benchmark of a transport that fell back to another would
 // measure the wrong thing.
 func TestTransportsServeThePattern(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireSystem(t, os.Getuid() == 0, "root (mount(2) of a FUSE file system)")
 	transports := []string{"dev", "clone"}
 	const knob = "/sys/module/fuse/parameters/enable_uring"
 	if was, err := os.ReadFile(knob); err == nil { // a kernel built with FUSE over io_uring
@@ -64,15 +66,3 @@ func TestTransportsServeThePattern(t *testing.T) {
 	}
 }
 
-// requireRoot skips t without root, or fails it where make bench-test runs
-// it (CKPTFS_REQUIRE_SYSTEM=1), so that a skip never passes for the check.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	switch {
-	case os.Getuid() == 0:
-	case os.Getenv("CKPTFS_REQUIRE_SYSTEM") == "1":
-		t.Fatal("CKPTFS_REQUIRE_SYSTEM=1 but root is needed (mount(2) of a FUSE file system)")
-	default:
-		t.Skip("root is needed (mount(2) of a FUSE file system)")
-	}
-}
