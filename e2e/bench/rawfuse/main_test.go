@@ -65,4 +65,3 @@ func TestTransportsServeThePattern(t *testing.T) {
 		})
 	}
 }
-
