@@ -11,6 +11,7 @@ cross-check, with a tolerance."""
 
 import functools
 import json
+import pathlib
 import tempfile
 
 import torch
@@ -55,12 +56,35 @@ def input_ids(case):
     return load_file(str(TESTDATA / case / (logits if isinstance(logits, str) else logits["file"])))["input_ids"]
 
 
+def logits_of(config, tensors, ids):
+    """fp32 logits on ids of transformers' model of tensors (name → tensor)
+    with config (a config.json as a dict), built in this run from a
+    directory as save_pretrained writes it."""
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory(prefix="ckptfs-ref-") as d:
+        with open(f"{d}/config.json", "w") as f:
+            json.dump(config, f)
+        save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+        model, loading = AutoModelForCausalLM.from_pretrained(d, output_loading_info=True)
+        assert not loading["missing_keys"] and not loading["unexpected_keys"], f"the reference: {loading}"
+        with torch.no_grad():
+            return model.eval()(ids).logits
+
+
+def assert_same_logits(model, config_path, tensors_path, ids):
+    """model's fp32 logits on ids are, to the bit, those of transformers'
+    model of the tensors in tensors_path with the config at config_path."""
+    with torch.no_grad():
+        got = model(ids).logits
+    want = logits_of(json.loads(pathlib.Path(config_path).read_text()), load_file(str(tensors_path)), ids)
+    assert torch.equal(got, want), f"max |diff| = {(got - want).abs().max().item():.3g}"
+
+
 @functools.lru_cache(maxsize=8)
 def reference_logits(case, vocab_size):
     """fp32 logits of transformers' model of the original tensors, with the
     vocabulary zero-padded to vocab_size when the view shows it padded."""
-    from transformers import AutoModelForCausalLM
-
     config = original_config(case)
     tensors = original_tensors(case)
     pad = vocab_size - config["vocab_size"]
@@ -71,13 +95,7 @@ def reference_logits(case, vocab_size):
                 t = tensors[name]
                 tensors[name] = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
         config["vocab_size"] = vocab_size
-    with tempfile.TemporaryDirectory(prefix="ckptfs-ref-") as d:
-        with open(f"{d}/config.json", "w") as f:
-            json.dump(config, f)
-        save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
-        model = AutoModelForCausalLM.from_pretrained(d).eval()
-        with torch.no_grad():
-            return model(input_ids(case)).logits
+    return logits_of(config, tensors, input_ids(case))
 
 
 def check_logits(model, case):

@@ -15,29 +15,13 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import TESTDATA, ckptfs
+from oracle import assert_same_logits
+from test_frameworks import load
 
 INPUT_IDS = [[1, 5, 9, 33, 77, 120, 3, 64],
              [7, 0, 127, 42, 42, 8, 99, 16]]
 
 CASES = ["torchsave_statedict_flat", "torchsave_statedict_nested", "lightning_ckpt_llama"]
-
-
-def load(path):
-    from transformers import AutoModelForCausalLM
-
-    model, loading = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True)
-    return model.eval(), loading
-
-
-def reference(case, tmp_path):
-    """The HF model of the case: its config.json and save_pretrained's tensors."""
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    shutil.copy(TESTDATA / case / "ckpt" / "config.json", ref / "config.json")
-    shutil.copy(TESTDATA / case / "expected.safetensors", ref / "model.safetensors")
-    model, loading = load(ref)
-    assert not any(loading.values()), loading
-    return model
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -54,9 +38,8 @@ def test_from_pretrained_through_mount_is_bitwise(case, tmp_path, mount):
     assert sorted(got) == sorted(want)
     for k, v in want.items():
         assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
-    ids = torch.tensor(INPUT_IDS)
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, reference(case, tmp_path)(ids).logits)
+    assert_same_logits(model, TESTDATA / case / "ckpt" / "config.json", TESTDATA / case / "expected.safetensors",
+                       torch.tensor(INPUT_IDS))
 
 
 def test_lightning_ckpt_report():
@@ -166,14 +149,7 @@ def test_trainer_deepspeed_folder(tmp_path, mount):
     assert {"config.json", "model.safetensors.index.json", "latest", "global_step1", "trainer_state.json"} <= names
     model, loading = load(view)
     assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    shutil.copy(case / "hf_config" / "config.json", ref / "config.json")
-    shutil.copy(case / "expected.safetensors", ref / "model.safetensors")
-    reference, _ = load(ref)
-    ids = torch.tensor(INPUT_IDS) % 120
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, reference(ids).logits)
+    assert_same_logits(model, case / "hf_config" / "config.json", case / "expected.safetensors", torch.tensor(INPUT_IDS) % 120)
     assert "model.safetensors.index.json" in os.listdir(view / "global_step1")
 
     err = (m.mnt / "checkpoint-2" / "CKPTFS_ERROR.txt").read_text()
@@ -194,14 +170,7 @@ def test_deepspeed_universal_through_mount(tmp_path, mount):
     assert "zero" not in os.listdir(view)
     model, loading = load(view)
     assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    shutil.copy(case / "hf_config" / "config.json", ref / "config.json")
-    shutil.copy(case / "expected.safetensors", ref / "model.safetensors")
-    reference, _ = load(ref)
-    ids = torch.tensor(INPUT_IDS) % 120
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, reference(ids).logits)
+    assert_same_logits(model, case / "hf_config" / "config.json", case / "expected.safetensors", torch.tensor(INPUT_IDS) % 120)
     import json
     r = json.loads(ckptfs("inspect", "--json", case / "ckpt").stdout)
     assert r["format"] == "deepspeed-universal"
@@ -232,14 +201,7 @@ def test_litgpt_through_mount(tmp_path, mount):
         assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
     model, loading = load(view)
     assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    shutil.copy(case / "hf_config" / "config.json", ref / "config.json")
-    shutil.copy(case / "expected_hf.safetensors", ref / "model.safetensors")
-    reference, _ = load(ref)
-    ids = torch.tensor(INPUT_IDS)
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, reference(ids).logits)
+    assert_same_logits(model, case / "hf_config" / "config.json", case / "expected_hf.safetensors", torch.tensor(INPUT_IDS))
 
 
 def test_meta_names_in_any_file(tmp_path, mount):
