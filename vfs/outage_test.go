@@ -115,14 +115,19 @@ func TestOutageIsRemembered(t *testing.T) {
 	require.EqualValues(t, 1, tree.asked.Load())
 
 	// Past the retry interval one call asks again; the calls during it fail
-	// at once.
+	// at once. The one that asks may be the kernel's or the mount's own (a
+	// lookup it makes in the background) rather than this stat: then this
+	// stat fails at once, and the store is still asked once.
 	time.Sleep(retry)
 	probe := make(chan error, 1)
 	go func() {
 		took, err := timed(func() error { _, err := os.Stat(filepath.Join(mnt, "new2")); return err })
-		if err == nil || took < delay {
-			err = fmt.Errorf("the call that asks again: %v after %v", err, took)
-		} else {
+		switch {
+		case !errors.Is(err, syscall.EIO):
+			err = fmt.Errorf("a call during the outage: %v after %v", err, took)
+		case took < delay && tree.asked.Load() != 2:
+			err = fmt.Errorf("failed at once after %v, but no other call asked the store again", took)
+		default:
 			err = nil
 		}
 		probe <- err
@@ -138,10 +143,15 @@ func TestOutageIsRemembered(t *testing.T) {
 
 	// The store answers again: past the interval, the next call asks it,
 	// and the end of the outage is logged with its count.
+	// (The probe that failed last set the interval from its own end, and a
+	// loaded machine may run the call first that is not this stat: it is
+	// looked for until a bound well past the interval.)
 	tree.frozen.Store(false)
 	time.Sleep(retry)
-	_, err = os.Stat(filepath.Join(mnt, "ckpt", "model.safetensors"))
-	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err = os.Stat(filepath.Join(mnt, "ckpt", "model.safetensors"))
+		return err == nil
+	}, 5*time.Second, 50*time.Millisecond, "the view once the store answers: %v", err)
 	lines = logs.lines()
 	require.Len(t, lines, 1, "%q", lines)
 	require.Contains(t, lines[0], "source answers again")
@@ -180,9 +190,11 @@ func TestOutageDoesNotFailAViewForGood(t *testing.T) {
 	require.Len(t, lines, 1, "%q", lines)
 	require.Contains(t, lines[0], "source failing")
 
+	// Once the store answers, the next call past the retry interval asks
+	// it again; on a loaded machine a background call may be that one, so
+	// the view is looked for until a bound well past the interval.
 	tree.frozen.Store(false)
-	time.Sleep(150 * time.Millisecond)
-	_, err = os.Stat(view)
-	require.NoError(t, err, "the view is shown once the store answers")
+	require.Eventually(t, func() bool { _, err = os.Stat(view); return err == nil }, 5*time.Second, 50*time.Millisecond,
+		"the view is shown once the store answers: %v", err)
 	require.NotContains(t, listDir(t, filepath.Join(mnt, "ckpt")), errorName)
 }
