@@ -1,10 +1,8 @@
 package megatron
 
 import (
-	"archive/zip"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
@@ -18,14 +16,10 @@ import (
 // save), a BYTE_IO item holding torch.save([common]).
 const CommonStateKey = "common_state/shard_0_1"
 
-// Bounds on the common state (common.pt or common_state), which holds the
-// trainer's arguments and small state (a few KB in practice). MaxItems
-// bounds the decoder's work as the .metadata decoder's is bounded.
-const (
-	maxCommonBytes  = 64 << 20
-	maxDataPklBytes = 16 << 20
-	maxCommonItems  = 1 << 22
-)
+// maxCommonBytes bounds the common state (common.pt or common_state),
+// which holds the trainer's arguments and small state (a few KB in
+// practice); its data.pkl is decoded within torchzip.WholeFile.
+const maxCommonBytes = 64 << 20
 
 // readCommonFile reads the common state from common.pt; none (and no
 // error) without it. Nothing is executed: the pickle is decoded by the
@@ -108,29 +102,11 @@ func decodeArgs(r io.ReaderAt, size int64, inList bool) (map[string]any, *pickle
 	if size > maxCommonBytes {
 		return nil, nil, fmt.Errorf("larger than %d bytes", maxCommonBytes)
 	}
-	zr, err := torchzip.NewReader(r, size)
+	z, err := torchzip.Open(r, size)
 	if err != nil {
 		return nil, nil, err
 	}
-	var pkl *zip.File
-	for _, e := range zr.File {
-		if strings.HasSuffix(e.Name, "/data.pkl") || e.Name == "data.pkl" {
-			pkl = e
-			break
-		}
-	}
-	if pkl == nil {
-		return nil, nil, fmt.Errorf("no data.pkl (not a torch.save archive)")
-	}
-	rc, err := pkl.Open()
-	if err != nil {
-		return nil, nil, err
-	}
-	defer rc.Close()
-	v, err := pickle.Decode(io.LimitReader(rc, maxDataPklBytes+1), pickle.Options{
-		MaxInputBytes: maxDataPklBytes, MaxDepth: 64, MaxItems: maxCommonItems,
-		PersistentLoad: func(any) (any, error) { return nil, nil }, // tensors: not needed
-	})
+	v, err := z.Decode(torchzip.WholeFile)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip/ziptest"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
@@ -190,4 +191,9 @@ func TestCommonArgsShape(t *testing.T) {
 	assert.Equal(t, int64(2), args["num_query_groups"])
 	_, err = commonArgs(bytes.NewReader(b), maxCommonBytes+1, false)
 	assert.ErrorContains(t, err, "larger than")
+	// The common state is opened as every torch.save archive is
+	// (torchzip.Open): a compressed entry is refused here too.
+	z := ziptest.Deflate(t, b, "/data.pkl")
+	_, err = commonArgs(bytes.NewReader(z), int64(len(z)), false)
+	assert.ErrorContains(t, err, "data.pkl is compressed")
 }

@@ -7,13 +7,10 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
-	"github.com/ckptfs/ckptfs/layout/pickle"
 )
 
 // Limits of the record locator.
 const (
-	// maxDataPkl bounds a record's data.pkl; a tensor's is ~200 bytes.
-	maxDataPkl = 1 << 20
 	// recordOverhead is how much larger than its chunk bytes a decompressed
 	// torch.save record may be (zip headers, data.pkl, small records).
 	recordOverhead = 16 << 20
@@ -32,15 +29,12 @@ type recordWant struct {
 	Sizes    []int64
 }
 
-// parseDataPkl interprets a tensor record's data.pkl.
+// parseDataPkl interprets a tensor record's data.pkl, decoded within the
+// limits of a record.
 func parseDataPkl(data []byte) (*torchzip.Rebuild, error) {
-	v, err := pickle.DecodeBytes(data, pickle.Options{
-		MaxInputBytes: maxDataPkl, MaxStringLen: 1 << 16, MaxItems: 1 << 16,
-		MaxDepth: 32, MaxStack: 1 << 12, MaxMemo: 1 << 12,
-		PersistentLoad: torchzip.PersistentLoad,
-	})
+	v, err := torchzip.DecodePickle(data, torchzip.Record)
 	if err != nil {
-		return nil, fmt.Errorf("data.pkl: %w", err)
+		return nil, err
 	}
 	return torchzip.ParseRebuild(v, "data.pkl")
 }
@@ -80,7 +74,7 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 	if err != nil {
 		return loc, err
 	}
-	data, err := torchzip.ReadEntry(pkl, maxDataPkl)
+	data, err := torchzip.ReadEntry(pkl, torchzip.Record.DataPkl)
 	if err != nil {
 		return loc, err
 	}
@@ -121,9 +115,6 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 
 	df, err := a.Entry("data/" + st.Key)
 	if err != nil {
-		return loc, err
-	}
-	if err := a.Stored(df); err != nil {
 		return loc, err
 	}
 	entrySize := int64(df.UncompressedSize64)

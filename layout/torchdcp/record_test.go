@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip/ziptest"
 )
 
 func TestLocateRecordFiles(t *testing.T) {
@@ -57,6 +58,13 @@ func TestLocateRecordFiles(t *testing.T) {
 			bad.Sizes = append(append([]int64{}, want.Sizes...), 1)
 			_, err = locateRecord(bytes.NewReader(data), int64(len(data)), bad)
 			assert.ErrorContains(t, err, "chunk sizes are")
+
+			// A record is opened as every torch.save archive is
+			// (torchzip.Open): any compressed entry is refused, not only
+			// the tensor's storage.
+			z := ziptest.Deflate(t, data, "/version")
+			_, err = locateRecord(bytes.NewReader(z), int64(len(z)), want)
+			assert.ErrorContains(t, err, "version is compressed")
 		})
 	}
 }

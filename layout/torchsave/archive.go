@@ -10,34 +10,37 @@ import (
 	"fmt"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
-// Archive is one opened torch.save file: its zip directory, checked.
+// Archive is one opened torch.save file: its zip directory, checked by
+// torchzip.Open, and the storages its tensors resolved to, by key.
 type Archive struct {
-	a        *archive
+	z        *torchzip.Archive
+	file     *ckpt.File
 	storages map[string]*storage
 }
 
-// OpenArchive reads f's zip directory (no data.pkl, no tensor bytes) and
-// checks every entry as Open does.
+// OpenArchive reads f's zip directory (no data.pkl, no tensor bytes)
+// through torchzip.Open, which checks every entry.
 func OpenArchive(f *ckpt.File) (*Archive, error) {
 	a, err := openArchive(f)
 	if err != nil {
 		return nil, fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, f.Path, err)
 	}
-	return &Archive{a: a, storages: map[string]*storage{}}, nil
+	return a, nil
 }
 
 // File is the archive's file.
-func (x *Archive) File() *ckpt.File { return x.a.file }
+func (x *Archive) File() *ckpt.File { return x.file }
 
 // Decode decodes data.pkl (bounded, nothing executed): storages are
 // *torchzip.Storage, tensors the inert rebuild calls Tensor resolves.
 func (x *Archive) Decode() (any, error) {
-	v, err := x.a.decode()
+	v, err := x.decode()
 	if err != nil {
-		return nil, fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, x.a.file.Path, err)
+		return nil, fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, x.file.Path, err)
 	}
 	return v, nil
 }
@@ -57,9 +60,9 @@ type Tensor struct {
 // tensor no view can show right (a dtype safetensors lacks, non-contiguous
 // strides) gives the reason to leave it out instead, and a nil Tensor.
 func (x *Archive) Tensor(v any, what string) (*Tensor, string, error) {
-	s, skip, err := x.a.tensor(x.storages, v, what)
+	s, skip, err := x.tensor(v, what)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, x.a.file.Path, err)
+		return nil, "", fmt.Errorf("%w: torchsave: %s: %w", ckpt.ErrInvalid, x.file.Path, err)
 	}
 	if skip != "" {
 		return nil, skip, nil

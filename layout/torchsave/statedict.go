@@ -299,7 +299,6 @@ func buildStateDict(c *ckpt.Checkpoint, name string) error {
 		return fail(fmt.Errorf("data.pkl holds %s, not a state dict of tensors", describe(v)))
 	}
 	nested := !isFlat(v)
-	storages := map[string]*storage{}
 	seen := map[string]bool{}
 	var kept []stored
 	for _, t := range tensors {
@@ -309,7 +308,7 @@ func buildStateDict(c *ckpt.Checkpoint, name string) error {
 		}
 		seen[tname] = true
 		what := "data.pkl" + pyPath(t.path)
-		s, skip, err := a.tensor(storages, t.value, what)
+		s, skip, err := a.tensor(t.value, what)
 		if err != nil {
 			return fail(err)
 		}

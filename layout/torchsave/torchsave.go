@@ -42,12 +42,6 @@ const (
 
 var shardName = regexp.MustCompile(`^pytorch_model-\d+-of-\d+\.bin$`)
 
-// Limits on what an archive may make Open read or hold.
-const (
-	// MaxDataPkl bounds a file's data.pkl (about 200 bytes per tensor).
-	MaxDataPkl = 256 << 20
-)
-
 // Reader is the HF PyTorch weights format.
 var Reader ckpt.Reader = reader{}
 
@@ -181,12 +175,6 @@ type opener struct {
 	names     map[string]string // tensor (or alias) name → file holding it
 }
 
-// archive is one torch.save file: its entries by name.
-type archive struct {
-	*torchzip.Archive
-	file *ckpt.File
-}
-
 // addFile adds the tensors of one weights file.
 func (o *opener) addFile(name string, index int) error {
 	f, err := o.c.Files.Get(name)
@@ -207,31 +195,18 @@ func (o *opener) addFile(name string, index int) error {
 	return nil
 }
 
-// openArchive reads f's zip directory and checks that every entry is
-// stored uncompressed inside the file, the entries together no larger than
-// the file (so none can be read twice over: no overlapping or huge entries).
-func openArchive(f *ckpt.File) (*archive, error) {
-	size := f.Size()
-	z, err := torchzip.Open(f, size)
+// openArchive opens f through torchzip.Open, the one way into a torch.save
+// archive, with its checks.
+func openArchive(f *ckpt.File) (*Archive, error) {
+	z, err := torchzip.Open(f, f.Size())
 	if err != nil {
 		return nil, err
 	}
-	var total uint64
-	for _, e := range z.Files {
-		if err := z.Stored(e); err != nil {
-			return nil, err
-		}
-		total += e.UncompressedSize64
-		if total > uint64(size) {
-			return nil, fmt.Errorf("entries claim more than the file's %d bytes (overlapping or huge entries, up to %s)", size, e.Name)
-		}
-	}
-	a := &archive{file: f, Archive: z}
-	return a, nil
+	return &Archive{z: z, file: f, storages: map[string]*storage{}}, nil
 }
 
 // stateDict decodes data.pkl: the items of a dict (or OrderedDict).
-func (a *archive) stateDict() ([]pickle.DictItem, error) {
+func (a *Archive) stateDict() ([]pickle.DictItem, error) {
 	v, err := a.decode()
 	if err != nil {
 		return nil, err
@@ -242,27 +217,8 @@ func (a *archive) stateDict() ([]pickle.DictItem, error) {
 	return nil, fmt.Errorf("data.pkl holds %s, not a state dict of tensors", describe(v))
 }
 
-// decode decodes data.pkl with the restricted VM: storages become
-// *torchzip.Storage, everything else inert values.
-func (a *archive) decode() (any, error) {
-	pkl, err := a.Entry("data.pkl")
-	if err != nil {
-		return nil, err
-	}
-	data, err := torchzip.ReadEntry(pkl, MaxDataPkl)
-	if err != nil {
-		return nil, err
-	}
-	v, err := pickle.DecodeBytes(data, pickle.Options{
-		MaxInputBytes: MaxDataPkl, MaxStringLen: 1 << 20, MaxItems: 1 << 24,
-		MaxDepth: 64, MaxStack: 1 << 16, MaxMemo: 1 << 24,
-		PersistentLoad: torchzip.PersistentLoad,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("data.pkl: %w", err)
-	}
-	return v, nil
-}
+// decode decodes data.pkl within the limits of a whole torch.save file.
+func (a *Archive) decode() (any, error) { return a.z.Decode(torchzip.WholeFile) }
 
 // DictItems returns the items of v when it is a dict or an
 // collections.OrderedDict (as torch.save writes a state dict).
@@ -300,9 +256,9 @@ type stored struct {
 }
 
 // tensor resolves v, a decoded data.pkl value named what in messages, to
-// the bytes of a tensor in one of a's storages (seen remembers them). A
+// the bytes of a tensor in one of a's storages (remembered by key). A
 // tensor a view cannot show right gives a reason to leave it out instead.
-func (a *archive) tensor(seen map[string]*storage, v any, what string) (stored, string, error) {
+func (a *Archive) tensor(v any, what string) (stored, string, error) {
 	r, err := torchzip.ParseRebuild(v, what)
 	if err != nil {
 		if o, ok := v.(*pickle.Object); ok && o.Class.Module != "" && !strings.HasPrefix(o.Class.Module, "torch") {
@@ -314,7 +270,7 @@ func (a *archive) tensor(seen map[string]*storage, v any, what string) (stored, 
 	if err != nil {
 		return stored{}, "", fmt.Errorf("%s: %w", what, err)
 	}
-	st, err := a.storage(seen, r.Storage, typed, dt)
+	st, err := a.storage(r.Storage, typed, dt)
 	if err != nil {
 		return stored{}, "", fmt.Errorf("%s: %w", what, err)
 	}
@@ -340,8 +296,7 @@ func (a *archive) tensor(seen map[string]*storage, v any, what string) (stored, 
 	return stored{key: r.Storage.Key, start: start, size: nbytes, dtype: sdt, shape: r.Size, st: st}, "", nil
 }
 
-func (o *opener) addTensors(a *archive, file string, index int, items []pickle.DictItem) error {
-	storages := map[string]*storage{}
+func (o *opener) addTensors(a *Archive, file string, index int, items []pickle.DictItem) error {
 	var kept []stored // tensors shown from this file
 	for _, it := range items {
 		name, ok := it.Key.(string)
@@ -356,7 +311,7 @@ func (o *opener) addTensors(a *archive, file string, index int, items []pickle.D
 			return fmt.Errorf("tensor %q is not indexed to this file by %s", name, IndexFile)
 		}
 		what := fmt.Sprintf("data.pkl[%q]", name)
-		s, skip, err := a.tensor(storages, it.Value, what)
+		s, skip, err := a.tensor(it.Value, what)
 		if err != nil {
 			return err
 		}
@@ -399,14 +354,14 @@ func aliasOf(kept []stored, s stored) string {
 
 // storage returns the data entry of a persistent storage, checked against
 // the size data.pkl gives it; every reference to one key must agree.
-func (a *archive) storage(seen map[string]*storage, ref *torchzip.Storage, typed bool, dtype string) (*storage, error) {
-	if st := seen[ref.Key]; st != nil {
+func (a *Archive) storage(ref *torchzip.Storage, typed bool, dtype string) (*storage, error) {
+	if st := a.storages[ref.Key]; st != nil {
 		if st.ref.Type != ref.Type || st.ref.Numel != ref.Numel {
 			return nil, fmt.Errorf("storage %q is %s of %d and %s of %d", ref.Key, st.ref.Type, st.ref.Numel, ref.Type, ref.Numel)
 		}
 		return st, nil
 	}
-	e, err := a.Entry("data/" + ref.Key)
+	e, err := a.z.Entry("data/" + ref.Key)
 	if err != nil {
 		return nil, err
 	}
@@ -422,6 +377,6 @@ func (a *archive) storage(seen map[string]*storage, ref *torchzip.Storage, typed
 		return nil, fmt.Errorf("storage %q of %d bytes, but %s holds %d", ref.Key, nbytes, e.Name, e.UncompressedSize64)
 	}
 	st := &storage{file: a.file, entry: e, size: nbytes, ref: *ref}
-	seen[ref.Key] = st
+	a.storages[ref.Key] = st
 	return st, nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/ckptfs/ckptfs/layout/pickle"
 )
 
 // Archive is the directory of a torch.save archive: its one top-level
@@ -17,9 +19,14 @@ type Archive struct {
 	size    int64
 }
 
-// Open reads the directory of the torch.save archive r (size bytes): at
-// least one entry, each name once, all under the first entry's top-level
-// folder's name as prefix, and little-endian if it says.
+// Open is the one way into a torch.save archive, for every format: it
+// reads the directory of the archive r (size bytes) and checks it, so that
+// every archive meets the same hostile checks: at least one entry, each
+// name once, all under the first entry's top-level folder's name as
+// prefix, little-endian if it says, and every entry stored uncompressed
+// inside the file, the entries together no larger than the file (so none
+// can be read twice over: no overlapping or huge entries). torch.save
+// writes nothing else. Decode then reads data.pkl.
 func Open(r io.ReaderAt, size int64) (*Archive, error) {
 	zr, err := NewReader(r, size)
 	if err != nil {
@@ -33,11 +40,19 @@ func Open(r io.ReaderAt, size int64) (*Archive, error) {
 		return nil, fmt.Errorf("torch.save archive entry %q has no top-level folder", zr.File[0].Name)
 	}
 	a := &Archive{Prefix: prefix, Entries: make(map[string]*zip.File, len(zr.File)), Files: zr.File, size: size}
+	var total uint64
 	for _, e := range zr.File {
 		if _, dup := a.Entries[e.Name]; dup {
 			return nil, fmt.Errorf("entry %s appears twice", e.Name)
 		}
 		a.Entries[e.Name] = e
+		if err := a.stored(e); err != nil {
+			return nil, err
+		}
+		total += e.UncompressedSize64
+		if total > uint64(size) {
+			return nil, fmt.Errorf("entries claim more than the archive's %d bytes (overlapping or huge entries, up to %s)", size, e.Name)
+		}
 	}
 	if bo := a.Entries[prefix+"/byteorder"]; bo != nil {
 		b, err := ReadEntry(bo, 16)
@@ -61,9 +76,9 @@ func (a *Archive) Entry(name string) (*zip.File, error) {
 	return e, nil
 }
 
-// Stored checks that e can be read in place: stored uncompressed, its size
+// stored checks that e can be read in place: stored uncompressed, its size
 // within the archive's.
-func (a *Archive) Stored(e *zip.File) error {
+func (a *Archive) stored(e *zip.File) error {
 	if e.Method != zip.Store {
 		return fmt.Errorf("entry %s is compressed (method %d): torch.save stores records uncompressed, and only those can be read in place", e.Name, e.Method)
 	}
@@ -71,4 +86,54 @@ func (a *Archive) Stored(e *zip.File) error {
 		return fmt.Errorf("entry %s: sizes %d/%d past end of file (%d bytes)", e.Name, e.CompressedSize64, e.UncompressedSize64, a.size)
 	}
 	return nil
+}
+
+// Limits bound what decoding an archive's data.pkl may read and build.
+// The sets below are named by what the archive holds; every reader uses
+// one of them.
+type Limits struct {
+	DataPkl   int64 // bytes of data.pkl
+	StringLen int
+	Items     int64
+	Depth     int
+	Stack     int
+	Memo      int
+}
+
+var (
+	// WholeFile is for a torch.save file of its own: a state dict (about
+	// 200 bytes of data.pkl per tensor), optimizer state, a trainer's
+	// common state.
+	WholeFile = Limits{DataPkl: 256 << 20, StringLen: 1 << 20, Items: 1 << 24, Depth: 64, Stack: 1 << 16, Memo: 1 << 24}
+	// Record is for a DCP chunk record: one tensor, one storage, read on
+	// every chunk's first use.
+	Record = Limits{DataPkl: 1 << 20, StringLen: 1 << 16, Items: 1 << 16, Depth: 32, Stack: 1 << 12, Memo: 1 << 12}
+)
+
+// Decode reads data.pkl within l and decodes it with the restricted VM
+// (nothing is executed): storages become *Storage, everything else inert
+// values.
+func (a *Archive) Decode(l Limits) (any, error) {
+	pkl, err := a.Entry("data.pkl")
+	if err != nil {
+		return nil, err
+	}
+	data, err := ReadEntry(pkl, l.DataPkl)
+	if err != nil {
+		return nil, err
+	}
+	return DecodePickle(data, l)
+}
+
+// DecodePickle decodes data, a data.pkl already read, within l.
+func DecodePickle(data []byte, l Limits) (any, error) {
+	v, err := pickle.DecodeBytes(data, pickle.Options{
+		MaxInputBytes: l.DataPkl, MaxStringLen: l.StringLen, MaxItems: l.Items,
+		MaxDepth: l.Depth, MaxStack: l.Stack, MaxMemo: l.Memo,
+		PersistentLoad: PersistentLoad,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("data.pkl: %w", err)
+	}
+	return v, nil
 }
