@@ -197,6 +197,7 @@ fixtures: venv
 	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements-fixtures.txt
 	$(PY) e2e/fixtures/gen.py testdata
 	$(PY) e2e/fixtures/gen_torchsave.py testdata
+	$(PY) e2e/fixtures/gen_savemodel.py testdata
 
 # The framework generators need venvs of their own, made as e2e/fixtures/README.md
 # says (VENV_MAP: torchtitan 0.3.0 + megatron-core 0.16.1; VENV_DS: that plus

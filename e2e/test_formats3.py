@@ -236,3 +236,33 @@ def test_meta_names_in_any_file(tmp_path, mount):
     r = ckptfs("inspect", ck).stdout
     assert "torch-save-state-dict" in r and "mapped by torchtitan-llama" in r
     assert "rope.freqs" in r and "not used by the torchtitan-llama mapping" in r
+
+
+def test_save_model_tied_shown_as_save_pretrained(mount):
+    """safetensors.torch.save_model of a tied Llama keeps lm_head.weight and
+    drops model.embed_tokens.weight: through the mount the file is what
+    save_pretrained wrote in the same generator run (config.json ties them),
+    inspect says so, transformers loads it with no missing or unexpected key
+    and the reference model's logits; --map none shows the file as saved."""
+    import json
+    case = TESTDATA / "savemodel_llama_tied"
+    assert "model.embed_tokens.weight" not in load_file(str(case / "ckpt" / "model.safetensors"))
+    r = json.loads(ckptfs("inspect", "--json", case / "ckpt").stdout)
+    assert any("holds lm_head.weight and no model.embed_tokens.weight" in w and "as save_pretrained writes it" in w
+               for w in r["warnings"]), r["warnings"]
+    m = mount(case)
+    view = m.mnt / "ckpt"
+    want = load_file(str(case / "expected_hf.safetensors"))
+    got = {}
+    for name in os.listdir(view):
+        if name.endswith(".safetensors"):
+            got.update(load_file(str(view / name)))
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+    model, loading = load(view)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    assert_same_logits(model, case / "ckpt" / "config.json", case / "expected_hf.safetensors", torch.tensor(INPUT_IDS))
+    raw = json.loads(ckptfs("inspect", "--json", "--map", "none", case / "ckpt").stdout)
+    assert {f["name"] for f in raw["view_files"]} >= {"model.safetensors"}
+    assert not any("lm_head.weight and no" in w for w in raw.get("warnings") or []), raw.get("warnings")

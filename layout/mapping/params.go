@@ -19,6 +19,11 @@ type Model struct {
 	From string
 	// Notes say what was assumed, one line each.
 	Notes []string
+	// Type is config.json's model_type ("" when not read from one).
+	Type string
+	// TiedSaid says config.json states tie_word_embeddings itself (Tied
+	// is then what it says, not PretrainedConfig's default).
+	TiedSaid bool
 }
 
 // Merge returns m with the parameters of over replacing its own.
@@ -30,7 +35,7 @@ func (m Model) Merge(over Model) Model {
 	for k, v := range over.Params {
 		p[k] = v
 	}
-	out := Model{Params: p, Tied: over.Tied, From: over.From}
+	out := Model{Params: p, Tied: over.Tied, From: over.From, Type: over.Type, TiedSaid: over.TiedSaid}
 	if _, ok := over.Params["vocab"]; !ok {
 		out.Notes = m.Notes
 	}
@@ -51,6 +56,7 @@ func FromHFConfig(data []byte) (Model, error) {
 		Layers  *int64 `json:"num_hidden_layers"`
 		FFN     *int64 `json:"intermediate_size"`
 		Tied    *bool  `json:"tie_word_embeddings"`
+		Type    string `json:"model_type"`
 	}
 	if err := json.Unmarshal(data, &c); err != nil {
 		return Model{}, fmt.Errorf("config.json: %w", err)
@@ -77,5 +83,5 @@ func FromHFConfig(data []byte) (Model, error) {
 	// PretrainedConfig ties by default; model configs that do not (Llama)
 	// write the key.
 	tied := c.Tied == nil || *c.Tied
-	return Model{Params: p, Tied: tied, From: "config.json"}, nil
+	return Model{Params: p, Tied: tied, From: "config.json", Type: c.Type, TiedSaid: c.Tied != nil}, nil
 }

@@ -84,24 +84,33 @@ func (v *View) model(sidecars []*File) (mapping.Model, error) {
 		p, tied, notes := r.Params()
 		m = mapping.Model{Params: p, Tied: tied, From: r.Source(), Notes: notes}
 	}
+	cfg, found, err := configModel(sidecars)
+	if err != nil || !found {
+		return m, err
+	}
+	return m.Merge(cfg), nil
+}
+
+// configModel reads the view's config.json, if it has one.
+func configModel(sidecars []*File) (mapping.Model, bool, error) {
 	for _, f := range sidecars {
 		if f.Name != configName {
 			continue
 		}
 		if f.Size > maxConfigBytes {
-			return m, fmt.Errorf("layout: %s is larger than %d bytes", f.Path, maxConfigBytes)
+			return mapping.Model{}, false, fmt.Errorf("layout: %s is larger than %d bytes", f.Path, maxConfigBytes)
 		}
 		b := make([]byte, f.Size)
 		if err := source.ReadFullAt(f, b, 0); err != nil {
-			return m, fmt.Errorf("layout: %w", err)
+			return mapping.Model{}, false, fmt.Errorf("layout: %w", err)
 		}
 		cfg, err := mapping.FromHFConfig(b)
 		if err != nil {
-			return m, fmt.Errorf("layout: %s: %w", f.Path, err)
+			return mapping.Model{}, false, fmt.Errorf("layout: %s: %w", f.Path, err)
 		}
-		return m.Merge(cfg), nil
+		return cfg, true, nil
 	}
-	return m, nil
+	return mapping.Model{}, false, nil
 }
 
 // maxConfigBytes bounds the config.json read for hyper-parameters.

@@ -167,6 +167,9 @@ func Plan(c *ckpt.Checkpoint, opts Options) (*View, error) {
 		v.Omitted = omitted
 		tensors, err = v.mapTensors(selected, sidecars, opts)
 	}
+	if err == nil && v.Mapping == "" && opts.Select == "" && !opts.NoMapping {
+		tensors, err = v.savedTied(tensors, sidecars)
+	}
 	if err == nil && opts.DType != "" {
 		tensors, err = castTo(tensors, opts.DType)
 	}
