@@ -16,6 +16,11 @@ import (
 // another activation or norm, learned positions, RoPE scaling, biases on
 // other linears, routing HF does not do.
 func (args Args) HFConfig(target ckpt.HFTarget) ([]byte, error) {
+	return args.hfConfig(target, "Megatron-LM args in common.pt")
+}
+
+// hfConfig is HFConfig, saying in the config where the arguments came from.
+func (args Args) hfConfig(target ckpt.HFTarget, from string) ([]byte, error) {
 	str := func(k string) string { s, _ := args[k].(string); return s }
 	flag := func(k string) bool { b, _ := args[k].(bool); return b }
 	num := func(k string) (int64, bool) { v, ok := args[k].(int64); return v, ok && v > 0 }
@@ -50,7 +55,7 @@ func (args Args) HFConfig(target ckpt.HFTarget) ([]byte, error) {
 		"torch_dtype":           "float32",
 		"attention_dropout":     0.0,
 		"use_cache":             true,
-		"ckptfs_generated_from": "Megatron-LM args in common.pt",
+		"ckptfs_generated_from": from,
 	}
 	for key, arg := range map[string]string{"max_position_embeddings": "max_position_embeddings"} {
 		if v, ok := num(arg); ok {

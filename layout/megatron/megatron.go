@@ -3,7 +3,9 @@
 // are the ShardedTensor keys as stored) plus a metadata.json naming the
 // backend. The .metadata root may be Megatron's MCoreMetadata; torchdcp
 // decodes it as Metadata. The trainer's args come from common.pt (mcore ≤
-// 0.16) or from the common_state object inside the DCP files (0.17+).
+// 0.16) or from the common_state object inside the DCP files (0.17+), or,
+// for Megatron-Bridge, which records none there, from the model section of
+// run_config.yaml (runconfig.go).
 package megatron
 
 import (
@@ -98,6 +100,15 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	}
 	if cs.args != nil {
 		ck.Record = cs.args
+	} else if rc, ok, err := readRunConfig(dir); err != nil {
+		ck.Warnings = append(ck.Warnings, err.Error())
+	} else if ok {
+		ck.Record = rc
+	}
+	if ck.Record == nil {
+		if note := nemo2Note(ck); note != "" {
+			ck.Warnings = append(ck.Warnings, note)
+		}
 	}
 	if t := source.ModTime(dir, ConfigFile); t.After(ck.ModTime) {
 		ck.ModTime = t
