@@ -269,7 +269,7 @@ func readRank(ar *torchsave.Archive, root *pickle.Dict, want expect) (*rank, err
 	if want.elems != nil && len(items) != len(want.elems) {
 		return nil, fmt.Errorf("%w: %s: %d param groups, rank 0 has %d", ckpt.ErrInvalid, path, len(items), len(want.elems))
 	}
-	r := &rank{path: path}
+	r := &rank{path: path, file: ar.File()}
 	for i, it := range items {
 		what := fmt.Sprintf("data.pkl[\"optimizer_state_dict\"][%q][%d]", want.key, i)
 		t, reason, err := ar.Tensor(it, what)

@@ -30,6 +30,7 @@ type expect struct {
 // rank is one rank's flat fp32 partitions, read when first needed.
 type rank struct {
 	path  string
+	file  *ckpt.File          // set with opened
 	parts []*torchsave.Tensor // per param group; set with opened
 	elems []int64             // rank 0's only: the sizes the placement uses
 
@@ -62,11 +63,11 @@ func (r *rank) partitions() ([]*torchsave.Tensor, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	parts, err := r.open()
+	got, err := r.open()
 	if err == nil {
-		r.parts = parts
+		r.file, r.parts = got.file, got.parts
 		r.opened.Store(&r.parts)
-		return parts, nil
+		return r.parts, nil
 	}
 	err = fmt.Errorf("deepspeed: %s (placed by %s): %w", r.path, r.rank0, err)
 	var pathErr *fs.PathError
@@ -78,7 +79,7 @@ func (r *rank) partitions() ([]*torchsave.Tensor, error) {
 	return nil, err
 }
 
-func (r *rank) open() ([]*torchsave.Tensor, error) {
+func (r *rank) open() (*rank, error) {
 	f, err := r.files.Get(r.rel)
 	if err != nil {
 		return nil, err
@@ -95,11 +96,7 @@ func (r *rank) open() ([]*torchsave.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	got, err := readRank(ar, root, *r.want)
-	if err != nil {
-		return nil, err
-	}
-	return got.parts, nil
+	return readRank(ar, root, *r.want)
 }
 
 // verify checks group g's partition against its CRC32, once.
@@ -179,15 +176,10 @@ func (s *rankSource) Verify() error { return s.r.verify(s.g, s.name) }
 // Backing is the rank's file once it is open; nil before: nothing of it
 // has been read that could have changed.
 func (s *rankSource) Backing() *ckpt.File {
-	p := s.r.opened.Load()
-	if p == nil {
+	if s.r.opened.Load() == nil {
 		return nil
 	}
-	b, _ := (*p)[s.g].Source(s.name, 0, 0).(ckpt.Backed)
-	if b == nil {
-		return nil
-	}
-	return b.Backing()
+	return s.r.file
 }
 
 func (s *rankSource) String() string {
