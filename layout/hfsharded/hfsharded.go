@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -81,8 +83,8 @@ func shardFiles(dir source.Tree) ([]string, error) {
 	return names, nil
 }
 
-// OpenTree reads every shard header of dir and builds the checkpoint. No
-// tensor data is read.
+// OpenTree reads every shard header of dir (readShards) and builds the
+// checkpoint. No tensor data is read.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	names, err := shardFiles(dir)
 	if err != nil {
@@ -93,10 +95,15 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	}
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: ckpt.FormatHFSharded, Files: ckpt.NewFileSet(dir),
 		FileIndex: map[string]int{}}
+	shards, err := readShards(c, names)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	byName := map[string]*ckpt.Tensor{}
 	saved := map[string]int{}
-	for _, name := range names {
-		if err := addShard(c, byName, saved, name); err != nil {
+	for i, name := range names {
+		if err := addShard(c, byName, saved, name, shards[i]); err != nil {
 			c.Close()
 			return nil, err
 		}
@@ -183,27 +190,69 @@ func atEnd(dec *json.Decoder) error {
 	return nil
 }
 
-// addShard adds the pieces of one shard file; saved numbers tensor names in
-// the order the sharding infos list them (the first listing counts).
-func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, saved map[string]int, name string) error {
+// shard is one shard file's header, parsed.
+type shard struct {
+	file    *ckpt.File
+	h       *safetensors.Header
+	listed  []string           // DCP_SHARDING_INFO's names, in its order
+	offsets map[string][]int64 // DCP_SHARDING_INFO
+}
+
+// readDepth bounds the headers read at once.
+const readDepth = 8
+
+// readShards reads and parses every shard's header, readDepth at a time:
+// the format has no index (torch's writer saves none when it does not
+// consolidate), and a tensor's global shape is the largest extent of its
+// pieces in all files, so every header is needed to place any byte. On
+// storage with a latency per request (object stores, network file
+// systems) the reads overlap. Of several bad files, the first in order is
+// the one reported.
+func readShards(c *ckpt.Checkpoint, names []string) ([]*shard, error) {
+	out := make([]*shard, len(names))
+	errs := make([]error, len(names))
+	var eg errgroup.Group
+	eg.SetLimit(readDepth)
+	for i, name := range names {
+		eg.Go(func() error {
+			out[i], errs[i] = readShard(c, name)
+			return nil
+		})
+	}
+	_ = eg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func readShard(c *ckpt.Checkpoint, name string) (*shard, error) {
 	file, err := c.Files.Get(name)
 	if err != nil {
-		return fmt.Errorf("hfsharded: %w", err)
+		return nil, fmt.Errorf("hfsharded: %w", err)
 	}
 	h, err := safetensors.ReadHeader(file, file.Size())
 	if err != nil {
-		return fmt.Errorf("hfsharded: %s: %w", file.Path, err)
+		return nil, fmt.Errorf("hfsharded: %s: %w", file.Path, err)
 	}
-	var offsets map[string][]int64
+	sh := &shard{file: file, h: h}
 	if raw, ok := h.Metadata[ShardingInfoKey]; ok {
-		var listed []string
-		if listed, offsets, err = parseShardingInfo(raw); err != nil {
-			return fmt.Errorf("hfsharded: %s: %s is not valid JSON: %w", file.Path, ShardingInfoKey, err)
+		if sh.listed, sh.offsets, err = parseShardingInfo(raw); err != nil {
+			return nil, fmt.Errorf("hfsharded: %s: %s is not valid JSON: %w", file.Path, ShardingInfoKey, err)
 		}
-		for _, n := range listed {
-			if _, ok := saved[n]; !ok {
-				saved[n] = len(saved)
-			}
+	}
+	return sh, nil
+}
+
+// addShard adds the pieces of one shard file; saved numbers tensor names in
+// the order the sharding infos list them (the first listing counts).
+func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, saved map[string]int, name string, sh *shard) error {
+	file, h, offsets := sh.file, sh.h, sh.offsets
+	for _, n := range sh.listed {
+		if _, ok := saved[n]; !ok {
+			saved[n] = len(saved)
 		}
 	}
 	modelIndex, _ := strconv.Atoi(shardName.FindStringSubmatch(name)[2])
