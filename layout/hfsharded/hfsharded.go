@@ -16,8 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sync/errgroup"
+	"sync"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -83,7 +82,7 @@ func shardFiles(dir source.Tree) ([]string, error) {
 	return names, nil
 }
 
-// OpenTree reads every shard header of dir (readShards) and builds the
+// OpenTree reads every shard header of dir (eachShard) and builds the
 // checkpoint. No tensor data is read.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	names, err := shardFiles(dir)
@@ -95,18 +94,13 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	}
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: ckpt.FormatHFSharded, Files: ckpt.NewFileSet(dir),
 		FileIndex: map[string]int{}}
-	shards, err := readShards(c, names)
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
 	byName := map[string]*ckpt.Tensor{}
 	saved := map[string]int{}
-	for i, name := range names {
-		if err := addShard(c, byName, saved, name, shards[i]); err != nil {
-			c.Close()
-			return nil, err
-		}
+	if err := eachShard(c, names, func(name string, sh *shard) error {
+		return addShard(c, byName, saved, name, sh)
+	}); err != nil {
+		c.Close()
+		return nil, err
 	}
 	inSaveOrder(c.Tensors, saved)
 	if ckpt.OutOfFileOrder(c.Tensors) {
@@ -198,34 +192,64 @@ type shard struct {
 	offsets map[string][]int64 // DCP_SHARDING_INFO
 }
 
-// readDepth bounds the headers read at once.
-const readDepth = 8
+// readDepth bounds the headers read at once; window bounds those read
+// and not merged yet (their parsed headers are what memory holds).
+const (
+	readDepth = 8
+	window    = 2 * readDepth
+)
 
-// readShards reads and parses every shard's header, readDepth at a time:
-// the format has no index (torch's writer saves none when it does not
+// eachShard reads and parses every shard's header, readDepth at a time
+// and at most window ahead, and calls merge with each in file order: the
+// format has no index (torch's writer saves none when it does not
 // consolidate), and a tensor's global shape is the largest extent of its
 // pieces in all files, so every header is needed to place any byte. On
 // storage with a latency per request (object stores, network file
 // systems) the reads overlap. Of several bad files, the first in order is
 // the one reported.
-func readShards(c *ckpt.Checkpoint, names []string) ([]*shard, error) {
-	out := make([]*shard, len(names))
-	errs := make([]error, len(names))
-	var eg errgroup.Group
-	eg.SetLimit(readDepth)
-	for i, name := range names {
-		eg.Go(func() error {
-			out[i], errs[i] = readShard(c, name)
-			return nil
-		})
+func eachShard(c *ckpt.Checkpoint, names []string, merge func(name string, sh *shard) error) error {
+	type result struct {
+		sh  *shard
+		err error
 	}
-	_ = eg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
+	results := make([]chan result, len(names))
+	for i := range results {
+		results[i] = make(chan result, 1)
+	}
+	slots := make(chan struct{}, window)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup // the reads under way: done before the caller may close the files
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		sem := make(chan struct{}, readDepth)
+		for i, name := range names {
+			select {
+			case slots <- struct{}{}:
+			case <-stop:
+				return
+			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				sh, err := readShard(c, name)
+				results[i] <- result{sh, err}
+			})
+		}
+	})
+	for i, name := range names {
+		r := <-results[i]
+		<-slots
+		if r.err != nil {
+			return r.err
+		}
+		if err := merge(name, r.sh); err != nil {
+			return err
 		}
 	}
-	return out, nil
+	return nil
 }
 
 func readShard(c *ckpt.Checkpoint, name string) (*shard, error) {
