@@ -759,6 +759,7 @@ def main():
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,objectstore,large,scale")
     ap.add_argument("--scale-ranks", default="64,256,1024,2048", help="the scale section's world sizes")
+    ap.add_argument("--scale-formats", default="dcp,megatron,deepspeed,hfsharded", help="the scale section's formats")
     ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
                     help="the large section's model (tiny: to try the section out)")
     ap.add_argument("--lever", default="", help="the large section: mount flags measured beside the defaults "
@@ -797,7 +798,7 @@ def main():
         results["large"] = bench_large(binary, work, a.repeat, a.preset, a.lever.split())
     if "scale" in only:
         r = subprocess.run([PY, os.path.join(HERE, "bench_scale.py"), "--bin", binary, "--work", work,
-                            "--ranks", a.scale_ranks], check=True, stdout=subprocess.PIPE, text=True)
+                            "--ranks", a.scale_ranks, "--formats", a.scale_formats], check=True, stdout=subprocess.PIPE, text=True)
         results["scale"] = json.loads(r.stdout)
     if "rss" in only:
         r = subprocess.run([PY, os.path.join(HERE, "rss_readers.py"), "--bin", binary, "--work", work, "--gib", str(a.gib)],

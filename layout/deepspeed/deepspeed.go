@@ -17,11 +17,22 @@
 //
 // Every pickle is decoded by the restricted VM; the world size comes from
 // partition_count and every rank file it implies must exist.
+//
+// Opening reads two files whatever the world size: the model states
+// (param_shapes) and rank 0's optimizer states. Where every param lies
+// follows from them: ZeRO-3 from the shapes and the world size, ZeRO-1/2
+// from the shapes and rank 0's partition sizes, which DeepSpeed makes equal
+// on every rank (a flat group is padded to a multiple of the world size and
+// split evenly). Another rank's file is opened, and its header checked
+// against that placement, on the first read of bytes that lie there
+// (rank.go): a rank that disagrees is an error naming its file, never bytes
+// from the wrong place. A parameter's bytes are boxes of the tensor, each
+// one byte range of one rank's partition (flat.go), which the view's read
+// plan merges with their neighbours in the file.
 package deepspeed
 
 import (
 	"fmt"
-	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -98,23 +109,22 @@ func open(c *ckpt.Checkpoint, dir source.Tree, rel string) (*torchsave.Archive, 
 	if err != nil {
 		return nil, nil, err
 	}
+	d, err := rootDict(ar, v)
+	return ar, d, err
+}
+
+// rootDict is a decoded data.pkl's root, a dict.
+func rootDict(ar *torchsave.Archive, v any) (*pickle.Dict, error) {
 	d, ok := v.(*pickle.Dict)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: %s: data.pkl holds %s, not a dict", ckpt.ErrInvalid, f.Path, pickle.TypeName(v))
+		return nil, fmt.Errorf("%w: %s: data.pkl holds %s, not a dict", ckpt.ErrInvalid, ar.File().Path, pickle.TypeName(v))
 	}
-	return ar, d, nil
+	return d, nil
 }
 
 func get(d *pickle.Dict, key string) any {
 	v, _ := d.Get(key)
 	return v
-}
-
-// rank is one rank's flat fp32 partitions.
-type rank struct {
-	path  string
-	parts []*torchsave.Tensor // per param group
-	elems []int64
 }
 
 func build(c *ckpt.Checkpoint, dir source.Tree) error {
@@ -143,31 +153,34 @@ func build(c *ckpt.Checkpoint, dir source.Tree) error {
 	if err != nil {
 		return err
 	}
+	present := map[int]bool{}
 	for _, e := range ents {
 		if m := optimName.FindStringSubmatch(e.Name); m != nil {
-			if n, _ := strconv.Atoi(m[2]); n >= world || m[1] != prefix {
+			n, _ := strconv.Atoi(m[2])
+			if n >= world || m[1] != prefix {
 				return fmt.Errorf("%s: not a rank of partition_count %d (%s)", dir.Path(e.Name), world, p0)
 			}
+			present[n] = true
 		}
 	}
-	key := "single_partition_of_fp32_groups"
+	for r := range world {
+		if !present[r] {
+			return fmt.Errorf("%s: missing", dir.Path(optimFile(prefix, r)))
+		}
+	}
+	want := expect{stage: stage, world: world, key: "single_partition_of_fp32_groups"}
 	if stage == 3 {
-		key = "fp32_flat_groups"
+		want.key = "fp32_flat_groups"
 	}
+	r0, err := readRank(ar0, root0, want)
+	if err != nil {
+		return err
+	}
+	want.elems = r0.elems
 	ranks := make([]*rank, world)
-	for r := range ranks {
-		ar, root := ar0, root0
-		if r > 0 {
-			if ar, root, err = open(c, dir, optimFile(prefix, r)); err != nil {
-				return err
-			}
-		}
-		if ranks[r], err = readRank(ar, root, key, stage); err != nil {
-			return err
-		}
-		if len(ranks[r].parts) != len(ranks[0].parts) {
-			return fmt.Errorf("%w: %s: %d param groups, %s has %d", ckpt.ErrInvalid, ranks[r].path, len(ranks[r].parts), p0, len(ranks[0].parts))
-		}
+	ranks[0] = r0
+	for r := 1; r < world; r++ {
+		ranks[r] = &rank{files: c.Files, rel: optimFile(prefix, r), path: dir.Path(optimFile(prefix, r)), want: &want, rank0: p0}
 	}
 	msName := ModelStates
 	if stage == 3 {
@@ -230,27 +243,35 @@ func partitionCount(v any) (int, error) {
 	return int(n), nil
 }
 
-func readRank(ar *torchsave.Archive, root *pickle.Dict, key string, stage int64) (*rank, error) {
+// readRank reads a rank's flat fp32 partitions from its decoded file and
+// checks them against what the placement expects of every rank.
+func readRank(ar *torchsave.Archive, root *pickle.Dict, want expect) (*rank, error) {
 	path := ar.File().Path
 	osd, ok := get(root, "optimizer_state_dict").(*pickle.Dict)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s: no optimizer_state_dict dict", ckpt.ErrInvalid, path)
 	}
-	if s, _ := stageOf(get(osd, "zero_stage")); s != stage {
-		return nil, fmt.Errorf("%w: %s: zero_stage %s, rank 0 says %d", ckpt.ErrInvalid, path, pickle.Repr(get(osd, "zero_stage")), stage)
+	if s, _ := stageOf(get(osd, "zero_stage")); s != want.stage {
+		return nil, fmt.Errorf("%w: %s: zero_stage %s, rank 0 says %d", ckpt.ErrInvalid, path, pickle.Repr(get(osd, "zero_stage")), want.stage)
 	}
-	v := get(osd, key)
+	if w, err := partitionCount(get(osd, "partition_count")); err != nil || w != want.world {
+		return nil, fmt.Errorf("%w: %s: partition_count %s, rank 0 says %d", ckpt.ErrInvalid, path, pickle.Repr(get(osd, "partition_count")), want.world)
+	}
+	v := get(osd, want.key)
 	items, ok := pickle.Seq(v)
 	switch {
 	case ok:
-	case stage == 3 && v != nil: // older DeepSpeed: one flat tensor
+	case want.stage == 3 && v != nil: // older DeepSpeed: one flat tensor
 		items = []any{v}
 	default:
-		return nil, fmt.Errorf("%w: %s: optimizer_state_dict[%q] is %s, not a list of tensors", ckpt.ErrInvalid, path, key, pickle.TypeName(v))
+		return nil, fmt.Errorf("%w: %s: optimizer_state_dict[%q] is %s, not a list of tensors", ckpt.ErrInvalid, path, want.key, pickle.TypeName(v))
 	}
-	r := &rank{path: path}
+	if want.elems != nil && len(items) != len(want.elems) {
+		return nil, fmt.Errorf("%w: %s: %d param groups, rank 0 has %d", ckpt.ErrInvalid, path, len(items), len(want.elems))
+	}
+	r := &rank{path: path, file: ar.File()}
 	for i, it := range items {
-		what := fmt.Sprintf("data.pkl[\"optimizer_state_dict\"][%q][%d]", key, i)
+		what := fmt.Sprintf("data.pkl[\"optimizer_state_dict\"][%q][%d]", want.key, i)
 		t, reason, err := ar.Tensor(it, what)
 		if err != nil {
 			return nil, err
@@ -261,9 +282,13 @@ func readRank(ar *torchsave.Archive, root *pickle.Dict, key string, stage int64)
 		if t.DType != safetensors.F32 || len(t.Shape) != 1 {
 			return nil, fmt.Errorf("%w: %s: %s is %s %v, not a flat fp32 partition", ckpt.ErrInvalid, path, what, t.DType, t.Shape)
 		}
+		if want.elems != nil && t.Shape[0] != want.elems[i] {
+			return nil, fmt.Errorf("%w: %s: %s has %d elements, rank 0's %d (every rank's partition is the same size)", ckpt.ErrInvalid, path, what, t.Shape[0], want.elems[i])
+		}
 		r.parts = append(r.parts, t)
 		r.elems = append(r.elems, t.Shape[0])
 	}
+	r.opened.Store(&r.parts)
 	return r, nil
 }
 
@@ -347,7 +372,8 @@ func paddings(path string, v any, shapes [][]param) ([][]int64, error) {
 
 // span is elements [off, off+n) of a rank's partition of one group.
 type span struct {
-	t      *torchsave.Tensor
+	r      *rank
+	g      int
 	off, n int64
 }
 
@@ -366,35 +392,43 @@ func (f flat) slice(off, n int64) (flat, bool) {
 			continue
 		}
 		k := min(s.n-off, n)
-		out = append(out, span{t: s.t, off: s.off + off, n: k})
+		out = append(out, span{r: s.r, g: s.g, off: s.off + off, n: k})
 		off, n = 0, n-k
 	}
 	return out, n == 0
 }
 
+// newTensor is the fp32 tensor whose C-order elements are pieces, back to
+// back: a chunk per box of each piece's elements (flatBoxes).
 func newTensor(name string, shape []int64, pieces flat) *ckpt.Tensor {
-	src := &multiSource{name: name}
-	for _, p := range pieces {
-		s := p.t.Source(name, p.off*4, p.n*4)
-		src.parts = append(src.parts, s)
-		src.sizes = append(src.sizes, p.n*4)
-		src.size += p.n * 4
+	t := &ckpt.Tensor{Name: name, DType: safetensors.F32, Shape: shape}
+	if n, _ := ckpt.NumElements(shape); n == 0 {
+		t.Chunks = []ckpt.Chunk{{Offsets: make([]int64, len(shape)), Sizes: shape, Source: emptySource{}}}
+		return t
 	}
-	return &ckpt.Tensor{Name: name, DType: safetensors.F32, Shape: shape,
-		Chunks: []ckpt.Chunk{{Offsets: make([]int64, len(shape)), Sizes: shape, Source: src}}}
+	var at int64
+	for _, p := range pieces {
+		flatBoxes(shape, at, at+p.n, func(off, size []int64, start, n int64) {
+			src := &rankSource{r: p.r, g: p.g, off: (p.off + start - at) * 4, n: n * 4, name: name}
+			t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: off, Sizes: size, Source: src})
+		})
+		at += p.n
+	}
+	return t
 }
 
 func zero2(c *ckpt.Checkpoint, ranks []*rank, shapes [][]param, pad [][]int64, world int, msPath string) error {
-	if len(shapes) != len(ranks[0].parts) {
-		return fmt.Errorf("%w: %s: %d param groups in param_shapes, %s has %d partitions", ckpt.ErrInvalid, msPath, len(shapes), ranks[0].path, len(ranks[0].parts))
+	elems := ranks[0].elems
+	if len(shapes) != len(elems) {
+		return fmt.Errorf("%w: %s: %d param groups in param_shapes, %s has %d partitions", ckpt.ErrInvalid, msPath, len(shapes), ranks[0].path, len(elems))
 	}
 	align := int64(2 * world)
 	for g, ps := range shapes {
 		var merged flat
 		var avail int64
 		for _, r := range ranks {
-			merged = append(merged, span{t: r.parts[g], n: r.elems[g]})
-			avail += r.elems[g]
+			merged = append(merged, span{r: r, g: g, n: elems[g]})
+			avail += elems[g]
 		}
 		var off int64
 		for i, p := range ps {
@@ -421,13 +455,10 @@ func zero3(c *ckpt.Checkpoint, ranks []*rank, shapes [][]param, world int, msPat
 	per := make([]flat, len(ranks))
 	var avail int64
 	for i, r := range ranks {
-		for g, t := range r.parts {
-			if r.elems[g] != ranks[0].elems[g] {
-				return fmt.Errorf("%w: %s: fp32_flat_groups[%d] has %d elements, rank 0's %d", ckpt.ErrInvalid, r.path, g, r.elems[g], ranks[0].elems[g])
-			}
-			per[i] = append(per[i], span{t: t, n: r.elems[g]})
+		for g, n := range ranks[0].elems {
+			per[i] = append(per[i], span{r: r, g: g, n: n})
 			if i == 0 {
-				avail += r.elems[g]
+				avail += n
 			}
 		}
 	}
@@ -441,7 +472,7 @@ func zero3(c *ckpt.Checkpoint, ranks []*rank, shapes [][]param, world int, msPat
 				s, ok := per[i].slice(off, part)
 				if !ok {
 					return fmt.Errorf("%w: %s: param %q (%d elements per rank at %d) runs past the %d elements of %s's fp32_flat_groups",
-						ckpt.ErrInvalid, msPath, p.name, part, off, avail, ranks[i].path)
+						ckpt.ErrInvalid, msPath, p.name, part, off, avail, ranks[0].path)
 				}
 				k := min(part, left)
 				s, _ = s.slice(0, k)
@@ -485,46 +516,4 @@ func extras(c *ckpt.Checkpoint, ms *pickle.Dict) {
 			}
 		}
 	}
-}
-
-// multiSource is a tensor's bytes as consecutive byte ranges of partitions.
-type multiSource struct {
-	name  string
-	parts []ckpt.Source
-	sizes []int64
-	size  int64
-}
-
-func (s *multiSource) String() string {
-	names := make([]string, len(s.parts))
-	for i, p := range s.parts {
-		names[i] = p.String()
-	}
-	return strings.Join(names, ",")
-}
-
-// ReadAt reads the tensor's bytes at off from the partitions holding them.
-func (s *multiSource) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 || off > s.size {
-		return 0, fmt.Errorf("deepspeed: offset %d outside tensor %q of %d bytes", off, s.name, s.size)
-	}
-	done := 0
-	var base int64
-	for i, part := range s.parts {
-		end := base + s.sizes[i]
-		if off+int64(done) < end && done < len(p) {
-			at := off + int64(done) - base
-			k := int(min(int64(len(p)-done), s.sizes[i]-at))
-			n, err := part.ReadAt(p[done:done+k], at)
-			done += n
-			if err != nil && !(err == io.EOF && n == k) {
-				return done, err
-			}
-		}
-		base = end
-	}
-	if done < len(p) {
-		return done, io.EOF
-	}
-	return done, nil
 }

@@ -12,8 +12,14 @@ import (
 // FuzzOpen: a ZeRO checkpoint whose model states file is the input, beside
 // the real optimizer partitions: Open and reading every tensor never panic
 // or allocate past the files' sizes.
-func FuzzOpen(f *testing.F) {
-	const states = "mp_rank_00_model_states.pt"
+func FuzzOpen(f *testing.F) { fuzzFile(f, "mp_rank_00_model_states.pt") }
+
+// FuzzLazyRank: rank 1's optimizer states file is the input, opened on the
+// first read of its bytes: a file that disagrees with rank 0's placement
+// fails the read; nothing panics (a box past its partition would).
+func FuzzLazyRank(f *testing.F) { fuzzFile(f, "zero_pp_rank_1_mp_rank_00_optim_states.pt") }
+
+func fuzzFile(f *testing.F, states string) {
 	fixture := treetest.Testdata("deepspeed_zero2_llama", "ckpt", "global_step1")
 	ents, err := os.ReadDir(fixture)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -81,8 +82,8 @@ func shardFiles(dir source.Tree) ([]string, error) {
 	return names, nil
 }
 
-// OpenTree reads every shard header of dir and builds the checkpoint. No
-// tensor data is read.
+// OpenTree reads every shard header of dir (eachShard) and builds the
+// checkpoint. No tensor data is read.
 func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	names, err := shardFiles(dir)
 	if err != nil {
@@ -95,11 +96,11 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 		FileIndex: map[string]int{}}
 	byName := map[string]*ckpt.Tensor{}
 	saved := map[string]int{}
-	for _, name := range names {
-		if err := addShard(c, byName, saved, name); err != nil {
-			c.Close()
-			return nil, err
-		}
+	if err := eachShard(c, names, func(name string, sh *shard) error {
+		return addShard(c, byName, saved, name, sh)
+	}); err != nil {
+		c.Close()
+		return nil, err
 	}
 	inSaveOrder(c.Tensors, saved)
 	if ckpt.OutOfFileOrder(c.Tensors) {
@@ -183,27 +184,99 @@ func atEnd(dec *json.Decoder) error {
 	return nil
 }
 
-// addShard adds the pieces of one shard file; saved numbers tensor names in
-// the order the sharding infos list them (the first listing counts).
-func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, saved map[string]int, name string) error {
+// shard is one shard file's header, parsed.
+type shard struct {
+	file    *ckpt.File
+	h       *safetensors.Header
+	listed  []string           // DCP_SHARDING_INFO's names, in its order
+	offsets map[string][]int64 // DCP_SHARDING_INFO
+}
+
+// readDepth bounds the headers read at once; window bounds those read
+// and not merged yet (their parsed headers are what memory holds).
+const (
+	readDepth = 8
+	window    = 2 * readDepth
+)
+
+// eachShard reads and parses every shard's header, readDepth at a time
+// and at most window ahead, and calls merge with each in file order: the
+// format has no index (torch's writer saves none when it does not
+// consolidate), and a tensor's global shape is the largest extent of its
+// pieces in all files, so every header is needed to place any byte. On
+// storage with a latency per request (object stores, network file
+// systems) the reads overlap. Of several bad files, the first in order is
+// the one reported.
+func eachShard(c *ckpt.Checkpoint, names []string, merge func(name string, sh *shard) error) error {
+	type result struct {
+		sh  *shard
+		err error
+	}
+	results := make([]chan result, len(names))
+	for i := range results {
+		results[i] = make(chan result, 1)
+	}
+	slots := make(chan struct{}, window)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup // the reads under way: done before the caller may close the files
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		sem := make(chan struct{}, readDepth)
+		for i, name := range names {
+			select {
+			case slots <- struct{}{}:
+			case <-stop:
+				return
+			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				sh, err := readShard(c, name)
+				results[i] <- result{sh, err}
+			})
+		}
+	})
+	for i, name := range names {
+		r := <-results[i]
+		<-slots
+		if r.err != nil {
+			return r.err
+		}
+		if err := merge(name, r.sh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readShard(c *ckpt.Checkpoint, name string) (*shard, error) {
 	file, err := c.Files.Get(name)
 	if err != nil {
-		return fmt.Errorf("hfsharded: %w", err)
+		return nil, fmt.Errorf("hfsharded: %w", err)
 	}
 	h, err := safetensors.ReadHeader(file, file.Size())
 	if err != nil {
-		return fmt.Errorf("hfsharded: %s: %w", file.Path, err)
+		return nil, fmt.Errorf("hfsharded: %s: %w", file.Path, err)
 	}
-	var offsets map[string][]int64
+	sh := &shard{file: file, h: h}
 	if raw, ok := h.Metadata[ShardingInfoKey]; ok {
-		var listed []string
-		if listed, offsets, err = parseShardingInfo(raw); err != nil {
-			return fmt.Errorf("hfsharded: %s: %s is not valid JSON: %w", file.Path, ShardingInfoKey, err)
+		if sh.listed, sh.offsets, err = parseShardingInfo(raw); err != nil {
+			return nil, fmt.Errorf("hfsharded: %s: %s is not valid JSON: %w", file.Path, ShardingInfoKey, err)
 		}
-		for _, n := range listed {
-			if _, ok := saved[n]; !ok {
-				saved[n] = len(saved)
-			}
+	}
+	return sh, nil
+}
+
+// addShard adds the pieces of one shard file; saved numbers tensor names in
+// the order the sharding infos list them (the first listing counts).
+func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, saved map[string]int, name string, sh *shard) error {
+	file, h, offsets := sh.file, sh.h, sh.offsets
+	for _, n := range sh.listed {
+		if _, ok := saved[n]; !ok {
+			saved[n] = len(saved)
 		}
 	}
 	modelIndex, _ := strconv.Atoi(shardName.FindStringSubmatch(name)[2])

@@ -195,3 +195,26 @@ func TestBadShards(t *testing.T) {
 
 // shards0 marks an expectation that the error names the first shard file.
 const shards0 = "\x00first shard"
+
+// Headers are read several at a time; of several damaged shards, the error
+// names the first in order, every time.
+func TestFirstBadShardIsReported(t *testing.T) {
+	dir := fixture(t)
+	tree, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	shards, err := shardFiles(tree)
+	tree.Close()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(shards), 2)
+	for _, s := range shards {
+		require.NoError(t, os.Truncate(filepath.Join(dir, s), 20))
+	}
+	for range 20 {
+		_, err := Open(dir)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), shards[0])
+		for _, s := range shards[1:] {
+			require.NotContains(t, err.Error(), s)
+		}
+	}
+}

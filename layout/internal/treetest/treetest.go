@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -145,4 +146,79 @@ func OpenWritten(t *testing.T, files map[string][]byte, open func(source.Tree) (
 	}
 	defer c.Close()
 	ReadChunks(t, c)
+}
+
+// CountingTree counts, per file name, the opens, reads and freshness
+// checks of the files it opens, so that a test can check how a reader
+// reads a checkpoint. Safe for concurrent use (a read plan reads files at
+// once).
+type CountingTree struct {
+	source.Tree
+	mu     sync.Mutex
+	counts map[string]*Counts
+}
+
+// Counts are what a CountingTree counted of one file.
+type Counts struct{ Opens, Reads, Checks int }
+
+// Count returns a copy of the counts by file name.
+func (t *CountingTree) Count() map[string]Counts {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string]Counts{}
+	for k, v := range t.counts {
+		out[k] = *v
+	}
+	return out
+}
+
+// Reset sets every count to zero.
+func (t *CountingTree) Reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.counts = nil
+}
+
+func (t *CountingTree) add(name string, fn func(*Counts)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.counts == nil {
+		t.counts = map[string]*Counts{}
+	}
+	c := t.counts[name]
+	if c == nil {
+		c = &Counts{}
+		t.counts[name] = c
+	}
+	fn(c)
+}
+
+func (t *CountingTree) Open(name string) (source.File, error) {
+	f, err := t.Tree.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	t.add(name, func(c *Counts) { c.Opens++ })
+	return &countingFile{File: f, tree: t, name: name}, nil
+}
+
+type countingFile struct {
+	source.File
+	tree *CountingTree
+	name string
+}
+
+func (f *countingFile) ReadAt(p []byte, off int64) (int, error) {
+	f.tree.add(f.name, func(c *Counts) { c.Reads++ })
+	return f.File.ReadAt(p, off)
+}
+
+func (f *countingFile) ReadvAt(parts [][]byte, off int64) error {
+	f.tree.add(f.name, func(c *Counts) { c.Reads++ })
+	return f.File.(source.VectoredReader).ReadvAt(parts, off)
+}
+
+func (f *countingFile) Check() error {
+	f.tree.add(f.name, func(c *Counts) { c.Checks++ })
+	return f.File.Check()
 }
