@@ -95,7 +95,7 @@ func (f *FS) sourceErrno(op, name string, err error) syscall.Errno {
 		errno = syscall.EACCES
 	}
 	f.lookupErrors.Add(1)
-	if !isSourceFailing(err) { // else the outage is logged as it begins and ends (outageTree)
+	if !inOutage(err) { // else the outage is logged as it begins and ends (outageTree)
 		// Repeated at will by anyone who can stat the name: rate-limited
 		// per directory (errorLog).
 		f.errLog.Error(f.tree.Path(path.Dir(name)), op+" "+f.tree.Path(name), err, "errno", errno.Error())

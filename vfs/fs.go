@@ -367,7 +367,7 @@ func (f *FS) openView(dir string, format ckpt.Reader, read *readFiles) (v *view.
 	}
 	read.stop()
 	if err != nil {
-		if !isSourceFailing(err) { // an outage is logged as it begins and ends
+		if !inOutage(err) { // an outage is logged as it begins and ends
 			f.log.Error("checkpoint cannot be shown", "dir", f.tree.Path(dir), "err", err)
 		}
 		return nil, err

@@ -89,7 +89,7 @@ func (f *FS) limitedErrno(key, what string, err error) syscall.Errno {
 		return 0
 	}
 	errno, quiet := mapErr(err)
-	if !quiet && !isSourceFailing(err) { // an outage is logged as it begins and ends
+	if !quiet && !inOutage(err) { // an outage is logged as it begins and ends
 
 		f.errLog.Error(key, what, err, "errno", errno.Error())
 	}

@@ -31,9 +31,12 @@ const outageRetry = time.Second
 // once as it begins and once as it ends, with how many calls it failed.
 //
 // The memory is the store's, not a name's: a store that does not answer
-// one name does not answer the next either. A name the store says is
-// missing is an answer, and ends an outage like any other answer to the
-// call that asks again.
+// one name does not answer the next either. Only a store that did not
+// answer (source.ErrUnavailable: timeouts, 5xx, connection errors, retries
+// exhausted) begins an outage. A name the store says is missing, or access
+// it denies (source.ErrDenied: one prefix's policy says nothing of
+// another's), is an answer, and ends an outage like any other answer to
+// the call that asks again.
 type outageTree struct {
 	source.Tree
 	log   *slog.Logger
@@ -56,8 +59,9 @@ func newOutageTree(t source.Tree, log *slog.Logger) *outageTree {
 // about the checkpoint it holds: a view that meets one is not failed for
 // good (FS.open).
 type sourceFailing struct {
-	err  error
-	note string // set on a call failed without asking the store
+	err    error
+	note   string // set on a call failed without asking the store
+	outage bool   // the store did not answer: the outage's lines say it, not each call's
 }
 
 func (e *sourceFailing) Error() string {
@@ -73,6 +77,13 @@ func (e *sourceFailing) Unwrap() error { return e.err }
 func isSourceFailing(err error) bool {
 	var f *sourceFailing
 	return errors.As(err, &f)
+}
+
+// inOutage reports whether err is a call failed by an outage, which is
+// logged as it begins and ends, not per call.
+func inOutage(err error) bool {
+	var f *sourceFailing
+	return errors.As(err, &f) && f.outage
 }
 
 func (t *outageTree) Stat(name string) (source.Info, error) {
@@ -102,7 +113,7 @@ func (t *outageTree) call(op, name string, fn func() error) error {
 		if t.probing || time.Now().Before(t.retryAt) {
 			t.failed++
 			note := fmt.Sprintf("not asked: the source has failed since %s", t.since.Format("15:04:05.000"))
-			err := &fs.PathError{Op: op, Path: t.Path(name), Err: &sourceFailing{err: t.first, note: note}}
+			err := &fs.PathError{Op: op, Path: t.Path(name), Err: &sourceFailing{err: t.first, note: note, outage: true}}
 			t.mu.Unlock()
 			return err
 		}
@@ -116,6 +127,7 @@ func (t *outageTree) call(op, name string, fn func() error) error {
 // settle records the outcome of a call that asked the store.
 func (t *outageTree) settle(op, name string, err error, probe bool) error {
 	failure := source.IsFailure(err) && !errors.Is(err, context.Canceled)
+	down := failure && source.IsUnavailable(err)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if probe {
@@ -123,12 +135,12 @@ func (t *outageTree) settle(op, name string, err error, probe bool) error {
 	}
 	now := time.Now()
 	switch {
-	case failure && !t.down:
+	case down && !t.down:
 		t.down, t.since, t.first, t.failed = true, now, err, 1
 		t.retryAt = now.Add(t.retry)
 		t.log.Error("source failing: calls fail at once until it answers again, asked again every "+t.retry.String(),
 			"op", op, "path", t.Path(name), "err", err)
-	case failure:
+	case down:
 		t.failed++
 		if probe {
 			t.retryAt = now.Add(t.retry)
@@ -142,7 +154,7 @@ func (t *outageTree) settle(op, name string, err error, probe bool) error {
 		t.down, t.first, t.failed = false, nil, 0
 	}
 	if failure {
-		return &sourceFailing{err: err}
+		return &sourceFailing{err: err, outage: down}
 	}
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -15,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source"
-	"github.com/ckptfs/ckptfs/layout/source/s3"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
 // frozenTree is a store that stops answering while frozen: each call waits
@@ -33,7 +34,8 @@ func (t *frozenTree) fail(op, name string) error {
 	}
 	t.asked.Add(1)
 	time.Sleep(t.delay)
-	return &fs.PathError{Op: op, Path: "s3://b/" + name, Err: fmt.Errorf("%w: operation error S3: HeadObject, exceeded maximum number of attempts, 2: timeout", s3.ErrRequest)}
+	return &fs.PathError{Op: op, Path: "s3://b/" + name, Err: objstore.RequestFailed(objstore.Classified(
+		errors.New("operation error S3: HeadObject, exceeded maximum number of attempts, 2: timeout"), source.ErrUnavailable))}
 }
 
 func (t *frozenTree) Stat(name string) (source.Info, error) {
@@ -197,4 +199,58 @@ func TestOutageDoesNotFailAViewForGood(t *testing.T) {
 	require.Eventually(t, func() bool { _, err = os.Stat(view); return err == nil }, 5*time.Second, 50*time.Millisecond,
 		"the view is shown once the store answers: %v", err)
 	require.NotContains(t, listDir(t, filepath.Join(mnt, "ckpt")), errorName)
+}
+
+// deniedTree is a store that denies access to the names under one prefix
+// (a bucket policy, 403) and answers every other name.
+type deniedTree struct {
+	source.Tree
+	prefix string
+}
+
+func (t *deniedTree) deny(op, name string) error {
+	if !strings.HasPrefix(name, t.prefix) {
+		return nil
+	}
+	return &fs.PathError{Op: op, Path: "s3://b/" + name, Err: objstore.RequestFailed(objstore.Classified(
+		errors.New("operation error S3: HeadObject, https response error StatusCode: 403, api error AccessDenied"), source.ErrDenied))}
+}
+
+func (t *deniedTree) Stat(name string) (source.Info, error) {
+	if err := t.deny("stat", name); err != nil {
+		return source.Info{}, err
+	}
+	return t.Tree.Stat(name)
+}
+
+func (t *deniedTree) ReadDir(name string) ([]source.Info, error) {
+	if err := t.deny("readdir", name); err != nil {
+		return nil, err
+	}
+	return t.Tree.ReadDir(name)
+}
+
+// TestDeniedIsNoOutage: access denied under one prefix is the store's
+// answer about that prefix, not an outage: lookups of other names go on
+// asking the store right after it (issue 37: any failure that was not
+// "missing" began an outage, so a 403 on one prefix failed every other
+// lookup at once for a second).
+func TestDeniedIsNoOutage(t *testing.T) {
+	local, err := source.OpenLocal(fixture(t, "sample"))
+	require.NoError(t, err)
+	t.Cleanup(func() { local.Close() })
+	logs := &logLines{}
+	fsys := newFS(t, "", func(o *Options) {
+		o.Tree = &deniedTree{Tree: local, prefix: "secret"}
+		o.Logger = slog.New(slog.NewTextHandler(&logs.buf, nil))
+	})
+	fsys.tree.(*outageTree).retry = time.Hour // an outage would fail the rest of the test
+	mnt := testMount(t, fsys)
+	_, err = os.Stat(filepath.Join(mnt, "secret"))
+	require.True(t, errors.Is(err, syscall.EIO), "stat of the denied prefix gave %v", err)
+	_, err = os.Stat(filepath.Join(mnt, "ckpt", "model.safetensors"))
+	require.NoError(t, err, "a name the store allows, right after a denial")
+	_, err = os.Stat(filepath.Join(mnt, "nothing-here"))
+	require.True(t, errors.Is(err, syscall.ENOENT), "a missing name, right after a denial: %v", err)
+	require.NotContains(t, strings.Join(logs.lines(), "\n"), "source failing")
 }

@@ -6,8 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -136,4 +140,55 @@ func TestTreeMountGatewayFrozen(t *testing.T) {
 	// failure instead of waiting it out once per format (11 times before).
 	require.Less(t, took, opts.Budget(1<<20)+time.Second, "the lookup failed within one request's budget")
 	require.Positive(t, fsys.Stats().LookupErrors)
+}
+
+// TestDeniedPrefixIsNoOutage: a real S3 server behind a proxy that denies
+// one prefix (403, as a bucket policy does): a lookup under it fails, and
+// lookups of other names still ask the store and get its answers at once;
+// the same prefix answering 503 (the store not answering) is an outage, and
+// other names then fail at once without asking (vfs/outage.go).
+func TestDeniedPrefixIsNoOutage(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Bucket(t, "ckpts")
+	srv.Upload(t, "ckpts", "run/open", filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt"))
+	srv.Upload(t, "ckpts", "run/secret", filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt"))
+	p := s3test.StartProxy(t, srv.Endpoint)
+	var status atomic.Int32
+	p.SetFault(func(r *http.Request) s3test.Fault {
+		if strings.Contains(r.URL.Path, "/run/secret") || strings.HasPrefix(r.URL.Query().Get("prefix"), "run/secret") {
+			return s3test.Fault{Status: int(status.Load())}
+		}
+		return s3test.Fault{}
+	})
+	tree, err := s3.Open(context.Background(), "s3://ckpts/run", s3.Options{Endpoint: p.URL, MaxAttempts: 2, ReadTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { tree.Close() })
+	logs := &logLines{}
+	fsys := newFS(t, "", func(o *Options) {
+		o.Tree = tree
+		o.Logger = slog.New(slog.NewTextHandler(&logs.buf, nil))
+	})
+	fsys.tree.(*outageTree).retry = time.Hour // an outage lasts the rest of the test
+	mnt := testMount(t, fsys)
+
+	status.Store(http.StatusForbidden)
+	_, err = os.ReadDir(filepath.Join(mnt, "secret"))
+	require.True(t, errors.Is(err, syscall.EIO), "listing the denied prefix gave %v", err)
+	asked := len(p.Requests())
+	_, err = os.Stat(filepath.Join(mnt, "open", "model.safetensors"))
+	require.NoError(t, err, "a prefix the store allows, right after a denial")
+	_, err = os.Stat(filepath.Join(mnt, "nothing-here"))
+	require.True(t, errors.Is(err, syscall.ENOENT), "a missing name, right after a denial: %v", err)
+	require.Greater(t, len(p.Requests()), asked, "the other lookups asked the store")
+	require.NotContains(t, strings.Join(logs.lines(), "\n"), "source failing")
+
+	status.Store(http.StatusServiceUnavailable)
+	_, err = os.ReadDir(filepath.Join(mnt, "secret"))
+	require.True(t, errors.Is(err, syscall.EIO), "listing the unavailable prefix gave %v", err)
+	require.Contains(t, strings.Join(logs.lines(), "\n"), "source failing")
+	asked = len(p.Requests())
+	took, err := timed(func() error { _, err := os.Stat(filepath.Join(mnt, "also-nothing")); return err })
+	require.True(t, errors.Is(err, syscall.EIO), "another name during the outage: %v", err)
+	require.Less(t, took, time.Second, "failed at once")
+	require.Equal(t, asked, len(p.Requests()), "the store was not asked during the outage")
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source"
-	"github.com/ckptfs/ckptfs/layout/source/s3"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
 // failingTree is a source tree whose Stat and ReadDir fail with err while
@@ -124,16 +124,24 @@ func endOutage(t *testing.T, tree *failingTree, mnt string, logs *logLines) {
 // ENOENT, so a stopped store read as "no such file").
 func TestSourceFailureIsNotENOENT(t *testing.T) {
 	tree, fsys, logs, mnt := mountFailingTree(t)
-	storeDown := &fs.PathError{Op: "stat", Path: "s3://b/ckpt", Err: fmt.Errorf("%w: connection refused", s3.ErrRequest)}
+	fsys.errLog.mu.Lock()
+	fsys.errLog.window = 0 // every case's lookup error is logged, none summed up
+	fsys.errLog.mu.Unlock()
+	storeDown := &fs.PathError{Op: "stat", Path: "s3://b/ckpt", Err: objstore.RequestFailed(objstore.Classified(
+		errors.New("connection refused"), source.ErrUnavailable))}
+	denied := &fs.PathError{Op: "stat", Path: "s3://b/ckpt", Err: objstore.RequestFailed(objstore.Classified(
+		errors.New("StatusCode: 403, AccessDenied"), source.ErrDenied))}
 	for i, tc := range []struct {
-		err   error
-		errno syscall.Errno
-		cause string
+		err    error
+		errno  syscall.Errno
+		cause  string
+		outage bool // the store did not answer (source.ErrUnavailable)
 	}{
-		{storeDown, syscall.EIO, "connection refused"},
-		{&fs.PathError{Op: "stat", Path: "/src/ckpt", Err: syscall.EIO}, syscall.EIO, "input/output error"},
-		{&fs.PathError{Op: "stat", Path: "/src/ckpt", Err: syscall.ETIMEDOUT}, syscall.EIO, "timed out"},
-		{&fs.PathError{Op: "stat", Path: "/src/ckpt", Err: syscall.EACCES}, syscall.EACCES, "permission denied"},
+		{storeDown, syscall.EIO, "connection refused", true},
+		{denied, syscall.EIO, "AccessDenied", false},
+		{&fs.PathError{Op: "stat", Path: "/src/ckpt", Err: syscall.EIO}, syscall.EIO, "input/output error", false},
+		{&fs.PathError{Op: "stat", Path: "/src/ckpt", Err: syscall.ETIMEDOUT}, syscall.EIO, "timed out", false},
+		{&fs.PathError{Op: "stat", Path: "/src/ckpt", Err: syscall.EACCES}, syscall.EACCES, "permission denied", false},
 	} {
 		tree.set(tc.err)
 		before := fsys.Stats().LookupErrors
@@ -142,13 +150,23 @@ func TestSourceFailureIsNotENOENT(t *testing.T) {
 		require.True(t, errors.Is(err, tc.errno), "%v: stat gave %v", tc.err, err)
 		lines := logs.lines()
 		require.Len(t, lines, 1, "%v", tc.err)
+		require.Contains(t, lines[0], tc.cause)
+		require.Equal(t, before+1, fsys.Stats().LookupErrors)
+		if !tc.outage {
+			// An answer (denied) or no store's failure: logged as the
+			// lookup's error; the next call asks the source again.
+			require.NotContains(t, lines[0], "source failing")
+			tree.set(nil)
+			_, err = os.Stat(filepath.Join(mnt, "ckpt", "model.safetensors"))
+			require.NoError(t, err, "right after %v", tc.err)
+			require.Empty(t, logs.lines())
+			continue
+		}
 		// The lookup first asks whether the directory is a checkpoint,
 		// which fails, and stops there: the source is failing (an outage
 		// of a source that is not local, logged as it begins).
 		require.Contains(t, lines[0], "source failing")
 		require.Contains(t, lines[0], fixture(t, "sample"))
-		require.Contains(t, lines[0], tc.cause)
-		require.Equal(t, before+1, fsys.Stats().LookupErrors)
 		endOutage(t, tree, mnt, logs)
 	}
 

@@ -38,6 +38,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/bloberror"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
@@ -282,20 +283,35 @@ func (s *store) readError(ctx context.Context, err error, obj objstore.Object, t
 // brief is a failed request in one short line (the SDK's message for a
 // response is a dump of the request and response over many): its status
 // and error code, and never the URL's query, which holds a SAS token's
-// signature. The error stays in the chain, for transient to see.
+// signature, marked with what it says of the store (classify). The error
+// stays in the chain, for transient to see.
 func brief(err error) error {
 	var re *azcore.ResponseError
 	var ue *url.Error
 	switch {
 	case errors.As(err, &re) && re.RawResponse != nil && re.RawResponse.Request != nil:
 		req := re.RawResponse.Request
-		return &briefError{fmt.Sprintf("%s %s: %s (%s)", req.Method, noQuery(req.URL), re.RawResponse.Status, re.ErrorCode), err}
+		err = &briefError{fmt.Sprintf("%s %s: %s (%s)", req.Method, noQuery(req.URL), re.RawResponse.Status, re.ErrorCode), err}
 	case errors.As(err, &ue):
 		u, perr := url.Parse(ue.URL)
 		if perr != nil {
-			return &briefError{fmt.Sprintf("%s: %v", ue.Op, ue.Err), err}
+			err = &briefError{fmt.Sprintf("%s: %v", ue.Op, ue.Err), err}
+		} else {
+			err = &briefError{fmt.Sprintf("%s %s: %v", ue.Op, noQuery(u), ue.Err), err}
 		}
-		return &briefError{fmt.Sprintf("%s %s: %v", ue.Op, noQuery(u), ue.Err), err}
+	}
+	return classify(err)
+}
+
+// classify marks an SDK error with what it says of the store: its HTTP
+// status (objstore.StatusClass), or no answer at all.
+func classify(err error) error {
+	var re *azcore.ResponseError
+	if errors.As(err, &re) {
+		return objstore.Classified(err, objstore.StatusClass(re.StatusCode))
+	}
+	if objstore.Unanswered(err) {
+		return objstore.Classified(err, source.ErrUnavailable)
 	}
 	return err
 }

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/api/option"
 	htransport "google.golang.org/api/transport/http"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
@@ -131,7 +132,7 @@ func (s *store) Head(ctx context.Context, key string) (objstore.Object, error) {
 			return objstore.ErrNotFound
 		}
 		if err != nil {
-			return err
+			return classify(err)
 		}
 		obj = object(a)
 		return nil
@@ -160,7 +161,7 @@ func (s *store) List(ctx context.Context, prefix string, delim bool, limit int, 
 		var attrs []*storage.ObjectAttrs
 		next, err := iterator.NewPager(s.bkt.Objects(ctx, q), size, token).NextPage(&attrs)
 		if err != nil {
-			return err
+			return classify(err)
 		}
 		page = objstore.Page{Next: next}
 		for _, a := range attrs {
@@ -224,7 +225,7 @@ func readError(ctx context.Context, err error, gen int64, timeout time.Duration)
 	case errors.Is(err, io.ErrUnexpectedEOF) || transient(err):
 		return &objstore.AttemptError{Cause: err.Error()}
 	}
-	return objstore.RequestFailed(err)
+	return objstore.RequestFailed(classify(err))
 }
 
 // generationCheck fails a successful read of a pinned generation whose
@@ -256,6 +257,19 @@ func (e *generationError) Error() string {
 		return fmt.Sprintf("the store did not say which generation it answered a read of generation %s with", e.asked)
 	}
 	return fmt.Sprintf("the store answered with generation %s, not %s (the generation asked for was ignored: replaced)", e.got, e.asked)
+}
+
+// classify marks an SDK error with what it says of the store: its HTTP
+// status (objstore.StatusClass), or no answer at all.
+func classify(err error) error {
+	var ge *googleapi.Error
+	if errors.As(err, &ge) {
+		return objstore.Classified(err, objstore.StatusClass(ge.Code))
+	}
+	if objstore.Unanswered(err) {
+		return objstore.Classified(err, source.ErrUnavailable)
+	}
+	return err
 }
 
 // transient is what the SDK would have retried, and a cut response.

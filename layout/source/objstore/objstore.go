@@ -91,12 +91,15 @@ func (e *ChangedError) Error() string { return e.Cause }
 // deadline EINTR.
 type AttemptError struct{ Cause string }
 
-func (e *AttemptError) Error() string        { return fmt.Sprintf("%v: %s", ErrRequest, e.Cause) }
-func (e *AttemptError) Is(target error) bool { return target == ErrRequest }
+func (e *AttemptError) Error() string { return fmt.Sprintf("%v: %s", ErrRequest, e.Cause) }
+func (e *AttemptError) Is(target error) bool {
+	return target == ErrRequest || target == source.ErrUnavailable // ended early: no full answer
+}
 
 // RequestFailed keeps the SDK's account of a failed request, on one line,
 // but not its chain: a network errno in it (ECONNREFUSED) is no errno of the
-// file, and the mount answers EIO. Cancellation stays visible.
+// file, and the mount answers EIO. Cancellation stays visible, and so does
+// the class the store's error mapping gave it (class.go).
 func RequestFailed(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("%w: %w", ErrRequest, context.Canceled)
@@ -104,7 +107,7 @@ func RequestFailed(err error) error {
 	if errors.Is(err, ErrRequest) {
 		return err
 	}
-	return fmt.Errorf("%w: %s", ErrRequest, strings.Join(strings.Fields(err.Error()), " "))
+	return &requestError{msg: strings.Join(strings.Fields(err.Error()), " "), class: classOf(err)}
 }
 
 // Defaults for zero fields of Limits.

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"time"
+
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 // Attempts runs op, one attempt of a request for n bytes named name, up to
@@ -28,10 +30,14 @@ func Attempts(ctx context.Context, l Limits, c *Counters, name string, n int64, 
 		if err == nil || errors.Is(err, ErrNotFound) {
 			return err
 		}
+		retry := timedOut || transient(err)
 		if timedOut {
 			err = fmt.Errorf("%s: no response within the attempt deadline %v", name, l.AttemptTimeout(n))
 		}
-		if attempt >= l.MaxAttempts || ctx.Err() != nil || !timedOut && !transient(err) {
+		if retry {
+			err = Classified(err, source.ErrUnavailable) // no answer, or one worth asking again
+		}
+		if attempt >= l.MaxAttempts || ctx.Err() != nil || !retry {
 			return fmt.Errorf("%s, %d attempts: %w", name, attempt, RequestFailed(err))
 		}
 		c.Retries.Add(1)

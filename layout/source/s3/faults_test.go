@@ -42,24 +42,28 @@ func TestGatewayFaults(t *testing.T) {
 		direct bool // no proxy: the client talks to the gateway's own socket
 		fault  func(t *testing.T, g *s3test.Server, p *s3test.Proxy)
 		want   error // nil: the read succeeds
+		class  error // what the failure says of the store (source.ErrUnavailable, source.ErrDenied)
 		cause  string
 		min    time.Duration
 	}{
 		{name: "killed", direct: true, fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) { g.Kill(t) },
-			want: s3.ErrRequest, cause: "connection refused"},
+			want: s3.ErrRequest, class: source.ErrUnavailable, cause: "connection refused"},
 		{name: "frozen", direct: true, fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
 			g.Signal(t, syscall.SIGSTOP)
 			t.Cleanup(func() { g.Signal(t, syscall.SIGCONT) })
-		}, want: s3.ErrRequest, cause: "timeout limit, 1s", min: attempts * timeout},
+		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "timeout limit, 1s", min: attempts * timeout},
 		{name: "slow body", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
 			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Rate: 4 << 10} })
-		}, want: s3.ErrRequest, cause: "attempt deadline", min: attempts * timeout},
+		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "attempt deadline", min: attempts * timeout},
 		{name: "slow headers", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
 			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Delay: time.Minute} })
-		}, want: s3.ErrRequest, cause: "timeout limit, 1s", min: attempts * timeout},
+		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "timeout limit, 1s", min: attempts * timeout},
 		{name: "5xx burst longer than the attempts", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
 			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Status: http.StatusServiceUnavailable} })
-		}, want: s3.ErrRequest, cause: "StatusCode: 503"},
+		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "StatusCode: 503"},
+		{name: "403 denied", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Status: http.StatusForbidden} })
+		}, want: s3.ErrRequest, class: source.ErrDenied, cause: "StatusCode: 403"},
 		{name: "5xx burst shorter than the attempts", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
 			left := attempts - 1
 			p.SetFault(func(*http.Request) s3test.Fault {
@@ -115,6 +119,10 @@ func TestGatewayFaults(t *testing.T) {
 			}
 			require.ErrorIs(t, err, tc.want)
 			assert.Contains(t, err.Error(), tc.cause)
+			if tc.class != nil {
+				require.ErrorIs(t, err, tc.class)
+				assert.NotEqual(t, source.IsDenied(err), source.IsUnavailable(err), "one class: %v", err)
+			}
 			requireEIO(t, err, "s3://faults/ckpt/shard")
 			assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")
 		})

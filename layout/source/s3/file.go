@@ -78,5 +78,5 @@ func (s *store) requestError(err error, obj objstore.Object, n int64) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return &objstore.AttemptError{Cause: fmt.Sprintf("no response within the attempt deadline %v", s.opts.attemptTimeout(n))}
 	}
-	return objstore.RequestFailed(err)
+	return objstore.RequestFailed(classify(err))
 }

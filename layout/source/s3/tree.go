@@ -25,10 +25,12 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
 
+	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
@@ -115,5 +117,20 @@ func lookupError(err error) error {
 		(!errors.As(err, &api) || api.ErrorCode() == "NoSuchKey" || api.ErrorCode() == "NotFound") {
 		return objstore.ErrNotFound
 	}
-	return objstore.RequestFailed(err)
+	return objstore.RequestFailed(classify(err))
+}
+
+// classify marks an SDK error with what it says of the store: its HTTP
+// status (objstore.StatusClass), else the SDK's retries exhausted or no
+// answer at all (source.ErrUnavailable).
+func classify(err error) error {
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) && re.HTTPStatusCode() != 0 { // 0: the request got no response
+		return objstore.Classified(err, objstore.StatusClass(re.HTTPStatusCode()))
+	}
+	var exhausted *retry.MaxAttemptsError
+	if errors.As(err, &exhausted) || objstore.Unanswered(err) {
+		return objstore.Classified(err, source.ErrUnavailable)
+	}
+	return err
 }

@@ -189,10 +189,13 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 			assert.Less(t, took, bound)
 			require.ErrorIs(t, err, objstore.ErrRequest)
 			RequireEIO(t, err, s.URL("ckpt/shard"))
+			require.True(t, source.IsUnavailable(err), "a store that does not answer is unavailable: %v", err)
 			// A lookup fails as a read does: EIO, never ENOENT.
 			_, err = tree.Stat("other")
 			require.ErrorIs(t, err, objstore.ErrRequest)
 			RequireEIO(t, err, s.URL("ckpt/other"))
+			require.True(t, source.IsUnavailable(err), "a store that does not answer is unavailable: %v", err)
+			require.False(t, source.IsDenied(err))
 		}
 
 		p.Signal(t, syscall.SIGSTOP)
