@@ -12,7 +12,7 @@ ranks (gen_megatron_moe_scale.py, with and without optimizer state; torch's
 pickle.load of its .metadata is the baseline), DeepSpeed ZeRO-3 of W ranks
 (gen_deepspeed_scale.py: real bytes, every view byte read through a mount
 and checked; torch.load of every rank file, as zero_to_fp32.py starts, is
-the baseline; the rank files the mount holds open after the first byte and
+the baseline; ZeRO-2 too; the rank files the mount holds open after the first byte and
 after the whole read show what is opened on first use) and HF-sharded
 safetensors of W files (gen_hfsharded_scale.py: sparse; torch's
 HuggingFaceStorageReader.read_metadata is the baseline).
@@ -117,14 +117,14 @@ def baseline(out, script, arg):
                inspect_speedup=round(secs / out["inspect_s"], 1))
 
 
-def case_deepspeed(binary, work, ranks):
+def case_deepspeed(binary, work, ranks, stage):
     import numpy as np
     import gen_deepspeed_scale as gds
     from gen_scale import llama_tensors
 
-    src = gen(work, f"ds_zero3_w{ranks}", "gen_deepspeed_scale.py", "--ranks", str(ranks))
+    src = gen(work, f"ds_zero{stage}_w{ranks}", "gen_deepspeed_scale.py", "--ranks", str(ranks), "--stage", str(stage))
     step = os.path.join(src, "global_step1")
-    out = dict(format="deepspeed-zero3", ranks=ranks, **inspect_row(binary, step))
+    out = dict(format=f"deepspeed-zero{stage}", ranks=ranks, **inspect_row(binary, step))
     baseline(out, TORCH_LOAD_RANKS, step)
     mnt = os.path.join(work, "mnt")
     drop_caches()
@@ -156,11 +156,11 @@ def case_deepspeed(binary, work, ranks):
             b0, b1 = e["data_offsets"]
             got = np.frombuffer(data, dtype=np.float32, count=(b1 - b0) // 4, offset=8 + n + b0)
             if not np.array_equal(got, gds.expected(shapes, index[name]).ravel()):
-                raise SystemExit(f"deepspeed w{ranks}: {name}: view bytes differ from the generator's")
+                raise SystemExit(f"deepspeed zero{stage} w{ranks}: {name}: view bytes differ from the generator's")
         out["bytes_checked"] = len(data) - 8 - n
     finally:
         m.close()
-    log(f"  deepspeed w{ranks}: {json.dumps(out)}")
+    log(f"  deepspeed zero{stage} w{ranks}: {json.dumps(out)}")
     return out
 
 
@@ -288,7 +288,7 @@ def main():
     if "megatron" in formats:
         rows += [case_megatron(binary, work, optim) for optim in (False, True)]
     if "deepspeed" in formats:
-        rows += [case_deepspeed(binary, work, int(w)) for w in a.deepspeed_ranks.split(",")]
+        rows += [case_deepspeed(binary, work, int(w), stage) for w in a.deepspeed_ranks.split(",") for stage in (3, 2)]
     if "hfsharded" in formats:
         rows += [case_hfsharded(binary, work, int(w)) for w in a.hfsharded_files.split(",")]
     print(json.dumps(rows))

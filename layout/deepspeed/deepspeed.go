@@ -19,7 +19,8 @@
 // partition_count and every rank file it implies must exist.
 //
 // Opening reads two files whatever the world size: the model states
-// (param_shapes) and rank 0's optimizer states. Where every param lies
+// (param_shapes) and rank 0's optimizer states; the other ranks' files are
+// only stat'ed. Where every param lies
 // follows from them: ZeRO-3 from the shapes and the world size, ZeRO-1/2
 // from the shapes and rank 0's partition sizes, which DeepSpeed makes equal
 // on every rank (a flat group is padded to a multiple of the world size and
@@ -180,7 +181,14 @@ func build(c *ckpt.Checkpoint, dir source.Tree) error {
 	ranks := make([]*rank, world)
 	ranks[0] = r0
 	for r := 1; r < world; r++ {
-		ranks[r] = &rank{files: c.Files, rel: optimFile(prefix, r), path: dir.Path(optimFile(prefix, r)), want: &want, rank0: p0}
+		// A stat, not a read: the file a view's bytes come from is known
+		// at open (its owner and mode bound the view's, its freshness is
+		// checked from then on); its header is read on first use.
+		f, err := c.Files.Get(optimFile(prefix, r))
+		if err != nil {
+			return err
+		}
+		ranks[r] = &rank{file: f, path: f.Path, want: &want, rank0: p0}
 	}
 	msName := ModelStates
 	if stage == 3 {

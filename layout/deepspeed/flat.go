@@ -18,8 +18,9 @@ func flatBoxesAt(shape, prefix []int64, base, a, b int64, fn func(off, size []in
 		return
 	}
 	emit := func(lead, rows int64, start, n int64) {
-		off := make([]int64, 0, len(prefix)+len(shape))
-		size := make([]int64, 0, len(prefix)+len(shape))
+		n0 := len(prefix) + len(shape)
+		both := make([]int64, 0, 2*n0) // one allocation for the two
+		off, size := both[:0:n0], both[n0:n0:2*n0]
 		for _, p := range prefix {
 			off, size = append(off, p), append(size, 1)
 		}

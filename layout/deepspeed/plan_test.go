@@ -77,6 +77,15 @@ func TestViewReadsRanksThroughThePlan(t *testing.T) {
 			defer v.Close()
 			f := v.Lookup("model.safetensors")
 			require.NotNil(t, f)
+			// Every rank file is a source of the view file before any is
+			// read: its owner and mode bound the view's, its freshness is
+			// checked at each open.
+			var sources []string
+			for _, s := range f.Sources() {
+				sources = append(sources, s.Rel)
+			}
+			require.ElementsMatch(t, []string{optimFile("", 0), optimFile("", 1)}, sources)
+			require.NotContains(t, tree.Count(), optimFile("", 1))
 			got := make([]byte, f.Size)
 			for round := range 2 { // the first opens rank 1; the second reads alone
 				tree.Reset()
@@ -202,7 +211,7 @@ func TestLazyRankThatDisagrees(t *testing.T) {
 	for _, tn := range c.Tensors {
 		for _, ch := range tn.Chunks {
 			_, err := treetest.ReadChunk(t, tn, ch)
-			if ch.Source.(*rankSource).r.rel == "" { // rank 0
+			if ch.Source.(*rankSource).r.want == nil { // rank 0
 				require.NoError(t, err)
 				continue
 			}
@@ -230,7 +239,7 @@ func TestVerifyPartitions(t *testing.T) {
 
 	var at int64 = -1
 	for _, ch := range c.Tensors[0].Chunks {
-		if s := ch.Source.(*rankSource); s.r.rel != "" {
+		if s := ch.Source.(*rankSource); s.r.want != nil {
 			loc, _, err := s.Locate()
 			require.NoError(t, err)
 			at = loc.Offset

@@ -30,13 +30,11 @@ type expect struct {
 // rank is one rank's flat fp32 partitions, read when first needed.
 type rank struct {
 	path  string
-	file  *ckpt.File          // set with opened
+	file  *ckpt.File
 	parts []*torchsave.Tensor // per param group; set with opened
 	elems []int64             // rank 0's only: the sizes the placement uses
 
 	// Set for a rank opened on first use.
-	files *ckpt.FileSet
-	rel   string
 	want  *expect
 	rank0 string // rank 0's file, for messages
 
@@ -65,7 +63,7 @@ func (r *rank) partitions() ([]*torchsave.Tensor, error) {
 	}
 	got, err := r.open()
 	if err == nil {
-		r.file, r.parts = got.file, got.parts
+		r.parts = got.parts
 		r.opened.Store(&r.parts)
 		return r.parts, nil
 	}
@@ -80,11 +78,7 @@ func (r *rank) partitions() ([]*torchsave.Tensor, error) {
 }
 
 func (r *rank) open() (*rank, error) {
-	f, err := r.files.Get(r.rel)
-	if err != nil {
-		return nil, err
-	}
-	ar, err := torchsave.OpenArchive(f)
+	ar, err := torchsave.OpenArchive(r.file)
 	if err != nil {
 		return nil, err
 	}
@@ -173,14 +167,8 @@ func (s *rankSource) Locate() (ckpt.Location, bool, error) {
 // per partition, whatever the boxes in it).
 func (s *rankSource) Verify() error { return s.r.verify(s.g, s.name) }
 
-// Backing is the rank's file once it is open; nil before: nothing of it
-// has been read that could have changed.
-func (s *rankSource) Backing() *ckpt.File {
-	if s.r.opened.Load() == nil {
-		return nil
-	}
-	return s.r.file
-}
+// Backing is the rank's file, opened or not.
+func (s *rankSource) Backing() *ckpt.File { return s.r.file }
 
 func (s *rankSource) String() string {
 	return fmt.Sprintf("%s:partition %d+%d+%d", s.r.path, s.g, s.off, s.n)
