@@ -319,7 +319,7 @@ func (f *File) ReadRanges(rs []Range) (failed int, err error) {
 func OutOfFileOrder(tensors []*Tensor) bool {
 	end := map[*File]int64{}
 	for _, t := range tensors {
-		for _, c := range t.Chunks {
+		for _, c := range t.Chunks.All() {
 			s, ok := c.Source.(*Section)
 			if !ok {
 				continue

@@ -381,7 +381,7 @@ func newTensor(name string, shape []int64, pieces flat) *ckpt.Tensor {
 		src.size += p.n * 4
 	}
 	return &ckpt.Tensor{Name: name, DType: safetensors.F32, Shape: shape,
-		Chunks: []ckpt.Chunk{{Offsets: make([]int64, len(shape)), Sizes: shape, Source: src}}}
+		Chunks: ckpt.MakeChunks(ckpt.Chunk{Offsets: make([]int64, len(shape)), Sizes: shape, Source: src})}
 }
 
 func zero2(c *ckpt.Checkpoint, ranks []*rank, shapes [][]param, pad [][]int64, world int, msPath string) error {

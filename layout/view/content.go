@@ -55,7 +55,7 @@ func (g *geometry) origin() Origin           { return Origin{Sources: []string{g
 
 func (g *geometry) backing() []*ckpt.File {
 	var out []*ckpt.File
-	for _, c := range g.tensor.Chunks {
+	for _, c := range g.tensor.Chunks.All() {
 		if n, _ := ckpt.NumElements(c.Sizes); n == 0 {
 			continue // holds no bytes (boxes leaves it out)
 		}

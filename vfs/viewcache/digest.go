@@ -71,8 +71,8 @@ func digest(seed maphash.Seed, v *view.View) uint64 {
 		for _, d := range t.Shape {
 			num(d)
 		}
-		num(int64(len(t.Chunks)))
-		for _, ch := range t.Chunks {
+		num(int64(t.Chunks.Len()))
+		for _, ch := range t.Chunks.All() {
 			for _, d := range ch.Offsets {
 				num(d)
 			}
