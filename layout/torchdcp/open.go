@@ -160,6 +160,10 @@ type builder struct {
 	c    *ckpt.Checkpoint
 	opts Options
 	next int // the storage entry after the last one looked up: see lookupFrom
+	// files are the shard files by the name the metadata gives, so that
+	// each of a million chunks is one map lookup (FileSet.Get cleans the
+	// name and takes a lock).
+	files map[string]*ckpt.File
 }
 
 // lookup is m.Lookup of chunk i of tensor fqn, at offset (i < 0, offset
@@ -197,9 +201,16 @@ func transform(desc []string) (zstd bool, err error) {
 // entries, and formatting each name up front was a measurable part of
 // opening one.
 func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error) {
-	f, err := b.c.Files.Get(info.RelativePath)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what(), err)
+	f, ok := b.files[info.RelativePath]
+	if !ok {
+		var err error
+		if f, err = b.c.Files.Get(info.RelativePath); err != nil {
+			return nil, fmt.Errorf("%s: %w", what(), err)
+		}
+		if b.files == nil {
+			b.files = map[string]*ckpt.File{}
+		}
+		b.files[info.RelativePath] = f
 	}
 	loc := func() string { return fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length) }
 	if info.Offset < 0 || info.Length < 0 {

@@ -131,10 +131,20 @@ var (
 	_ ckpt.Source   = (*recordSource)(nil)
 	_ ckpt.Verifier = (*recordSource)(nil)
 	_ ckpt.Locator  = (*recordSource)(nil)
+	_ ckpt.Placed   = (*recordSource)(nil)
 )
 
 // Backing is the shard file holding the record.
 func (s *recordSource) Backing() *ckpt.File { return s.file }
+
+// Place implements ckpt.Placed: the record, compressed (1) or not.
+func (s *recordSource) Place() (*ckpt.File, int64, int64, int) {
+	how := 0
+	if s.zstd {
+		how = 1
+	}
+	return s.file, s.off, s.length, how
+}
 
 func (s *recordSource) String() string {
 	z := ""

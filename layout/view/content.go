@@ -59,7 +59,8 @@ func (g *geometry) backing() []*ckpt.File {
 		if n, _ := ckpt.NumElements(c.Sizes); n == 0 {
 			continue // holds no bytes (boxes leaves it out)
 		}
-		if b, ok := c.Source.(ckpt.Backed); ok && b.Backing() != nil {
+		// Chunks of one file come in runs (a rank's): one entry a run.
+		if b, ok := c.Source.(ckpt.Backed); ok && b.Backing() != nil && (len(out) == 0 || out[len(out)-1] != b.Backing()) {
 			out = append(out, b.Backing())
 		}
 	}

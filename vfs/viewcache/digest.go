@@ -80,10 +80,12 @@ func digest(seed maphash.Seed, v *view.View) uint64 {
 				num(d)
 			}
 			switch s := ch.Source.(type) {
-			case *ckpt.Section:
-				str(s.File.Rel)
-				num(s.Offset)
-				num(s.Length)
+			case ckpt.Placed:
+				f, off, n, how := s.Place()
+				str(f.Rel)
+				num(off)
+				num(n)
+				num(int64(how))
 			case nil:
 			default:
 				str(s.String())
