@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/internal/memlimit"
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
@@ -244,7 +245,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// sets GOGC, since while the cache is still empty it collected every
 	// few MiB of a large .metadata's decode (a quarter of the profile of
 	// opening 100k chunks) to keep a heap far below the limit.
-	debug.SetMemoryLimit(memoryLimit(c.Bound(), f.metaBudget.Int64()))
+	memlimit.Set(memoryLimit(c.Bound(), f.metaBudget.Int64()))
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
 	}

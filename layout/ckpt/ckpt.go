@@ -2,6 +2,12 @@
 // tensors made of chunks, each chunk backed by a byte source inside a shard
 // file. Everything downstream (the view plan, byte assembly, inspect, the FUSE
 // layer) works on this model and never on a format directly.
+//
+// A tensor's chunks are its index, and all of a view's memory that grows
+// with the checkpoint: Chunks keeps them flat (every chunk's offsets and
+// sizes in one array per tensor; sources in one slice, or in the format's
+// own array through a SourceTable, with no geometry of their own), and
+// Checkpoint.ResidentBytes counts them for a mount's metadata budget.
 package ckpt
 
 import (
@@ -174,10 +180,11 @@ type Tensor struct {
 	DType safetensors.DType
 	Shape []int64
 	// Chunks tile Shape exactly: no holes, no overlaps (checked by Validate).
-	Chunks []Chunk
+	Chunks Chunks
 }
 
-// Chunk is one box of a global tensor stored contiguously in C order.
+// Chunk is one box of a global tensor stored contiguously in C order (a
+// tensor stores its chunks flat: Chunks).
 type Chunk struct {
 	Offsets []int64
 	Sizes   []int64
@@ -263,7 +270,7 @@ func (t *Tensor) ByteSize() int64 {
 func (t *Tensor) ShardedDims() []int {
 	var dims []int
 	for d := range t.Shape {
-		for _, c := range t.Chunks {
+		for _, c := range t.Chunks.All() {
 			if c.Offsets[d] != 0 || c.Sizes[d] != t.Shape[d] {
 				dims = append(dims, d)
 				break
@@ -291,8 +298,8 @@ func (t *Tensor) Validate() error {
 		return fmt.Errorf("%w: tensor %q: byte size of shape %v overflows", ErrInvalid, t.Name, t.Shape)
 	}
 	var sum int64 // saturates: only messages use it
-	nonEmpty := make([]int, 0, len(t.Chunks))
-	for i, c := range t.Chunks {
+	nonEmpty := make([]int, 0, t.Chunks.Len())
+	for i, c := range t.Chunks.All() {
 		if len(c.Offsets) != len(t.Shape) || len(c.Sizes) != len(t.Shape) {
 			return fmt.Errorf("%w: tensor %q: chunk %d has rank %d/%d, tensor has rank %d",
 				ErrInvalid, t.Name, i, len(c.Offsets), len(c.Sizes), len(t.Shape))
@@ -309,14 +316,14 @@ func (t *Tensor) Validate() error {
 		}
 		sum = min(sum, 1<<62-n) + n
 	}
-	elem, count, bad, err := uncovered(t.Shape, t.Chunks, nonEmpty)
+	elem, count, bad, err := uncovered(t.Shape, &t.Chunks, nonEmpty)
 	switch {
 	case err != nil:
 		return fmt.Errorf("%w: tensor %q: %d chunks: %w", ErrInvalid, t.Name, len(nonEmpty), err)
 	case !bad:
 		return nil
 	case count > 1:
-		a, b := holding(t.Chunks, nonEmpty, elem)
+		a, b := holding(&t.Chunks, nonEmpty, elem)
 		return fmt.Errorf("%w: tensor %q: chunks %d and %d overlap (both hold element %v)", ErrInvalid, t.Name, a, b, elem)
 	case sum < total:
 		return fmt.Errorf("%w: tensor %q: chunks cover %d of %d elements (hole in chunk coverage): no chunk holds element %v",

@@ -37,11 +37,11 @@ func coverBudget(chunks int) int { return 1<<16 + 64*chunks }
 // chunks in idx (non-empty, in bounds) do not cover exactly once. It returns
 // the element and how many chunks hold it, or ok=false when they tile the
 // shape.
-func uncovered(shape []int64, chunks []Chunk, idx []int) (elem []int64, count int64, ok bool, err error) {
+func uncovered(shape []int64, chunks *Chunks, idx []int) (elem []int64, count int64, ok bool, err error) {
 	var dims []int // the dimensions some chunk splits
 	for d := range shape {
 		for _, i := range idx {
-			if ch := chunks[i]; ch.Offsets[d] != 0 || ch.Sizes[d] != shape[d] {
+			if ch := chunks.At(i); ch.Offsets[d] != 0 || ch.Sizes[d] != shape[d] {
 				dims = append(dims, d)
 				break
 			}
@@ -54,7 +54,7 @@ func uncovered(shape []int64, chunks []Chunk, idx []int) (elem []int64, count in
 	items := make([]signedBox, 0, len(idx)+1)
 	for n, i := range idx {
 		for _, d := range dims {
-			ch := chunks[i]
+			ch := chunks.At(i)
 			c.box = append(c.box, ch.Offsets[d], ch.Offsets[d]+ch.Sizes[d])
 		}
 		items = append(items, signedBox{box: int32(n), w: 1})
@@ -158,10 +158,10 @@ func (c *coverage) first(items []signedBox, k int) ([]int64, int64, error) {
 }
 
 // holding returns the first two chunks among idx that hold elem.
-func holding(chunks []Chunk, idx []int, elem []int64) (a, b int) {
+func holding(chunks *Chunks, idx []int, elem []int64) (a, b int) {
 	found := make([]int, 0, 2)
 	for _, i := range idx {
-		ch := chunks[i]
+		ch := chunks.At(i)
 		in := true
 		for d, x := range elem {
 			if x < ch.Offsets[d] || x >= ch.Offsets[d]+ch.Sizes[d] {

@@ -223,6 +223,14 @@ type Backed interface {
 	Backing() *File
 }
 
+// Placed is a Source that can say where its format's index places it: the
+// file, the byte range there (a DCP record, a section) and how it is stored
+// there (0: as is; else a format's own code, a compression). A mount's view
+// digest sums it for every chunk rather than formatting String.
+type Placed interface {
+	Place() (f *File, off, length int64, how int)
+}
+
 // ReadAt reads len(p) bytes at off. A read past the size seen at open time is
 // an error naming the file, because a shard shorter than its index says is a
 // truncated checkpoint.
@@ -319,7 +327,7 @@ func (f *File) ReadRanges(rs []Range) (failed int, err error) {
 func OutOfFileOrder(tensors []*Tensor) bool {
 	end := map[*File]int64{}
 	for _, t := range tensors {
-		for _, c := range t.Chunks {
+		for _, c := range t.Chunks.All() {
 			s, ok := c.Source.(*Section)
 			if !ok {
 				continue
@@ -359,6 +367,9 @@ func (s *Section) ReadAt(p []byte, off int64) (int, error) {
 
 // Backing is the file the section lies in.
 func (s *Section) Backing() *File { return s.File }
+
+// Place implements Placed.
+func (s *Section) Place() (*File, int64, int64, int) { return s.File, s.Offset, s.Length, 0 }
 
 // Locate: a section is where it says.
 func (s *Section) Locate() (Location, bool, error) {

@@ -179,7 +179,7 @@ func TestOutOfFileOrder(t *testing.T) {
 	tensor := func(secs ...*Section) *Tensor {
 		t := &Tensor{}
 		for _, s := range secs {
-			t.Chunks = append(t.Chunks, Chunk{Source: s})
+			t.Chunks.Add(nil, nil, s)
 		}
 		return t
 	}

@@ -52,7 +52,7 @@ func FuzzValidateCoverage(f *testing.F) {
 		tn := chunksFromBytes(data)
 		var first []int64
 		firstN := 0
-		countCover(tn.Shape, tn.Chunks, func(elem []int64, n int) bool {
+		countCover(tn.Shape, tn.Chunks.Values(), func(elem []int64, n int) bool {
 			if n != 1 {
 				first, firstN = slices.Clone(elem), n
 				return false
@@ -62,11 +62,11 @@ func FuzzValidateCoverage(f *testing.F) {
 		err := tn.Validate()
 		switch {
 		case first == nil && err != nil:
-			t.Fatalf("shape %v chunks %v tile, but: %v", tn.Shape, tn.Chunks, err)
+			t.Fatalf("shape %v chunks %v tile, but: %v", tn.Shape, tn.Chunks.Values(), err)
 		case first == nil:
 			return
 		case err == nil:
-			t.Fatalf("shape %v chunks %v: element %v is in %d chunks, but Validate passed", tn.Shape, tn.Chunks, first, firstN)
+			t.Fatalf("shape %v chunks %v: element %v is in %d chunks, but Validate passed", tn.Shape, tn.Chunks.Values(), first, firstN)
 		}
 		msg := err.Error()
 		want := fmt.Sprintf("no chunk holds element %v", first)
@@ -78,12 +78,12 @@ func FuzzValidateCoverage(f *testing.F) {
 				t.Fatalf("%s: names no chunks", msg)
 			}
 			if _, serr := fmt.Sscanf(msg[at:], "chunks %d and %d", &a, &b); serr != nil || a == b ||
-				!slices.Equal(first, clampTo(first, tn.Chunks[a])) || !slices.Equal(first, clampTo(first, tn.Chunks[b])) {
+				!slices.Equal(first, clampTo(first, tn.Chunks.At(a))) || !slices.Equal(first, clampTo(first, tn.Chunks.At(b))) {
 				t.Fatalf("%s: the chunks named do not both hold %v", msg, first)
 			}
 		}
 		if !strings.Contains(msg, want) {
-			t.Fatalf("shape %v chunks %v: got %q, want it to say %q", tn.Shape, tn.Chunks, msg, want)
+			t.Fatalf("shape %v chunks %v: got %q, want it to say %q", tn.Shape, tn.Chunks.Values(), msg, want)
 		}
 	})
 }

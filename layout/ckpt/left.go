@@ -71,6 +71,6 @@ type LeftTensor struct {
 
 // Leave describes t for Left.
 func Leave(t *Tensor) LeftTensor {
-	return LeftTensor{Name: t.Name, Path: t.Path, DType: t.DType, Shape: t.Shape, Chunks: len(t.Chunks),
+	return LeftTensor{Name: t.Name, Path: t.Path, DType: t.DType, Shape: t.Shape, Chunks: t.Chunks.Len(),
 		ShardedDims: t.ShardedDims(), Bytes: t.ByteSize()}
 }

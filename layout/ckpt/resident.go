@@ -9,7 +9,7 @@ import "unsafe"
 // tensors, chunks, their sources, left and skipped tensors, objects.
 
 // Resident is a Source that can say how many bytes it holds in memory
-// besides what its chunk's Offsets and Sizes hold.
+// besides what its tensor's Chunks hold.
 type Resident interface {
 	ResidentBytes() int64
 }
@@ -25,13 +25,12 @@ func (c *Checkpoint) ResidentBytes() int64 {
 	n := int64(unsafe.Sizeof(*c))
 	for _, t := range c.Tensors {
 		n += int64(unsafe.Sizeof(*t)) + int64(len(t.Name)) + pathBytes(t.Path) + 8*int64(len(t.Shape))
-		n += int64(len(t.Chunks)) * int64(unsafe.Sizeof(Chunk{}))
-		for i := range t.Chunks {
-			ch := &t.Chunks[i]
-			n += 8 * int64(cap(ch.Offsets)+cap(ch.Sizes))
-			if r, ok := ch.Source.(Resident); ok {
+		n += t.Chunks.residentBytes()
+		for i := range t.Chunks.Len() {
+			src := t.Chunks.Source(i)
+			if r, ok := src.(Resident); ok {
 				n += r.ResidentBytes()
-			} else if ch.Source != nil {
+			} else if src != nil {
 				n += defaultSourceBytes
 			}
 		}

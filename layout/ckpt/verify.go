@@ -18,7 +18,7 @@ type Verifier interface {
 // chunks were verified and how many have no checksum to check.
 func VerifyChunks(c *Checkpoint) (verified, unverifiable int, err error) {
 	for _, t := range c.Tensors {
-		for _, ch := range t.Chunks {
+		for _, ch := range t.Chunks.All() {
 			v, ok := ch.Source.(Verifier)
 			if !ok {
 				unverifiable++

@@ -380,7 +380,7 @@ func (d *Dir) plan(meta *torchdcp.Metadata, h *safetensors.Header) ([]planned, e
 			if c.Rank < 0 {
 				return nil, fmt.Errorf("dcpwrite: tensor %q: negative rank %d", ti.Name, c.Rank)
 			}
-			t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: c.Offsets, Sizes: c.Sizes})
+			t.Chunks.Add(c.Offsets, c.Sizes, nil)
 		}
 		// torch's save-time checks: in bounds, no overlap, full coverage.
 		if err := t.Validate(); err != nil {

@@ -392,7 +392,7 @@ func readAllChunks(t *testing.T, dir string) map[string][]byte {
 	defer c.Close()
 	out := map[string][]byte{}
 	for _, tt := range c.Tensors {
-		for _, ch := range tt.Chunks {
+		for _, ch := range tt.Chunks.All() {
 			n := int64(tt.DType.Size())
 			for _, s := range ch.Sizes {
 				n *= s

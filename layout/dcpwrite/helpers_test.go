@@ -160,8 +160,8 @@ func verifyDir(t *testing.T, dir string, exps []expectation) {
 		require.Equal(t, e.st, tt.DType, e.FQN)
 		require.Equal(t, e.Shape, tt.Shape, e.FQN)
 		require.NoError(t, tt.Validate())
-		require.Len(t, tt.Chunks, len(e.Boxes), e.FQN)
-		for i, ch := range tt.Chunks {
+		require.Equal(t, len(e.Boxes), tt.Chunks.Len(), e.FQN)
+		for i, ch := range tt.Chunks.All() {
 			require.Equal(t, e.Boxes[i][0], ch.Offsets, "%s chunk %d", e.FQN, i)
 			require.Equal(t, e.Boxes[i][1], ch.Sizes, "%s chunk %d", e.FQN, i)
 			want := boxBytes(e.raw, e.Shape, ch.Offsets, ch.Sizes, int64(e.st.Size()))

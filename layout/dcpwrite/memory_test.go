@@ -52,7 +52,7 @@ func TestCommitMemoryBounded(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	require.Len(t, c.Tensors, 1)
-	for _, ch := range c.Tensors[0].Chunks {
+	for _, ch := range c.Tensors[0].Chunks.All() {
 		require.Equal(t, []int64{rows, cols / 2}, ch.Sizes)
 		// Spot-check rows: element (r, ch.Offsets[1]+k) of the source.
 		for _, r := range []int64{0, 1, 2047, rows - 1} {

@@ -189,10 +189,10 @@ func (t Target) likeChunks(name string, shape []int64) []ckpt.Chunk {
 			byName = lt
 		}
 	}
-	if byName == nil || !slices.Equal(byName.Shape, shape) || len(byName.Chunks) == 0 {
+	if byName == nil || !slices.Equal(byName.Shape, shape) || byName.Chunks.Len() == 0 {
 		return nil
 	}
-	return byName.Chunks
+	return byName.Chunks.Values()
 }
 
 func clone(s []int64) []int64 { return append(make([]int64, 0, len(s)), s...) }

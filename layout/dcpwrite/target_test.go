@@ -15,7 +15,7 @@ import (
 func fakeLike(name string, shape []int64, boxes [][2][]int64) *ckpt.Checkpoint {
 	t := &ckpt.Tensor{Name: name, DType: safetensors.F32, Shape: shape}
 	for _, b := range boxes {
-		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: b[0], Sizes: b[1]})
+		t.Chunks.Add(b[0], b[1], nil)
 	}
 	return &ckpt.Checkpoint{Tensors: []*ckpt.Tensor{t}}
 }
@@ -123,7 +123,7 @@ func FuzzChunks(f *testing.F) {
 		for _, c := range chunks {
 			require.GreaterOrEqual(t, c.Rank, 0)
 			require.Less(t, c.Rank, target.world())
-			tt.Chunks = append(tt.Chunks, ckpt.Chunk{Offsets: c.Offsets, Sizes: c.Sizes})
+			tt.Chunks.Add(c.Offsets, c.Sizes, nil)
 		}
 		require.NoError(t, tt.Validate())
 		n, _ := ckpt.NumElements(shape)

@@ -411,14 +411,14 @@ func (f flat) slice(off, n int64) (flat, bool) {
 func newTensor(name string, shape []int64, pieces flat) *ckpt.Tensor {
 	t := &ckpt.Tensor{Name: name, DType: safetensors.F32, Shape: shape}
 	if n, _ := ckpt.NumElements(shape); n == 0 {
-		t.Chunks = []ckpt.Chunk{{Offsets: make([]int64, len(shape)), Sizes: shape, Source: emptySource{}}}
+		t.Chunks = ckpt.MakeChunks(ckpt.Chunk{Offsets: make([]int64, len(shape)), Sizes: shape, Source: emptySource{}})
 		return t
 	}
 	var at int64
 	for _, p := range pieces {
 		flatBoxes(shape, at, at+p.n, func(off, size []int64, start, n int64) {
 			src := &rankSource{r: p.r, g: p.g, off: (p.off + start - at) * 4, n: n * 4, name: name}
-			t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: off, Sizes: size, Source: src})
+			t.Chunks.Add(off, size, src)
 		})
 		at += p.n
 	}

@@ -94,7 +94,7 @@ func TestHostile(t *testing.T) {
 // readAll reads every chunk of c; the first error.
 func readAll(t *testing.T, c *ckpt.Checkpoint) error {
 	for _, tn := range c.Tensors {
-		for _, ch := range tn.Chunks {
+		for _, ch := range tn.Chunks.All() {
 			if _, err := treetest.ReadChunk(t, tn, ch); err != nil {
 				return err
 			}

@@ -130,7 +130,7 @@ func TestChunksLocateAndRead(t *testing.T) {
 		c, _ := openCounting(t, copyCase(t, name))
 		for _, tn := range c.Tensors {
 			got := make([]byte, tn.ByteSize())
-			for _, ch := range tn.Chunks {
+			for _, ch := range tn.Chunks.All() {
 				l, ok := ch.Source.(ckpt.Locator)
 				require.True(t, ok, "%s: %T", tn.Name, ch.Source)
 				_, ok, err := l.Locate()
@@ -209,7 +209,7 @@ func TestLazyRankThatDisagrees(t *testing.T) {
 		filepath.Join("..", "..", "testdata", "deepspeed_zero2_llama", "ckpt", "global_step1", optimFile("", 1)))
 	c, _ := openCounting(t, dir)
 	for _, tn := range c.Tensors {
-		for _, ch := range tn.Chunks {
+		for _, ch := range tn.Chunks.All() {
 			_, err := treetest.ReadChunk(t, tn, ch)
 			if ch.Source.(*rankSource).r.want == nil { // rank 0
 				require.NoError(t, err)
@@ -238,7 +238,7 @@ func TestVerifyPartitions(t *testing.T) {
 	require.Empty(t, tree.Count(), "each partition is verified once")
 
 	var at int64 = -1
-	for _, ch := range c.Tensors[0].Chunks {
+	for _, ch := range c.Tensors[0].Chunks.All() {
 		if s := ch.Source.(*rankSource); s.r.want != nil {
 			loc, _, err := s.Locate()
 			require.NoError(t, err)

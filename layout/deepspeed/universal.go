@@ -138,7 +138,7 @@ func universalParam(c *ckpt.Checkpoint, dir source.Tree, p param) (*ckpt.Tensor,
 		return nil, fmt.Errorf("%w: %s: %s is %s, not fp32", ckpt.ErrInvalid, ar.File().Path, what, t.DType)
 	}
 	tn := &ckpt.Tensor{Name: p.name, DType: t.DType, Shape: t.Shape,
-		Chunks: []ckpt.Chunk{{Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape, Source: t.Source(p.name, 0, t.Size)}}}
+		Chunks: ckpt.MakeChunks(ckpt.Chunk{Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape, Source: t.Source(p.name, 0, t.Size)})}
 	if err := tn.Validate(); err != nil {
 		return nil, err
 	}

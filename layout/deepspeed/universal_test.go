@@ -94,7 +94,7 @@ func FuzzUniversal(f *testing.F) {
 		}
 		defer c.Close()
 		for _, tn := range c.Tensors {
-			for _, ch := range tn.Chunks {
+			for _, ch := range tn.Chunks.All() {
 				_, _ = treetest.ReadChunk(t, tn, ch)
 			}
 		}

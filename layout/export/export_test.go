@@ -50,7 +50,7 @@ func gatedView(t *testing.T) (*view.View, *gateSource) {
 	const n = 1 << 18 // float32 elements
 	src := newGateSource(4*n, 1<<18)
 	tn := &ckpt.Tensor{Name: "w", DType: safetensors.F32, Shape: []int64{n},
-		Chunks: []ckpt.Chunk{{Offsets: []int64{0}, Sizes: []int64{n}, Source: src}}}
+		Chunks: ckpt.MakeChunks(ckpt.Chunk{Offsets: []int64{0}, Sizes: []int64{n}, Source: src})}
 	v, err := view.Plan(treetest.NewCheckpoint(t, t.TempDir(), tn), view.Options{})
 	require.NoError(t, err)
 	return v, src

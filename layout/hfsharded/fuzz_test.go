@@ -56,7 +56,7 @@ func FuzzOpen(f *testing.F) {
 			if err := tn.Validate(); err != nil {
 				t.Fatalf("Open accepted tensor %q: %v", tn.Name, err)
 			}
-			for _, ch := range tn.Chunks {
+			for _, ch := range tn.Chunks.All() {
 				n, _ := ckpt.NumElements(ch.Sizes)
 				n *= int64(tn.DType.Size())
 				if n > 1<<20 {

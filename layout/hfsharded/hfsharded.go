@@ -306,7 +306,7 @@ func addShard(c *ckpt.Checkpoint, byName map[string]*ckpt.Tensor, saved map[stri
 			}
 			t.Shape[d] = max(t.Shape[d], off[d]+info.Shape[d])
 		}
-		t.Chunks = append(t.Chunks, ckpt.Chunk{
+		t.Chunks.Append(ckpt.Chunk{
 			Offsets: off,
 			Sizes:   info.Shape,
 			Source:  &ckpt.Section{File: file, Offset: h.DataStart + info.Begin, Length: info.End - info.Begin},

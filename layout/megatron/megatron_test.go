@@ -88,7 +88,7 @@ func TestOpen(t *testing.T) {
 func read(t *testing.T, tn *ckpt.Tensor) []byte {
 	t.Helper()
 	var out []byte
-	for _, c := range tn.Chunks {
+	for _, c := range tn.Chunks.All() {
 		buf, err := treetest.ReadChunk(t, tn, c)
 		require.NoError(t, err)
 		out = append(out, buf...)

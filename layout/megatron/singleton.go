@@ -85,8 +85,8 @@ func stackSingletons(c *ckpt.Checkpoint) error {
 		}
 		t := &ckpt.Tensor{Name: name, Path: []string{name}, DType: first.DType, Shape: append(slices.Clone(counts), first.Shape...)}
 		for _, m := range ms {
-			for _, ch := range m.t.Chunks {
-				t.Chunks = append(t.Chunks, ckpt.Chunk{
+			for _, ch := range m.t.Chunks.All() {
+				t.Chunks.Append(ckpt.Chunk{
 					Offsets: append(slices.Clone(m.idx), ch.Offsets...),
 					Sizes:   append(slices.Repeat([]int64{1}, len(m.idx)), ch.Sizes...),
 					Source:  ch.Source,
@@ -156,10 +156,10 @@ func fuseSwiGLU(dir string, ts []*ckpt.Tensor) ([]*ckpt.Tensor, error) {
 		t.Path, t.DType, t.Shape = []string{t.Name}, w.DType, slices.Clone(w.Shape)
 		t.Shape[axis] *= 2
 		for half, src := range []*ckpt.Tensor{w, v} {
-			for _, ch := range src.Chunks {
+			for _, ch := range src.Chunks.All() {
 				off := slices.Clone(ch.Offsets)
 				off[axis] += int64(half) * w.Shape[axis]
-				t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: off, Sizes: ch.Sizes, Source: ch.Source})
+				t.Chunks.Append(ckpt.Chunk{Offsets: off, Sizes: ch.Sizes, Source: ch.Source})
 			}
 		}
 	}

@@ -18,7 +18,7 @@ func (zeros) String() string                          { return "zeros" }
 
 func whole(name string, shape ...int64) *ckpt.Tensor {
 	return &ckpt.Tensor{Name: name, DType: safetensors.F32, Shape: shape,
-		Chunks: []ckpt.Chunk{{Offsets: make([]int64, len(shape)), Sizes: shape, Source: zeros{}}}}
+		Chunks: ckpt.MakeChunks(ckpt.Chunk{Offsets: make([]int64, len(shape)), Sizes: shape, Source: zeros{}})}
 }
 
 // Per-layer and per-expert keys become the stacked tensors of the default
@@ -52,7 +52,7 @@ func TestStackSingletons(t *testing.T) {
 	assert.Equal(t, []int64{2, 4, 4}, got["decoder.layers.self_attention.linear_proj.weight"])
 	fc1 := c.Tensors[1]
 	// layer 1, expert 0, up half: rows 3..5
-	assert.Contains(t, fc1.Chunks, ckpt.Chunk{Offsets: []int64{1, 0, 3, 0}, Sizes: []int64{1, 1, 3, 4}, Source: zeros{}})
+	assert.Contains(t, fc1.Chunks.Values(), ckpt.Chunk{Offsets: []int64{1, 0, 3, 0}, Sizes: []int64{1, 1, 3, 4}, Source: zeros{}})
 
 	for _, tc := range []struct {
 		name string

@@ -505,7 +505,7 @@ func (m *merger) addChunks(t *ckpt.Tensor, p *piece, stacked bool, l, r, dim int
 			offs[0] = half*int64(m.tp)*h + int64(r)*h
 			sizes := append([]int64{h}, local[1:]...)
 			o, s := box(offs, sizes)
-			t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: o, Sizes: s,
+			t.Chunks.Append(ckpt.Chunk{Offsets: o, Sizes: s,
 				Source: p.t.Source(t.Name, half*h*rowBytes, h*rowBytes)})
 		}
 		return
@@ -515,5 +515,5 @@ func (m *merger) addChunks(t *ckpt.Tensor, p *piece, stacked bool, l, r, dim int
 		offs[dim] = int64(r) * local[dim]
 	}
 	o, s := box(offs, append([]int64(nil), local...))
-	t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: o, Sizes: s, Source: p.t.Source(t.Name, 0, p.t.Size)})
+	t.Chunks.Append(ckpt.Chunk{Offsets: o, Sizes: s, Source: p.t.Source(t.Name, 0, p.t.Size)})
 }

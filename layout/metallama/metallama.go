@@ -252,7 +252,7 @@ func merge(name string, shards []*shard, p params, dir source.Tree) (*ckpt.Tenso
 				return nil, fail("replicated, but %s %v in %s and %s %v in %s", first.DType, first.Shape, shards[0].file, u.DType, u.Shape, s.file)
 			}
 		}
-		t.Chunks = []ckpt.Chunk{{Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape, Source: first.Source(name, 0, first.Size)}}
+		t.Chunks = ckpt.MakeChunks(ckpt.Chunk{Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape, Source: first.Source(name, 0, first.Size)})
 		return t, nil
 	}
 	var at int64
@@ -272,7 +272,7 @@ func merge(name string, shards []*shard, p params, dir source.Tree) (*ckpt.Tenso
 			return nil, fail("split dim overflows")
 		}
 		at += u.Shape[dim]
-		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: off, Sizes: u.Shape, Source: u.Source(name, 0, u.Size)})
+		t.Chunks.Append(ckpt.Chunk{Offsets: off, Sizes: u.Shape, Source: u.Source(name, 0, u.Size)})
 	}
 	t.Shape[dim] = at
 	return t, nil

@@ -188,7 +188,7 @@ func FuzzOpen(f *testing.F) {
 		}
 		defer c.Close()
 		for _, tn := range c.Tensors {
-			for _, ch := range tn.Chunks {
+			for _, ch := range tn.Chunks.All() {
 				_, _ = treetest.ReadChunk(t, tn, ch)
 			}
 		}

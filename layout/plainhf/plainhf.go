@@ -90,11 +90,11 @@ func addFiles(c *ckpt.Checkpoint, files []string, weightMap map[string]string) e
 			c.FileIndex[info.Name] = i + 1
 			c.Tensors = append(c.Tensors, &ckpt.Tensor{
 				Name: info.Name, DType: info.DType, Shape: info.Shape,
-				Chunks: []ckpt.Chunk{{
+				Chunks: ckpt.MakeChunks(ckpt.Chunk{
 					Offsets: make([]int64, len(info.Shape)),
 					Sizes:   info.Shape,
 					Source:  &ckpt.Section{File: f, Offset: h.DataStart + info.Begin, Length: info.End - info.Begin},
-				}},
+				}),
 			})
 		}
 		c.Passthrough = append(c.Passthrough, name)

@@ -65,7 +65,7 @@ func TestOpenSharded(t *testing.T) {
 	assert.Equal(t, []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", IndexFile}, c.Passthrough)
 	assert.Equal(t, map[string]int{"a": 1, "b": 1, "c": 2}, c.FileIndex)
 	buf := make([]byte, 8)
-	_, err = c.Tensors[2].Chunks[0].Source.ReadAt(buf, 0)
+	_, err = c.Tensors[2].Chunks.At(0).Source.ReadAt(buf, 0)
 	require.NoError(t, err)
 	assert.Equal(t, []byte{2, 2, 2, 2, 2, 2, 2, 2}, buf)
 }

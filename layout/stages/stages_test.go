@@ -43,7 +43,7 @@ func TestStagesMerge(t *testing.T) {
 
 	// the stages' bytes are served from their own shard files
 	for _, tn := range c.Tensors {
-		for _, ch := range tn.Chunks {
+		for _, ch := range tn.Chunks.All() {
 			_, err := treetest.ReadChunk(t, tn, ch)
 			require.NoError(t, err, tn.Name)
 		}

@@ -23,7 +23,7 @@ func chunkSource(t *testing.T, c *ckpt.Checkpoint, fqn string) (*ckpt.Tensor, *r
 	t.Helper()
 	for _, tn := range c.Tensors {
 		if tn.Name == fqn {
-			return tn, tn.Chunks[0].Source.(*recordSource)
+			return tn, tn.Chunks.At(0).Source.(*recordSource)
 		}
 	}
 	t.Fatalf("no tensor %q", fqn)
@@ -77,7 +77,7 @@ func TestRecordCRC(t *testing.T) {
 	tn, rs := chunkSource(t, c, "f32")
 
 	// A read of the whole chunk is the whole record entry: checked.
-	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks.At(0))
 	assertCRCError(t, err, dir, "f32")
 	assert.Contains(t, err.Error(), "in the bytes read")
 
@@ -97,9 +97,9 @@ func TestRecordCRC(t *testing.T) {
 		if other.Name == "f32" {
 			continue
 		}
-		_, err := treetest.ReadChunk(t, other, other.Chunks[0])
+		_, err := treetest.ReadChunk(t, other, other.Chunks.At(0))
 		require.NoError(t, err, other.Name)
-		require.NoError(t, other.Chunks[0].Source.(ckpt.Verifier).Verify(), other.Name)
+		require.NoError(t, other.Chunks.At(0).Source.(ckpt.Verifier).Verify(), other.Name)
 	}
 }
 
@@ -111,7 +111,7 @@ func TestVerifyChunksOfFixtures(t *testing.T) {
 			defer c.Close()
 			chunks := 0
 			for _, tn := range c.Tensors {
-				chunks += len(tn.Chunks)
+				chunks += tn.Chunks.Len()
 			}
 			verified, unverifiable, err := ckpt.VerifyChunks(c)
 			require.NoError(t, err)
@@ -161,7 +161,7 @@ func TestZstdRecordCRC(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	tn, rs := chunkSource(t, c, fqn)
-	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks.At(0))
 	assertCRCError(t, err, dir, fqn)
 	assert.Contains(t, err.Error(), "after decompression")
 	assert.Contains(t, err.Error(), "(zstd)")

@@ -112,7 +112,7 @@ func assemble(t testing.TB, tn *ckpt.Tensor) []byte {
 		strides[d] = s
 		s *= tn.Shape[d]
 	}
-	for _, c := range tn.Chunks {
+	for _, c := range tn.Chunks.All() {
 		data, err := treetest.ReadChunk(t, tn, c)
 		require.NoError(t, err, "tensor %s chunk %v", tn.Name, c.Offsets)
 		n := int64(len(data)) / es

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ckptfs/ckptfs/internal/memlimit"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
 
@@ -14,7 +15,8 @@ import (
 // it is as large as everything decoded from it, and the collector lets the
 // heap grow to twice that; a local file is mapped instead (its pages are
 // the page cache's), and unmapped once decoded: nothing decoded points
-// into it (the pickle VM copies every string and bytes value).
+// into it (the pickle VM copies every string and bytes value). While it is
+// mapped, a mount's Go memory limit is lower by its size (memlimit).
 
 // errTruncated is a mapped .metadata that shrank while it was decoded.
 var errTruncated = fmt.Errorf("%w: it shrank while it was read", source.ErrChanged)
@@ -44,6 +46,9 @@ func withMetadata(dir source.Tree, limit int64, decode func([]byte) error) error
 		return fmt.Errorf("torchdcp: mapping %s: %w", dir.Path(MetadataFile), err)
 	}
 	defer unix.Munmap(b)
+	// Its pages count in the process's memory as they are read: the Go
+	// limit leaves room for them.
+	defer memlimit.Outside(size)()
 	if err := decodeMapped(b, decode); err != nil {
 		if errors.Is(err, errTruncated) {
 			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)

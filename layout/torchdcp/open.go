@@ -28,6 +28,7 @@ package torchdcp
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -159,6 +160,10 @@ type builder struct {
 	c    *ckpt.Checkpoint
 	opts Options
 	next int // the storage entry after the last one looked up: see lookupFrom
+	// files are the shard files by the name the metadata gives, so that
+	// each of a million chunks is one map lookup (FileSet.Get cleans the
+	// name and takes a lock).
+	files map[string]*ckpt.File
 }
 
 // lookup is m.Lookup of chunk i of tensor fqn, at offset (i < 0, offset
@@ -196,9 +201,16 @@ func transform(desc []string) (zstd bool, err error) {
 // entries, and formatting each name up front was a measurable part of
 // opening one.
 func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error) {
-	f, err := b.c.Files.Get(info.RelativePath)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what(), err)
+	f, ok := b.files[info.RelativePath]
+	if !ok {
+		var err error
+		if f, err = b.c.Files.Get(info.RelativePath); err != nil {
+			return nil, fmt.Errorf("%s: %w", what(), err)
+		}
+		if b.files == nil {
+			b.files = map[string]*ckpt.File{}
+		}
+		b.files[info.RelativePath] = f
 	}
 	loc := func() string { return fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length) }
 	if info.Offset < 0 || info.Length < 0 {
@@ -243,10 +255,15 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		})
 		return nil
 	}
-	t := &ckpt.Tensor{Name: fqn, Path: b.m.PlannerData[fqn], DType: dt, Shape: tm.Size,
-		Chunks: make([]ckpt.Chunk, tm.numChunks())}
-	for i := range t.Chunks {
-		t.Chunks[i].Offsets, t.Chunks[i].Sizes = tm.chunk(i)
+	t := &ckpt.Tensor{Name: fqn, Path: b.m.PlannerData[fqn], DType: dt, Shape: tm.Size}
+	n := tm.numChunks()
+	if n > math.MaxInt32 {
+		return invalidf("tensor %q: %d chunks", fqn, n)
+	}
+	t.Chunks.Grow(n, len(tm.Size))
+	for i := range n {
+		off, size := tm.chunk(i)
+		t.Chunks.Add(off, size, nil)
 	}
 	// Tiling first: it also bounds every size used below.
 	if err := t.Validate(); err != nil {
@@ -259,11 +276,10 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 	// hundreds of thousands.
 	var srcs []recordSource
 	if !leave {
-		srcs = make([]recordSource, len(t.Chunks))
+		srcs = make([]recordSource, n)
 	}
-	rt := &recordTensor{name: fqn, dtype: tm.Properties.DType, elemSize: elem, tmpDir: b.opts.TempDir, files: b.c.Files}
-	for i := range t.Chunks {
-		ch := &t.Chunks[i]
+	rt := &recordTensor{name: fqn, dtype: tm.Properties.DType, elemSize: elem, tmpDir: b.opts.TempDir, files: b.c.Files, chunks: &t.Chunks}
+	for i, ch := range t.Chunks.All() {
 		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
 		info, ok := b.lookup(fqn, i, ch.Offsets)
 		if !ok {
@@ -286,14 +302,14 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		if leave {
 			continue
 		}
-		srcs[i] = recordSource{t: rt, file: f, off: info.Offset, length: info.Length, zstd: zstd,
-			nbytes: nbytes, sizes: ch.Sizes, offsets: ch.Offsets}
-		ch.Source = &srcs[i]
+		srcs[i] = recordSource{t: rt, file: f, off: info.Offset, length: info.Length, zstd: zstd, i: int32(i)}
 	}
 	if leave {
 		b.c.Left = append(b.c.Left, ckpt.Leave(t))
 		return nil
 	}
+	rt.srcs = srcs
+	t.Chunks.SetSources(rt)
 	b.c.Tensors = append(b.c.Tensors, t)
 	return nil
 }

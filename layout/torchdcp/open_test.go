@@ -74,7 +74,7 @@ func TestOpenFixtures(t *testing.T) {
 					assert.Equal(t, dt, tn.DType)
 					assert.Equal(t, wt.Shape, nonNil(tn.Shape))
 					assert.Equal(t, wt.Path, tn.Path)
-					require.Len(t, tn.Chunks, len(wt.Chunks))
+					require.Equal(t, len(wt.Chunks), tn.Chunks.Len())
 					assert.Equal(t, unhex(t, wt.Hex), assemble(t, tn))
 				})
 			}
@@ -108,12 +108,12 @@ func TestOpenIsLazy(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	tn := c.Tensors[0]
-	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks.At(0))
 	require.ErrorContains(t, err, "torchdcp: "+p+"@", "names the shard by its full path")
 	assert.ErrorContains(t, err, `tensor "f32" chunk (0,0): not a torch.save zip archive`)
 	assert.ErrorIs(t, err, ckpt.ErrInvalid)
 	// The error is remembered.
-	_, err2 := treetest.ReadChunk(t, tn, tn.Chunks[0])
+	_, err2 := treetest.ReadChunk(t, tn, tn.Chunks.At(0))
 	assert.Equal(t, err, err2)
 }
 
@@ -130,7 +130,7 @@ func TestReadAtEdges(t *testing.T) {
 	}
 	require.NotNil(t, f32)
 	want := unhex(t, man.Tensors[0].Hex)
-	src := f32.Chunks[0].Source
+	src := f32.Chunks.At(0).Source
 	assert.Contains(t, src.String(), "__0_0.distcp@")
 
 	buf := make([]byte, 10)
@@ -175,7 +175,7 @@ func TestOpenZstdSpill(t *testing.T) {
 	defer c.Close()
 	for i, tn := range c.Tensors {
 		assert.Equal(t, unhex(t, man.Tensors[i].Hex), assemble(t, tn), tn.Name)
-		outer, _, _ := tn.Chunks[0].Source.(*recordSource).loc.chunk.(*io.SectionReader).Outer()
+		outer, _, _ := tn.Chunks.At(0).Source.(*recordSource).loc.Load().chunk.(*io.SectionReader).Outer()
 		assert.IsType(t, &os.File{}, outer, "%s spooled to a file", tn.Name)
 	}
 	ents, err := os.ReadDir(tmp)
@@ -446,7 +446,7 @@ func TestOpenBad(t *testing.T) {
 				if tn.Name != tc.readFQN {
 					continue
 				}
-				_, err := treetest.ReadChunk(t, tn, tn.Chunks[0])
+				_, err := treetest.ReadChunk(t, tn, tn.Chunks.At(0))
 				require.Error(t, err)
 				assert.ErrorContains(t, err, tc.readErr)
 				assert.True(t, strings.HasPrefix(err.Error(), "torchdcp: "), err.Error())
@@ -468,7 +468,7 @@ func TestSourceChangedAfterOpen(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(p, append(b, 0), 0o644))
 	tn := c.Tensors[0]
-	_, err = treetest.ReadChunk(t, tn, tn.Chunks[0])
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks.At(0))
 	require.ErrorIs(t, err, ckpt.ErrSourceChanged)
 	assert.ErrorContains(t, err, `tensor "f32" chunk (0,0)`)
 }
@@ -499,11 +499,11 @@ func TestOpenDecodedIsOpenTree(t *testing.T) {
 				gt := got.Tensors[i]
 				assert.Equal(t, wt.Name, gt.Name)
 				assert.Equal(t, wt.Shape, gt.Shape)
-				require.Len(t, gt.Chunks, len(wt.Chunks), wt.Name)
-				for j := range wt.Chunks {
-					wb, err := treetest.ReadChunk(t, wt, wt.Chunks[j])
+				require.Equal(t, wt.Chunks.Len(), gt.Chunks.Len(), wt.Name)
+				for j := range wt.Chunks.Len() {
+					wb, err := treetest.ReadChunk(t, wt, wt.Chunks.At(j))
 					require.NoError(t, err)
-					gb, err := treetest.ReadChunk(t, gt, gt.Chunks[j])
+					gb, err := treetest.ReadChunk(t, gt, gt.Chunks.At(j))
 					require.NoError(t, err)
 					assert.True(t, bytes.Equal(wb, gb), "%s chunk %d", wt.Name, j)
 				}

@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -51,33 +52,58 @@ func crcMismatch(entry string, want, got uint32, how string) error {
 // of the whole chunk when the chunk is the entry (as DCP writes it), and
 // when a zstd record is decompressed. Verify checks it on demand.
 type recordSource struct {
-	t       *recordTensor
-	file    *ckpt.File
-	off     int64 // record offset in file
-	length  int64 // record length in file
-	nbytes  int64 // chunk bytes
-	sizes   []int64
-	offsets []int64 // the chunk's, for messages
-	zstd    bool
+	t      *recordTensor
+	file   *ckpt.File
+	off    int64 // record offset in file
+	length int64 // record length in file
 
-	mu  sync.Mutex
-	loc *chunkBytes // GUARDED_BY(mu); set once located
-	err error       // GUARDED_BY(mu); a lasting failure (bad record, changed source)
+	// loc is set once located, or on a lasting failure (loc.err), under
+	// the source's lock (locking).
+	loc  atomic.Pointer[chunkBytes]
+	i    int32 // the chunk's index in t.chunks
+	zstd bool
+}
+
+// locks serialise the first location of a source, a lock for many sources:
+// one each would cost 8 bytes a chunk. A source holds one only while it
+// locates, and sources next to each other take different ones.
+var locks [64]sync.Mutex
+
+func (s *recordSource) locking() *sync.Mutex {
+	return &locks[uintptr(unsafe.Pointer(s))/unsafe.Sizeof(*s)%uintptr(len(locks))]
 }
 
 // recordTensor is what the sources of one tensor's chunks share (a
-// checkpoint of many ranks has hundreds of thousands of sources).
+// checkpoint of many ranks has hundreds of thousands of sources): a
+// source's geometry is its tensor's, not repeated.
 type recordTensor struct {
 	name     string
 	dtype    string // torch dtype name
 	elemSize int64
 	tmpDir   string
 	files    *ckpt.FileSet // owns the scratch file of a large zstd record
+	chunks   *ckpt.Chunks  // the tensor's
+	srcs     []recordSource
+}
+
+// Source implements ckpt.SourceTable: the chunks' sources, in one array.
+func (t *recordTensor) Source(i int) ckpt.Source { return &t.srcs[i] }
+
+// sizes is the chunk's sizes.
+func (s *recordSource) sizes() []int64 { return s.t.chunks.At(int(s.i)).Sizes }
+
+// offsets is the chunk's offsets, for messages.
+func (s *recordSource) offsets() []int64 { return s.t.chunks.At(int(s.i)).Offsets }
+
+// nbytes is the chunk's bytes (Validate bounded its product).
+func (s *recordSource) nbytes() int64 {
+	n, _ := ckpt.NumElements(s.sizes())
+	return n * s.t.elemSize
 }
 
 // want is what the metadata says the source's record must hold.
 func (s *recordSource) want() recordWant {
-	return recordWant{DType: s.t.dtype, ElemSize: s.t.elemSize, Sizes: s.sizes}
+	return recordWant{DType: s.t.dtype, ElemSize: s.t.elemSize, Sizes: s.sizes()}
 }
 
 // chunkBytes is a located chunk: readers of its bytes and of the whole data
@@ -89,16 +115,36 @@ type chunkBytes struct {
 	name  string            // the entry's name in the record
 	crc   uint32
 	whole bool // the chunk is the whole entry
+	// err, when set, is a lasting failure to locate the chunk (a bad
+	// record, a changed source), and nothing else is.
+	err error
+}
+
+func (c *chunkBytes) result() (*chunkBytes, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	return c, nil
 }
 
 var (
 	_ ckpt.Source   = (*recordSource)(nil)
 	_ ckpt.Verifier = (*recordSource)(nil)
 	_ ckpt.Locator  = (*recordSource)(nil)
+	_ ckpt.Placed   = (*recordSource)(nil)
 )
 
 // Backing is the shard file holding the record.
 func (s *recordSource) Backing() *ckpt.File { return s.file }
+
+// Place implements ckpt.Placed: the record, compressed (1) or not.
+func (s *recordSource) Place() (*ckpt.File, int64, int64, int) {
+	how := 0
+	if s.zstd {
+		how = 1
+	}
+	return s.file, s.off, s.length, how
+}
 
 func (s *recordSource) String() string {
 	z := ""
@@ -116,18 +162,19 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if off < 0 || off > s.nbytes {
-		return 0, fmt.Errorf("torchdcp: %s: offset %d outside chunk of %d bytes", s, off, s.nbytes)
+	nbytes := s.nbytes()
+	if off < 0 || off > nbytes {
+		return 0, fmt.Errorf("torchdcp: %s: offset %d outside chunk of %d bytes", s, off, nbytes)
 	}
 	want := p
-	if int64(len(want)) > s.nbytes-off {
-		want = want[:s.nbytes-off]
+	if int64(len(want)) > nbytes-off {
+		want = want[:nbytes-off]
 	}
 	n, err := loc.chunk.ReadAt(want, off)
 	if err == io.EOF && n == len(want) {
 		err = nil
 	}
-	if err == nil && loc.whole && off == 0 && int64(n) == s.nbytes {
+	if err == nil && loc.whole && off == 0 && int64(n) == nbytes {
 		err = s.checkCRC(loc, crc32.ChecksumIEEE(want[:n]))
 	}
 	if err == nil && n < len(p) {
@@ -171,7 +218,7 @@ func (s *recordSource) Verify() error {
 	}
 	sum, err := crcOf(loc.entry)
 	if err != nil {
-		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets), loc.name, err)
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), loc.name, err)
 	}
 	return s.checkCRC(loc, sum)
 }
@@ -189,17 +236,21 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 	if got == loc.crc {
 		return nil
 	}
-	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets), crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
 }
 
 // located finds the chunk's bytes on first use and remembers where they
 // are. A bad record or a changed source is remembered too; a plain I/O error
 // is not, so the next read tries again.
 func (s *recordSource) located() (*chunkBytes, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.loc != nil || s.err != nil {
-		return s.loc, s.err
+	if loc := s.loc.Load(); loc != nil {
+		return loc.result()
+	}
+	mu := s.locking()
+	mu.Lock()
+	defer mu.Unlock()
+	if loc := s.loc.Load(); loc != nil {
+		return loc.result()
 	}
 	var loc *chunkBytes
 	var err error
@@ -219,21 +270,22 @@ func (s *recordSource) located() (*chunkBytes, error) {
 		}
 	}
 	if err == nil {
-		s.loc = loc
+		s.loc.Store(loc)
 		return loc, nil
 	}
-	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets), err)
+	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), err)
 	var pathErr *fs.PathError
 	var errno syscall.Errno
 	switch {
 	case errors.Is(err, ckpt.ErrSourceChanged):
-		s.err = wrapped
+		loc = &chunkBytes{err: wrapped}
 	case errors.As(err, &pathErr), errors.As(err, &errno):
 		return nil, wrapped // transient: not remembered
 	default:
-		s.err = &invalidError{err: wrapped}
+		loc = &chunkBytes{err: &invalidError{err: wrapped}}
 	}
-	return nil, s.err
+	s.loc.Store(loc)
+	return nil, loc.err
 }
 
 // resolve locates the chunk in the record read through r.
@@ -247,13 +299,14 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 
 // chunkAt is the chunk located at in the record read through r.
 func (s *recordSource) chunkAt(r io.ReaderAt, at recordLoc) *chunkBytes {
+	nbytes := s.nbytes()
 	return &chunkBytes{
-		chunk: io.NewSectionReader(r, at.off, s.nbytes),
+		chunk: io.NewSectionReader(r, at.off, nbytes),
 		off:   at.off,
 		entry: io.NewSectionReader(r, at.entryOff, at.entrySize),
 		name:  at.entry,
 		crc:   at.crc,
-		whole: at.off == at.entryOff && s.nbytes == at.entrySize,
+		whole: at.off == at.entryOff && nbytes == at.entrySize,
 	}
 }
 
@@ -262,7 +315,7 @@ func (s *recordSource) chunkAt(r io.ReaderAt, at recordLoc) *chunkBytes {
 // the chunk inside it and checks its data entry against its CRC32, since the
 // whole record was just read.
 func (s *recordSource) resolveZstd() (*chunkBytes, error) {
-	limit := s.nbytes + recordOverhead
+	limit := s.nbytes() + recordOverhead
 	dec, err := zstd.NewReader(io.NewSectionReader(s.file, s.off, s.length),
 		zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow),
 		zstd.WithDecoderMaxMemory(uint64(limit)))
@@ -338,10 +391,8 @@ func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DT
 // added.
 func (s *recordSource) ResidentBytes() int64 {
 	n := int64(unsafe.Sizeof(*s))
-	s.mu.Lock()
-	if s.loc != nil {
-		n += int64(unsafe.Sizeof(*s.loc)+unsafe.Sizeof(io.SectionReader{})) + int64(len(s.loc.name))
+	if loc := s.loc.Load(); loc != nil && loc.err == nil {
+		n += int64(unsafe.Sizeof(*loc)+unsafe.Sizeof(io.SectionReader{})) + int64(len(loc.name))
 	}
-	s.mu.Unlock()
 	return n
 }

@@ -325,11 +325,11 @@ func buildStateDict(c *ckpt.Checkpoint, name string) error {
 		kept = append(kept, s)
 		tn := &ckpt.Tensor{
 			Name: tname, DType: s.dtype, Shape: s.shape,
-			Chunks: []ckpt.Chunk{{
+			Chunks: ckpt.MakeChunks(ckpt.Chunk{
 				Offsets: make([]int64, len(s.shape)),
 				Sizes:   s.shape,
 				Source:  &tensorSource{st: s.st, start: s.start, n: s.size, tensor: tname},
-			}},
+			}),
 		}
 		if nested {
 			tn.Path = t.path

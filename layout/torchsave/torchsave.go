@@ -328,11 +328,11 @@ func (o *opener) addTensors(a *Archive, file string, index int, items []pickle.D
 		kept = append(kept, s)
 		o.c.Tensors = append(o.c.Tensors, &ckpt.Tensor{
 			Name: name, DType: s.dtype, Shape: s.shape,
-			Chunks: []ckpt.Chunk{{
+			Chunks: ckpt.MakeChunks(ckpt.Chunk{
 				Offsets: make([]int64, len(s.shape)),
 				Sizes:   s.shape,
 				Source:  &tensorSource{st: s.st, start: s.start, n: s.size, tensor: name},
-			}},
+			}),
 		})
 		if o.c.FileIndex != nil {
 			o.c.FileIndex[name] = index

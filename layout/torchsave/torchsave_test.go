@@ -23,9 +23,9 @@ import (
 // readTensor reads a tensor's bytes through its chunk source.
 func readTensor(t *testing.T, tn *ckpt.Tensor) []byte {
 	t.Helper()
-	require.Len(t, tn.Chunks, 1, tn.Name)
+	require.Equal(t, 1, tn.Chunks.Len(), tn.Name)
 	b := make([]byte, tn.ByteSize())
-	n, err := tn.Chunks[0].Source.ReadAt(b, 0)
+	n, err := tn.Chunks.At(0).Source.ReadAt(b, 0)
 	if err == io.EOF && n == len(b) {
 		err = nil
 	}
@@ -55,7 +55,7 @@ func TestFixtures(t *testing.T) {
 			got := map[string][]byte{}
 			for _, tn := range c.Tensors {
 				got[tn.Name] = readTensor(t, tn)
-				require.NoError(t, tn.Chunks[0].Source.(ckpt.Verifier).Verify(), tn.Name)
+				require.NoError(t, tn.Chunks.At(0).Source.(ckpt.Verifier).Verify(), tn.Name)
 			}
 			require.Len(t, got, len(want))
 			for name, w := range want {
@@ -340,7 +340,7 @@ func TestChangedFile(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, os.WriteFile(p, model(t, dict(w0()), entry{name: "pad", data: make([]byte, 100)}), 0o644))
-	_, err = c.Tensors[0].Chunks[0].Source.ReadAt(make([]byte, 16), 0)
+	_, err = c.Tensors[0].Chunks.At(0).Source.ReadAt(make([]byte, 16), 0)
 	assert.ErrorIs(t, err, ckpt.ErrSourceChanged)
 }
 
@@ -352,7 +352,7 @@ func TestCRC(t *testing.T) {
 	c, err := openBytes(t, map[string][]byte{SingleFile: b})
 	require.NoError(t, err)
 	defer c.Close()
-	src := c.Tensors[0].Chunks[0].Source
+	src := c.Tensors[0].Chunks.At(0).Source
 	assert.ErrorContains(t, src.(ckpt.Verifier).Verify(), "CRC32 mismatch")
 	_, err = src.ReadAt(make([]byte, 16), 0)
 	assert.ErrorContains(t, err, "CRC32 mismatch")

@@ -108,11 +108,11 @@ func randomTensor(rng *rand.Rand, name string, dtypes []safetensors.DType) (*ckp
 		size[rng.Intn(len(shape))] = 0
 		boxes = append(boxes, [2][]int64{off, size})
 	}
+	rng.Shuffle(len(boxes), func(i, j int) { boxes[i], boxes[j] = boxes[j], boxes[i] })
 	t := &ckpt.Tensor{Name: name, DType: dt, Shape: shape}
 	for _, b := range boxes {
-		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: b[0], Sizes: b[1], Source: &treetest.MemSource{Data: extract(full, shape, es, b[0], b[1])}})
+		t.Chunks.Append(ckpt.Chunk{Offsets: b[0], Sizes: b[1], Source: &treetest.MemSource{Data: extract(full, shape, es, b[0], b[1])}})
 	}
-	rng.Shuffle(len(t.Chunks), func(i, j int) { t.Chunks[i], t.Chunks[j] = t.Chunks[j], t.Chunks[i] })
 	return t, full, fmt.Sprintf("%s %s%v %s", name, dt, shape, kind)
 }
 
@@ -172,7 +172,7 @@ func assembleOnce(t *testing.T, rng *rand.Rand, iter int, onDisk bool) {
 		if rng.Intn(2) == 0 {
 			twin := *tensors[0]
 			twin.Name += "_twin"
-			twin.Chunks = slices.Clone(twin.Chunks)
+			twin.Chunks = ckpt.MakeChunks(twin.Chunks.Values()...)
 			c.Tensors = append(c.Tensors, &twin)
 			originals[twin.Name] = originals[tensors[0].Name]
 		}
@@ -223,17 +223,21 @@ func assembleOnce(t *testing.T, rng *rand.Rand, iter int, onDisk bool) {
 // toDisk moves every chunk of c out of memory into one file, in a random
 // order with random gaps (often none) between them.
 func toDisk(t *testing.T, rng *rand.Rand, c *ckpt.Checkpoint) {
-	var chunks []*ckpt.Chunk
+	type chunk struct {
+		tn *ckpt.Tensor
+		i  int
+	}
+	var chunks []chunk
 	for _, tn := range c.Tensors {
-		for i := range tn.Chunks {
-			chunks = append(chunks, &tn.Chunks[i])
+		for i := range tn.Chunks.Len() {
+			chunks = append(chunks, chunk{tn, i})
 		}
 	}
 	rng.Shuffle(len(chunks), func(i, j int) { chunks[i], chunks[j] = chunks[j], chunks[i] })
 	var data []byte
 	at := map[*treetest.MemSource]int64{}
 	for _, ch := range chunks {
-		m := ch.Source.(*treetest.MemSource)
+		m := ch.tn.Chunks.Source(ch.i).(*treetest.MemSource)
 		if _, ok := at[m]; ok { // a twin's
 			continue
 		}
@@ -247,7 +251,7 @@ func toDisk(t *testing.T, rng *rand.Rand, c *ckpt.Checkpoint) {
 	f, err := c.Files.Get("shard")
 	require.NoError(t, err)
 	for _, ch := range chunks {
-		m := ch.Source.(*treetest.MemSource)
-		ch.Source = &ckpt.Section{File: f, Offset: at[m], Length: int64(len(m.Data))}
+		m := ch.tn.Chunks.Source(ch.i).(*treetest.MemSource)
+		ch.tn.Chunks.SetSource(ch.i, &ckpt.Section{File: f, Offset: at[m], Length: int64(len(m.Data))})
 	}
 }

@@ -55,11 +55,12 @@ func (g *geometry) origin() Origin           { return Origin{Sources: []string{g
 
 func (g *geometry) backing() []*ckpt.File {
 	var out []*ckpt.File
-	for _, c := range g.tensor.Chunks {
+	for _, c := range g.tensor.Chunks.All() {
 		if n, _ := ckpt.NumElements(c.Sizes); n == 0 {
 			continue // holds no bytes (boxes leaves it out)
 		}
-		if b, ok := c.Source.(ckpt.Backed); ok && b.Backing() != nil {
+		// Chunks of one file come in runs (a rank's): one entry a run.
+		if b, ok := c.Source.(ckpt.Backed); ok && b.Backing() != nil && (len(out) == 0 || out[len(out)-1] != b.Backing()) {
 			out = append(out, b.Backing())
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -39,6 +40,9 @@ type File struct {
 	placements []Placement // safetensors: sorted by Offset
 	data       []byte      // generated files
 	src        *ckpt.File  // passthrough files
+
+	sourcesOnce sync.Once
+	sources     []*ckpt.File // Sources, computed once: a mount asks several times
 }
 
 // Placement is where one tensor's bytes sit in a view file.
@@ -53,8 +57,14 @@ type Placement struct {
 // Origin says which checkpoint tensors the placement's bytes come from.
 func (p Placement) Origin() Origin { return p.content.origin() }
 
-// Sources lists the checkpoint files the view file's bytes come from.
+// Sources lists the checkpoint files the view file's bytes come from (a
+// slice shared by every call: read-only).
 func (f *File) Sources() []*ckpt.File {
+	f.sourcesOnce.Do(func() { f.sources = f.findSources() })
+	return f.sources
+}
+
+func (f *File) findSources() []*ckpt.File {
 	if f.src != nil {
 		return []*ckpt.File{f.src}
 	}

@@ -47,7 +47,7 @@ func (g *geometry) boxes() ([]chunkGeometry, error) {
 	g.once.Do(func() {
 		t := g.tensor
 		var chunks []chunkGeometry
-		for _, c := range t.Chunks {
+		for _, c := range t.Chunks.All() {
 			b, err := box.New(t.Shape, int64(t.DType.Size()), box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
 			if err != nil {
 				g.err = fmt.Errorf("tensor %q: %w", t.Name, err)

@@ -26,13 +26,14 @@ func gridTensor(rng *rand.Rand, shape []int64, dtype safetensors.DType, cuts [][
 		bounds[d] = append(append([]int64{0}, cuts[d]...), shape[d])
 	}
 	idx := make([]int, len(shape))
+	var chunks []ckpt.Chunk
 	for {
 		off, size := make([]int64, len(shape)), make([]int64, len(shape))
 		for d := range shape {
 			off[d] = bounds[d][idx[d]]
 			size[d] = bounds[d][idx[d]+1] - off[d]
 		}
-		t.Chunks = append(t.Chunks, ckpt.Chunk{Offsets: off, Sizes: size, Source: &treetest.MemSource{Data: extract(full, shape, es, off, size)}})
+		chunks = append(chunks, ckpt.Chunk{Offsets: off, Sizes: size, Source: &treetest.MemSource{Data: extract(full, shape, es, off, size)}})
 		d := len(shape) - 1
 		for ; d >= 0; d-- {
 			idx[d]++
@@ -45,7 +46,8 @@ func gridTensor(rng *rand.Rand, shape []int64, dtype safetensors.DType, cuts [][
 			break
 		}
 	}
-	rng.Shuffle(len(t.Chunks), func(i, j int) { t.Chunks[i], t.Chunks[j] = t.Chunks[j], t.Chunks[i] })
+	rng.Shuffle(len(chunks), func(i, j int) { chunks[i], chunks[j] = chunks[j], chunks[i] })
+	t.Chunks = ckpt.MakeChunks(chunks...)
 	return t, full
 }
 
@@ -111,7 +113,7 @@ func TestGatherOneReadPerChunk(t *testing.T) {
 	got := make([]byte, len(full))
 	require.NoError(t, readContent(g, got, 0))
 	require.Equal(t, full, got)
-	for _, c := range tensor.Chunks {
+	for _, c := range tensor.Chunks.All() {
 		require.Equal(t, 1, c.Source.(*treetest.MemSource).Reads, "each column shard is read with one call, not one per row")
 	}
 }
@@ -128,7 +130,7 @@ func TestGatherRejectsBadTilings(t *testing.T) {
 	}
 	for name, chunks := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := newGeometry(&ckpt.Tensor{Name: "w", DType: safetensors.F32, Shape: []int64{4, 4}, Chunks: chunks})
+			_, err := newGeometry(&ckpt.Tensor{Name: "w", DType: safetensors.F32, Shape: []int64{4, 4}, Chunks: ckpt.MakeChunks(chunks...)})
 			require.ErrorIs(t, err, ckpt.ErrInvalid)
 			require.Contains(t, err.Error(), `"w"`)
 		})

@@ -44,7 +44,7 @@ func BenchmarkPermutedRead(b *testing.B) {
 		b.Fatal(err)
 	}
 	src := &ckpt.Tensor{Name: "wq", DType: safetensors.BF16, Shape: []int64{rows, cols},
-		Chunks: []ckpt.Chunk{{Offsets: []int64{0, 0}, Sizes: []int64{rows, cols}, Source: &ckpt.Section{File: f, Offset: 0, Length: int64(len(data))}}}}
+		Chunks: ckpt.MakeChunks(ckpt.Chunk{Offsets: []int64{0, 0}, Sizes: []int64{rows, cols}, Source: &ckpt.Section{File: f, Offset: 0, Length: int64(len(data))}})}
 	perm := make([]int64, rows)
 	d := int64(rows / heads)
 	for h := int64(0); h < heads; h++ {

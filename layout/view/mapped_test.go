@@ -142,7 +142,7 @@ func TestPermutedReadsCoalesced(t *testing.T) {
 	m, err := newMapped(mt, geometries{})
 	require.NoError(t, err)
 	want := expectedBytes(t, mt, map[string][]byte{"t": full})
-	chunk := src.Chunks[0].Source.(*treetest.MemSource)
+	chunk := src.Chunks.At(0).Source.(*treetest.MemSource)
 	for _, w := range []struct{ pos, n int64 }{{0, 32 << 10}, {8 << 10, 8 << 10}, {100, 5000}, {32<<10 - 1, 1}} {
 		chunk.Reads = 0
 		got := make([]byte, w.n)

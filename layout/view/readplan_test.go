@@ -70,7 +70,7 @@ func TestPermutedRowsAreOneReadOfTheFile(t *testing.T) {
 	f, err := files.Get("shard")
 	require.NoError(t, err)
 	src := &ckpt.Tensor{Name: "wq", DType: safetensors.BF16, Shape: []int64{rows, cols},
-		Chunks: []ckpt.Chunk{{Offsets: []int64{0, 0}, Sizes: []int64{rows, cols}, Source: &ckpt.Section{File: f, Length: int64(len(data))}}}}
+		Chunks: ckpt.MakeChunks(ckpt.Chunk{Offsets: []int64{0, 0}, Sizes: []int64{rows, cols}, Source: &ckpt.Section{File: f, Length: int64(len(data))}})}
 	perm := make([]int64, rows)
 	d := int64(rows / heads)
 	for h := range int64(heads) {

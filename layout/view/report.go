@@ -86,7 +86,7 @@ func NewReport(c *ckpt.Checkpoint, v *View) Report {
 	}
 	for _, t := range c.Tensors {
 		tr := TensorReport{
-			Name: t.Name, DType: string(t.DType), Shape: t.Shape, Chunks: len(t.Chunks),
+			Name: t.Name, DType: string(t.DType), Shape: t.Shape, Chunks: t.Chunks.Len(),
 			ShardedDims: t.ShardedDims(), Bytes: t.ByteSize(),
 		}
 		if tr.ShardedDims == nil {

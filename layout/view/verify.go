@@ -15,9 +15,9 @@ import (
 // to check (safetensors stores none). Call it before planning a view.
 func Verify(c *ckpt.Checkpoint) (verified, unverifiable int) {
 	for _, t := range c.Tensors {
-		for i := range t.Chunks {
-			if v, ok := t.Chunks[i].Source.(ckpt.Verifier); ok {
-				t.Chunks[i].Source = &verifying{Verifier: v}
+		for i := range t.Chunks.Len() {
+			if v, ok := t.Chunks.Source(i).(ckpt.Verifier); ok {
+				t.Chunks.SetSource(i, &verifying{Verifier: v})
 				verified++
 			} else {
 				unverifiable++

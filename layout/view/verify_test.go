@@ -29,7 +29,7 @@ func TestVerifyCatchesWhatPartialReadsMiss(t *testing.T) {
 			require.Zero(t, unchecked)
 		}
 		head := make([]byte, 4)
-		_, err = c.Tensors[0].Chunks[0].Source.ReadAt(head, 0)
+		_, err = c.Tensors[0].Chunks.At(0).Source.ReadAt(head, 0)
 		if verify {
 			require.ErrorIs(t, err, torchdcp.ErrChecksum)
 			require.ErrorContains(t, err, "CRC32 mismatch")
@@ -50,7 +50,7 @@ func flipChunkByte(t *testing.T, dir string) []byte {
 	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
 	c, err := layout.Open(dir)
 	require.NoError(t, err)
-	ch := c.Tensors[0].Chunks[0] // emb.weight, [10 8] f32 on 4 ranks
+	ch := c.Tensors[0].Chunks.At(0) // emb.weight, [10 8] f32 on 4 ranks
 	n, _ := ckpt.NumElements(ch.Sizes)
 	data := make([]byte, n*4)
 	_, err = ch.Source.ReadAt(data, 0)

@@ -47,11 +47,13 @@ const DefaultMaxViews = 64
 
 // DefaultMetadataBudget is Limits.Meta's default. The open views' indexes
 // (chunk offsets, sizes and sources; generated headers) are a mount's
-// memory besides the block cache, and a checkpoint of hundreds of ranks
-// holds hundreds of MB of them: with the default block cache, a mount's Go
-// memory limit (cache + metadata budget + headroom, cmd/ckptfs) is then
-// about 1 GiB.
-const DefaultMetadataBudget = 512 << 20
+// memory besides the block cache: a checkpoint of hundreds of ranks holds
+// tens of MB of them (a 405B model from 512 ranks, 45 MiB), so the budget
+// keeps five such views open; with the default block cache a mount's Go
+// memory limit (cache + metadata budget + headroom, less a .metadata
+// mapped while it is decoded: cmd/ckptfs, internal/memlimit) is then
+// 816 MiB, and its peak RSS within 1 GiB.
+const DefaultMetadataBudget = 256 << 20
 
 // FDBudget is Limits.FDs's default: the share of RLIMIT_NOFILE that open
 // views may hold in shard files, half, less a reserve. The rest is for

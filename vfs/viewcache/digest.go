@@ -71,8 +71,8 @@ func digest(seed maphash.Seed, v *view.View) uint64 {
 		for _, d := range t.Shape {
 			num(d)
 		}
-		num(int64(len(t.Chunks)))
-		for _, ch := range t.Chunks {
+		num(int64(t.Chunks.Len()))
+		for _, ch := range t.Chunks.All() {
 			for _, d := range ch.Offsets {
 				num(d)
 			}
@@ -80,10 +80,12 @@ func digest(seed maphash.Seed, v *view.View) uint64 {
 				num(d)
 			}
 			switch s := ch.Source.(type) {
-			case *ckpt.Section:
-				str(s.File.Rel)
-				num(s.Offset)
-				num(s.Length)
+			case ckpt.Placed:
+				f, off, n, how := s.Place()
+				str(f.Rel)
+				num(off)
+				num(n)
+				num(int64(how))
 			case nil:
 			default:
 				str(s.String())

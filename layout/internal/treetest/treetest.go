@@ -57,7 +57,7 @@ func (m *MemSource) String() string { return "mem" }
 // Scalar is a 2-element f32 tensor held in memory, saved at path.
 func Scalar(name string, path ...string) *ckpt.Tensor {
 	return &ckpt.Tensor{Name: name, Path: path, DType: safetensors.F32, Shape: []int64{2},
-		Chunks: []ckpt.Chunk{{Offsets: []int64{0}, Sizes: []int64{2}, Source: &MemSource{Data: make([]byte, 8)}}}}
+		Chunks: ckpt.MakeChunks(ckpt.Chunk{Offsets: []int64{0}, Sizes: []int64{2}, Source: &MemSource{Data: make([]byte, 8)}})}
 }
 
 // NewCheckpoint is a checkpoint of in-memory tensors whose directory (for
@@ -113,7 +113,7 @@ func ReadChunk(t testing.TB, tn *ckpt.Tensor, c ckpt.Chunk) ([]byte, error) {
 func ReadChunks(t testing.TB, c *ckpt.Checkpoint) {
 	t.Helper()
 	for _, tn := range c.Tensors {
-		for _, ch := range tn.Chunks {
+		for _, ch := range tn.Chunks.All() {
 			n, err := ckpt.NumElements(ch.Sizes)
 			if err != nil {
 				t.Fatalf("%s: a chunk Open let through: %v", tn.Name, err)
