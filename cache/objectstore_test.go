@@ -35,3 +35,23 @@ func TestForObjectStore(t *testing.T) {
 	o := Options{Size: 512 << 20, BlockSize: DefaultBlockSize, ReadAhead: 3}.ForObjectStore(false, true)
 	assert.Equal(t, []any{int64(ObjectStoreBlockSize), 3, 8}, []any{o.BlockSize, o.ReadAhead, o.Workers})
 }
+
+// An object store's read-ahead asks for a block at least and keeps up to
+// ObjectStoreAheadSpans of them, an eighth of the cache at most, none
+// where the cache has room for fewer than two.
+func TestObjectStoreAhead(t *testing.T) {
+	for _, tc := range []struct {
+		cache, block, req, memory int64
+	}{
+		{512 << 20, 16 << 20, 16 << 20, 64 << 20},
+		{4 << 30, 16 << 20, 16 << 20, ObjectStoreAheadSpans * 16 << 20},
+		{256 << 20, 16 << 20, 16 << 20, 32 << 20},
+		{128 << 20, 16 << 20, 0, 0},
+		{64 << 20, 8 << 20, 0, 0},
+	} {
+		o := Options{Size: tc.cache, BlockSize: tc.block}
+		req, memory := o.ObjectStoreAhead()
+		assert.Equal(t, []int64{tc.req, tc.memory}, []int64{req, memory}, "cache %d", tc.cache)
+		assert.LessOrEqual(t, memory, tc.cache/8)
+	}
+}

@@ -215,6 +215,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		copts = copts.ForObjectStore(f.source.changed("block-size"), f.source.changed("prefetch"))
 	}
 	sopts := f.source.options(copts.BlockSize)
+	var ahead int64 // bytes each object's in-order reads fetch ahead, outside the cache
+	if remote {
+		var minRequest int64
+		minRequest, ahead = copts.ObjectStoreAhead()
+		sopts.SetAhead(minRequest, ahead)
+	}
 	sopts.Writable = f.write.rw
 	source, err := open.Open(context.Background(), src, "", sopts)
 	if err != nil {
@@ -244,7 +250,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// sets GOGC, since while the cache is still empty it collected every
 	// few MiB of a large .metadata's decode (a quarter of the profile of
 	// opening 100k chunks) to keep a heap far below the limit.
-	debug.SetMemoryLimit(memoryLimit(c.Bound(), f.metaBudget.Int64()))
+	debug.SetMemoryLimit(memoryLimit(c.Bound()+ahead, f.metaBudget.Int64()))
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
 	}

