@@ -45,6 +45,7 @@ type span struct {
 	read       int64         // GUARDED_BY(aheads.mu); bytes large reads took from it
 	refs       int           // GUARDED_BY(aheads.mu); readers copying from it
 	touched    uint64        // GUARDED_BY(aheads.mu); aheads.tick when last read
+	recycled   bool          // GUARDED_BY(aheads.mu); its buffer went back (recycle)
 
 	ready chan struct{} // closed once buf or err is set
 	buf   []byte
@@ -200,8 +201,12 @@ func (a *aheads) drop(s *span) {
 	}
 }
 
-// recycle keeps the buffer of a dropped span that no reader holds.
+// recycle keeps the buffer of a dropped span that no reader holds, once.
 func (a *aheads) recycle(s *span) {
+	if s.recycled {
+		return
+	}
+	s.recycled = true
 	a.used -= a.minRequest
 	if s.buf != nil && a.used+a.freeN+int64(cap(s.buf)) <= a.memory {
 		a.free = append(a.free, s.buf[:0])

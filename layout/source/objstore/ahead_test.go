@@ -98,8 +98,9 @@ func records(t *testing.T, m *memStore, f source.File, record int) int64 {
 // read-ahead each record is two requests (its directory, its data).
 func TestAheadReadsRecordsInFewRequests(t *testing.T) {
 	const size, record, req = 8 << 20, 256 << 10, 2 << 20
-	_, m, f := aheadTree(t, size, req, 4*req)
+	tree, m, f := aheadTree(t, size, req, 4*req)
 	n := records(t, m, f, record)
+	checkHeld(t, tree.ahead)
 	assert.LessOrEqual(t, n, int64(size/req+3), "requests")
 	assert.LessOrEqual(t, float64(m.count.Bytes.Load()), 1.05*size, "bytes fetched")
 
@@ -138,6 +139,7 @@ func TestAheadConcurrentOutOfOrder(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
+	checkHeld(t, tree.ahead)
 	assert.LessOrEqual(t, maxHeld.Load(), int64(memory), "spans and kept buffers")
 	// The shuffled order reads some blocks twice; each read once would
 	// fetch the object once.
@@ -189,4 +191,35 @@ func TestAheadFailedSpan(t *testing.T) {
 	_, err = f.ReadAt(p, 1<<20)
 	require.NoError(t, err)
 	require.Equal(t, m.data[1<<20:2<<20], p)
+}
+
+// checkHeld checks, with no read under way, that the spans' buffers are
+// all counted once: every span held has its own buffer, none of them kept
+// for reuse too, and the bytes add up within AheadMemory.
+func checkHeld(t *testing.T, a *aheads) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	seen := map[*byte]bool{}
+	own := func(b []byte) {
+		if cap(b) == 0 {
+			return
+		}
+		p := &b[:1][0]
+		assert.False(t, seen[p], "a buffer held twice")
+		seen[p] = true
+	}
+	for e := a.lru.Front(); e != nil; e = e.Next() {
+		s := e.Value.(*span)
+		assert.Zero(t, s.refs)
+		own(s.buf)
+	}
+	var free int64
+	for _, b := range a.free {
+		own(b)
+		free += int64(cap(b))
+	}
+	assert.Equal(t, int64(a.lru.Len())*a.minRequest, a.used, "bytes of the spans held")
+	assert.Equal(t, free, a.freeN, "bytes of the buffers kept")
+	assert.LessOrEqual(t, a.used+a.freeN, a.memory)
 }
