@@ -211,16 +211,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		copts.FillObserver, vopts.CommitObserver = m.ObserveFill, m.ObserveCommit
 		f.source.observeRequest = m.ObserveRequest
 	}
+	var minRequest, ahead int64 // each object's in-order reads, fetched ahead beside the cache
 	if remote {
-		copts = copts.ForObjectStore(f.source.changed("block-size"), f.source.changed("prefetch"))
+		copts, minRequest, ahead = copts.ForObjectStoreAhead(f.source.changed("block-size"), f.source.changed("prefetch"))
 	}
 	sopts := f.source.options(copts.BlockSize)
-	var ahead int64 // bytes each object's in-order reads fetch ahead, outside the cache
-	if remote {
-		var minRequest int64
-		minRequest, ahead = copts.ObjectStoreAhead()
-		sopts.SetAhead(minRequest, ahead)
-	}
+	sopts.SetAhead(minRequest, ahead)
 	sopts.Writable = f.write.rw
 	source, err := open.Open(context.Background(), src, "", sopts)
 	if err != nil {
