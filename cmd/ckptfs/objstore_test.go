@@ -21,8 +21,8 @@ import (
 
 // TestObjectStoreViews: a DCP checkpoint saved by torch (4 ranks, FSDP2)
 // uploaded to fake-gcs-server and to Azurite mounts as gs:// and az://
-// with a view byte-exact against the mount of the local directory (with
-// and without read-ahead of the objects); a
+// with a view byte-exact against the mount of the local directory (two
+// cache sizes, so two sizes of the objects' read-ahead); a
 // missing name is ENOENT through the mount; mountinfo names the URL;
 // inspect and export take the URL too.
 func TestObjectStoreViews(t *testing.T) {
@@ -48,8 +48,9 @@ func TestObjectStoreViews(t *testing.T) {
 		t.Run(tc.scheme, func(t *testing.T) {
 			tc.upload(t)
 			url := tc.scheme + "://ckpts/run"
-			// 512 MiB: room in the cache for read-ahead of the objects
-			// read in order (cache.ObjectStoreAhead); 64 MiB: none.
+			// Objects read in order are fetched ahead in requests of a
+			// block (cache.ForObjectStoreAhead): 8 of 16 MiB in a 512 MiB
+			// cache, 2 of 8 MiB in 64 MiB.
 			big := mountAt(t, url, "--cache-size", "512MiB")
 			mnt := mountAt(t, url, "--cache-dir", t.TempDir())
 			mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mnt))
