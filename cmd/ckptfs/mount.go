@@ -50,6 +50,7 @@ type mountFlags struct {
 	prefetch    int
 	prefill     bool
 	directReads bool
+	fetchAhead  bool
 	allowOther  bool
 	nonEmpty    bool
 	fuseDebug   bool
@@ -77,6 +78,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(cache.ObjectStoreBlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", cache.ObjectStorePrefetch, cache.ObjectStoreWorkers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
+	fs.BoolVar(&f.fetchAhead, "fetch-ahead", true, "object store sources: a read of a shard object that follows its last one fetches a whole block from there, the rest kept for the reads that follow (fewer requests, within --cache-size); =false: each block's ranges are their own requests (see README)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as object store sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default): unless given, the disk's under SRC, so that the view is read as a copy there would be; the default below where SRC is on no disk (tmpfs, s3://)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
@@ -168,6 +170,9 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if remote && f.write.rw {
 		return &usageError{fmt.Errorf("--rw: %s cannot be mounted writable: written checkpoints need a local directory", src)}
 	}
+	if !remote && f.flags.Changed("fetch-ahead") {
+		return &usageError{fmt.Errorf("--fetch-ahead is for object store sources (s3://, gs://, az://); %s is a local directory", src)}
+	}
 	target, err := f.write.target()
 	if err != nil {
 		return err
@@ -212,8 +217,11 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		f.source.observeRequest = m.ObserveRequest
 	}
 	var minRequest, ahead int64 // each object's in-order reads, fetched ahead beside the cache
-	if remote {
+	switch {
+	case remote && f.fetchAhead:
 		copts, minRequest, ahead = copts.ForObjectStoreAhead(f.source.changed("block-size"), f.source.changed("prefetch"))
+	case remote:
+		copts = copts.ForObjectStore(f.source.changed("block-size"), f.source.changed("prefetch"))
 	}
 	sopts := f.source.options(copts.BlockSize)
 	sopts.SetAhead(minRequest, ahead)
