@@ -26,16 +26,13 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
+	"github.com/ckptfs/ckptfs/vfs/readpath"
 	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 // unmountGrace is how long an unmount waits for requests in flight before
 // the source's are ended (see unmountOnSignal).
 const unmountGrace = 2 * time.Second
-
-// memoryHeadroom is what the mount process may use beyond its block cache:
-// blocks in flight, FUSE buffers, parsed metadata.
-const memoryHeadroom = 48 << 20
 
 // mountFlags are the flags of the mount command; each is also a -o option.
 type mountFlags struct {
@@ -216,15 +213,11 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		copts.FillObserver, vopts.CommitObserver = m.ObserveFill, m.ObserveCommit
 		f.source.observeRequest = m.ObserveRequest
 	}
-	var minRequest, ahead int64 // each object's in-order reads, fetched ahead beside the cache
-	switch {
-	case remote && f.fetchAhead:
-		copts, minRequest, ahead = copts.ForObjectStoreAhead(f.source.changed("block-size"), f.source.changed("prefetch"))
-	case remote:
-		copts = copts.ForObjectStore(f.source.changed("block-size"), f.source.changed("prefetch"))
-	}
+	policy := readpath.For(readpath.Source{Remote: remote, Cache: copts, BlockSizeGiven: f.source.changed("block-size"),
+		ReadAheadGiven: f.source.changed("prefetch"), FetchAhead: f.fetchAhead, Budget: f.source.limits().Budget})
+	copts = policy.Cache
 	sopts := f.source.options(copts.BlockSize)
-	sopts.SetAhead(minRequest, ahead)
+	sopts.SetAhead(policy.MinRequest, policy.AheadMemory)
 	sopts.Writable = f.write.rw
 	source, err := open.Open(context.Background(), src, "", sopts)
 	if err != nil {
@@ -235,9 +228,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 	if source.Store != nil {
-		// One deadline per read: what one block's request may take, its
-		// retries included; a read waits for at most two blocks.
-		vopts.ReadDeadline = f.source.limits().Budget(copts.BlockSize)
+		vopts.ReadDeadline = policy.ReadDeadline
 		cancelRequests = func() { source.Close() }
 		interruptRequests = source.Store.Drain
 	}
@@ -254,7 +245,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// sets GOGC, since while the cache is still empty it collected every
 	// few MiB of a large .metadata's decode (a quarter of the profile of
 	// opening 100k chunks) to keep a heap far below the limit.
-	debug.SetMemoryLimit(memoryLimit(c.Bound()+ahead, f.metaBudget.Int64()))
+	debug.SetMemoryLimit(policy.MemoryLimit(c.Bound(), f.metaBudget.Int64()))
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
 	}
