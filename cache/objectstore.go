@@ -34,3 +34,27 @@ func (o Options) ForObjectStore(keepBlock, keepReadAhead bool) Options {
 	}
 	return o
 }
+
+// ObjectStoreAheadSpans bounds what an object store's reads fetch ahead,
+// in requests of one block (ForObjectStoreAhead).
+const ObjectStoreAheadSpans = 8
+
+// ForObjectStoreAhead is ForObjectStore with room taken out of Size for
+// what each object's reads fetch ahead (objstore.Limits): a read that
+// follows its object's last one asks for at least a block (minRequest), so
+// that a block's extents in one object, the record headers between them,
+// and the next blocks' are one request, and what it fetched beyond the
+// read is kept, within memory: up to ObjectStoreAheadSpans blocks, a quarter
+// of Size at most, none where that is under two. The cache gets the rest,
+// fitted again, so the two together keep within Size (BENCHMARKS.md,
+// run X-objectstore).
+func (o Options) ForObjectStoreAhead(keepBlock, keepReadAhead bool) (c Options, minRequest, memory int64) {
+	o = o.ForObjectStore(keepBlock, keepReadAhead)
+	n := min(ObjectStoreAheadSpans, o.Size/4/o.BlockSize)
+	if n < 2 {
+		return o, 0, 0
+	}
+	memory = n * o.BlockSize
+	o.Size -= memory
+	return o.ForObjectStore(true, keepReadAhead), o.BlockSize, memory
+}

@@ -141,10 +141,3 @@ func TestLimitsAcceptTheirBounds(t *testing.T) {
 	require.EqualError(t, check("--block-size", "4KiB", "--cache-size", "1TiB"),
 		"--cache-size 1.0 TiB is 268435456 blocks of --block-size 4.0 KiB: at most 4194304")
 }
-
-// The memory limit covers the cache, the metadata budget and the headroom:
-// below the metadata, decoding a large .metadata ran the collector without
-// pause.
-func TestMemoryLimitCoversMetadata(t *testing.T) {
-	require.Equal(t, int64(512<<20+1<<30+memoryHeadroom), memoryLimit(512<<20, 1<<30))
-}

@@ -27,16 +27,13 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/vfs"
 	"github.com/ckptfs/ckptfs/vfs/metrics"
+	"github.com/ckptfs/ckptfs/vfs/readpath"
 	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
 // unmountGrace is how long an unmount waits for requests in flight before
 // the source's are ended (see unmountOnSignal).
 const unmountGrace = 2 * time.Second
-
-// memoryHeadroom is what the mount process may use beyond its block cache:
-// blocks in flight, FUSE buffers, parsed metadata.
-const memoryHeadroom = 48 << 20
 
 // mountFlags are the flags of the mount command; each is also a -o option.
 type mountFlags struct {
@@ -51,6 +48,7 @@ type mountFlags struct {
 	prefetch    int
 	prefill     bool
 	directReads bool
+	fetchAhead  bool
 	allowOther  bool
 	nonEmpty    bool
 	fuseDebug   bool
@@ -78,6 +76,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(cache.ObjectStoreBlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", cache.ObjectStorePrefetch, cache.ObjectStoreWorkers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
+	fs.BoolVar(&f.fetchAhead, "fetch-ahead", false, "object store sources: a read of a shard object that follows its last one fetches a whole block from there, the rest kept for the reads that follow (40% fewer requests, within --cache-size; slower on a fast store, see README); default: each block's ranges are their own requests")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as object store sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default): unless given, the disk's under SRC, so that the view is read as a copy there would be; the default below where SRC is on no disk (tmpfs, s3://)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
@@ -169,6 +168,9 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if remote && f.write.rw {
 		return &usageError{fmt.Errorf("--rw: %s cannot be mounted writable: written checkpoints need a local directory", src)}
 	}
+	if !remote && f.flags.Changed("fetch-ahead") {
+		return &usageError{fmt.Errorf("--fetch-ahead is for object store sources (s3://, gs://, az://); %s is a local directory", src)}
+	}
 	target, err := f.write.target()
 	if err != nil {
 		return err
@@ -212,10 +214,11 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		copts.FillObserver, vopts.CommitObserver = m.ObserveFill, m.ObserveCommit
 		f.source.observeRequest = m.ObserveRequest
 	}
-	if remote {
-		copts = copts.ForObjectStore(f.source.changed("block-size"), f.source.changed("prefetch"))
-	}
+	policy := readpath.For(readpath.Source{Remote: remote, Cache: copts, BlockSizeGiven: f.source.changed("block-size"),
+		ReadAheadGiven: f.source.changed("prefetch"), FetchAhead: f.fetchAhead, Budget: f.source.limits().Budget})
+	copts = policy.Cache
 	sopts := f.source.options(copts.BlockSize)
+	sopts.SetAhead(policy.MinRequest, policy.AheadMemory)
 	sopts.Writable = f.write.rw
 	source, err := open.Open(context.Background(), src, "", sopts)
 	if err != nil {
@@ -226,9 +229,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		return err
 	}
 	if source.Store != nil {
-		// One deadline per read: what one block's request may take, its
-		// retries included; a read waits for at most two blocks.
-		vopts.ReadDeadline = f.source.limits().Budget(copts.BlockSize)
+		vopts.ReadDeadline = policy.ReadDeadline
 		cancelRequests = func() { source.Close() }
 		interruptRequests = source.Store.Drain
 	}
@@ -245,7 +246,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// sets GOGC, since while the cache is still empty it collected every
 	// few MiB of a large .metadata's decode (a quarter of the profile of
 	// opening 100k chunks) to keep a heap far below the limit.
-	memlimit.Set(memoryLimit(c.Bound(), f.metaBudget.Int64()))
+	memlimit.Set(policy.MemoryLimit(c.Bound(), f.metaBudget.Int64()))
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
 	}

@@ -21,7 +21,8 @@ import (
 
 // TestObjectStoreViews: a DCP checkpoint saved by torch (4 ranks, FSDP2)
 // uploaded to fake-gcs-server and to Azurite mounts as gs:// and az://
-// with a view byte-exact against the mount of the local directory; a
+// with a view byte-exact against the mount of the local directory (with
+// and without --fetch-ahead); a
 // missing name is ENOENT through the mount; mountinfo names the URL;
 // inspect and export take the URL too.
 func TestObjectStoreViews(t *testing.T) {
@@ -47,6 +48,10 @@ func TestObjectStoreViews(t *testing.T) {
 		t.Run(tc.scheme, func(t *testing.T) {
 			tc.upload(t)
 			url := tc.scheme + "://ckpts/run"
+			// Objects read in order are fetched ahead in requests of a
+			// block (cache.ForObjectStoreAhead): 8 of 16 MiB in a 512 MiB
+			// cache (--fetch-ahead); the other mount does not (the default).
+			big := mountAt(t, url, "--cache-size", "512MiB", "--fetch-ahead")
 			mnt := mountAt(t, url, "--cache-dir", t.TempDir())
 			mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mnt))
 			require.NoError(t, err)
@@ -60,10 +65,12 @@ func TestObjectStoreViews(t *testing.T) {
 				rel, _ := filepath.Rel(localMnt, p)
 				want, err := os.ReadFile(p)
 				require.NoError(t, err)
-				got, err := os.ReadFile(filepath.Join(mnt, rel))
-				require.NoError(t, err, rel)
-				require.Equal(t, len(want), len(got), rel)
-				require.True(t, string(want) == string(got), "%s: the %s view differs from the local one", rel, tc.scheme)
+				for _, m := range []string{mnt, big} {
+					got, err := os.ReadFile(filepath.Join(m, rel))
+					require.NoError(t, err, rel)
+					require.Equal(t, len(want), len(got), rel)
+					require.True(t, string(want) == string(got), "%s: the %s view differs from the local one", rel, tc.scheme)
+				}
 				files++
 				return nil
 			})

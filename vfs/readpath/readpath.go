@@ -13,6 +13,12 @@
 // Page cache: local shard pages read are dropped (layout/source/local.go),
 // view pages are kept across opens (KEEP_CACHE), and prefill (prefill.go)
 // streams a view file into them once a loader reaches its tensors.
+//
+// Policy: what a mount's bytes move with (the block cache's block size,
+// workers and read-ahead, what an object store's reads fetch ahead, each
+// read's deadline, the process's memory limit) is picked in one place, For
+// (policy.go), from a description of the source; the command only parses
+// its flags into a Source.
 package readpath
 
 import (

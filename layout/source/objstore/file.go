@@ -16,6 +16,10 @@ type file struct {
 	obj  Object
 	url  string
 	info source.Info
+
+	// The object's read-ahead (ahead.go), guarded by t.ahead.mu.
+	next  int64   // where the last large read ended: the frontier; -1 none yet
+	spans []*span // fetched ahead, held
 }
 
 func (f *file) Info() source.Info { return f.info }
@@ -40,8 +44,11 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	want := p[:min(int64(len(p)), f.info.Size-off)]
-	n, small, err := f.t.windows.read(f, want, off)
-	if !small {
+	n, ok, err := f.t.ahead.read(f, want, off)
+	if !ok {
+		n, ok, err = f.t.windows.read(f, want, off)
+	}
+	if !ok {
 		n, err = f.read(want, off)
 	}
 	if err == nil && n < len(p) {

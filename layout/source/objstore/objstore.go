@@ -138,6 +138,13 @@ type Limits struct {
 	// of a mount's directories). A change within it is still caught by the
 	// pinned reads.
 	ListTTL time.Duration
+	// MinRequest is the least a read that follows its object's last one
+	// fetches, the bytes beyond it kept for the reads that follow
+	// (ahead.go); 0: every read is its own request.
+	MinRequest int64
+	// AheadMemory bounds the bytes so fetched ahead and kept, across the
+	// tree; 0: none are.
+	AheadMemory int64
 	// ObserveRequest, if set, is told the time of each attempt of a
 	// request by operation name; err is the attempt's error.
 	ObserveRequest func(op string, took time.Duration, err error)

@@ -36,6 +36,7 @@ type Tree struct {
 	}
 
 	windows *windows // small reads
+	ahead   *aheads  // reads that follow an object's last one
 	lists   singleflight.Group
 	mu      sync.Mutex
 	cache   map[string]listing // GUARDED_BY(mu); by directory name, fresh for ListTTL
@@ -57,6 +58,7 @@ var (
 func Open(loc Location, store Store, l Limits, c *Counters) (*Tree, error) {
 	t := &Tree{loc: loc, limits: l.WithDefaults(), store: store, count: c, opened: time.Now(),
 		cache: map[string]listing{}, windows: newWindows()}
+	t.ahead = newAheads(t.limits)
 	t.reqs.ctx, t.reqs.cancel = context.WithCancel(context.Background())
 	if _, err := t.statDir("."); err != nil {
 		t.Close()
@@ -302,7 +304,7 @@ func (t *Tree) Open(name string) (source.File, error) {
 		return nil, fmt.Errorf("%w: %s is a directory (a prefix of objects)", source.ErrNotRegular, t.loc.URL(name))
 	}
 	obj := Object{Key: t.loc.Key(name), Size: info.Size, ModTime: info.ModTime, Version: info.Version}
-	return &file{t: t, obj: obj, url: t.loc.URL(name), info: info}, nil
+	return &file{t: t, obj: obj, url: t.loc.URL(name), info: info, next: -1}, nil
 }
 
 // notExist is the error for a name with no object or prefix.

@@ -52,6 +52,15 @@ type Options struct {
 	BlockSize    int64
 }
 
+// SetAhead sets the read-ahead of every store's objects read in order
+// (objstore.Limits.MinRequest and AheadMemory; cache.ForObjectStoreAhead
+// sizes them).
+func (o *Options) SetAhead(minRequest, memory int64) {
+	o.S3.MinRequest, o.S3.AheadMemory = minRequest, memory
+	o.GCS.Limits.MinRequest, o.GCS.Limits.AheadMemory = minRequest, memory
+	o.Azure.Limits.MinRequest, o.Azure.Limits.AheadMemory = minRequest, memory
+}
+
 // Source is an open source: a tree confined to the root asked for, and
 // the location's directory in it.
 type Source struct {

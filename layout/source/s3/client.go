@@ -83,12 +83,15 @@ type Options struct {
 	// of a mount's directories). A change within it is still caught by the
 	// conditional reads.
 	ListTTL time.Duration
+	// MinRequest and AheadMemory: the read-ahead of an object read in
+	// order (objstore.Limits).
+	MinRequest, AheadMemory int64
 }
 
 // limits are the options objstore bounds the tree's requests with.
 func (o Options) limits() objstore.Limits {
 	return objstore.Limits{MaxAttempts: o.MaxAttempts, ReadTimeout: o.ReadTimeout, MinRate: o.MinRate,
-		ListTTL: o.ListTTL, ObserveRequest: o.ObserveRequest}
+		ListTTL: o.ListTTL, ObserveRequest: o.ObserveRequest, MinRequest: o.MinRequest, AheadMemory: o.AheadMemory}
 }
 
 func (o Options) withDefaults() Options {
