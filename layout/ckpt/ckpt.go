@@ -101,6 +101,11 @@ type Checkpoint struct {
 	// Warnings are problems that do not stop the checkpoint from being
 	// shown (an unreadable common.pt, say), one line each.
 	Warnings []string
+	// HFConfig is the model's HF config.json held inside the checkpoint
+	// (Composer's HuggingFaceModel saves it in its state): the view's
+	// config.json when none lies beside the checkpoint; nil when it holds
+	// none.
+	HFConfig []byte
 }
 
 // ModelRecord is what a checkpoint records of its model beside its

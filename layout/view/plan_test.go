@@ -126,6 +126,13 @@ func TestSelectionRules(t *testing.T) {
 			omitted: []Omission{
 				{Name: "state.optimizers.DecoupledAdamW.state.model.lm_head.weight.exp_avg", Reason: "optimizer state", Optimizer: true},
 				{Name: "rng.0.torch", Reason: `saved outside the "state.model" subtree (under "rng")`}}},
+		{name: "Composer: --select state.model.model reaches into the module's flat keys", tensors: composer, sel: "state.model.model",
+			want: []string{"lm_head.weight"},
+			omitted: []Omission{
+				{Name: "state.optimizers.DecoupledAdamW.state.model.lm_head.weight.exp_avg", Reason: "optimizer state", Optimizer: true},
+				{Name: "rng.0.torch", Reason: `not under --select "state.model.model"`}}},
+		{name: "Composer: a select inside a flat key stops at its dots", tensors: composer, sel: "state.model.mod",
+			err: `--select "state.model.mod" matches no tensor`},
 		{name: "Lightning .ckpt: state_dict, optimizer_states", tensors: lightning,
 			want:    []string{"model.lm_head.weight"},
 			omitted: []Omission{{Name: "optimizer_states.0.state.0.exp_avg", Reason: "optimizer state", Optimizer: true}}},
