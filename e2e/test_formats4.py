@@ -113,3 +113,46 @@ def test_composer_hostile(tmp_path, mount):
     assert "config.json" not in names and "model.safetensors" in names, names
     r = ckptfs("inspect", bad).stdout
     assert "no config.json from the checkpoint" in r and "\"rms_norm_eps\": NaN has no JSON form" in r, r
+
+
+def test_olmocore_through_mount(mount):
+    """OLMo-core's save_model_and_optim_state (FSDP2, 2 gloo ranks; its
+    .metadata pickles OLMo-core's own _StorageInfo): with the model's config
+    (--hf-config: OLMo-core writes no HF config), the olmo-core-olmo2
+    mapping makes OLMo-core's own HF export byte for byte, which loads with
+    no missing or unexpected keys and gives the logits of the reference model
+    (the export's config and tensors) built in this run, to the bit. The
+    optimizer state (optim.*) is listed as optimizer state."""
+    case = TESTDATA / "olmocore_llama"
+    m = mount(case, "--hf-config", case / "hf_config")
+    view = m.mnt / "ckpt"
+    want = load_file(str(case / "expected_hf.safetensors"))
+    got = view_tensors(view)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+    model, loading = load(view)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    assert type(model).__name__ == "Olmo2ForCausalLM"
+    assert_same_logits(model, case / "hf_config" / "config.json", case / "expected_hf.safetensors", torch.tensor(INPUT_IDS))
+
+    r = json.loads(ckptfs("inspect", "--json", case / "ckpt").stdout)
+    assert r["format"] == "torch-dcp"
+    left = r["left_out"]
+    assert len(left) == 25 * 3 and all(o["name"].startswith("optim.") and o.get("optimizer") for o in left), left
+    r = ckptfs("inspect", case / "ckpt").stdout
+    assert "mapped by olmo-core-olmo2" in r and "no config.json: pass --hf-config" in r, r
+
+
+def test_olmocore_foreign_storage_class(tmp_path):
+    """A .metadata whose storage entries are a _StorageInfo of a module no
+    reader knows is refused in one line naming the class: nothing of it is
+    executed, and nothing is guessed."""
+    src = tmp_path / "ck"
+    shutil.copytree(TESTDATA / "olmocore_llama" / "ckpt", src)
+    meta = (src / ".metadata").read_bytes()
+    mod = b"olmo_core.distributed.checkpoint.filesystem"
+    (src / ".metadata").write_bytes(meta.replace(mod, b"olmo_cake.distributed.checkpoint.filesystem"))
+    r = ckptfs("inspect", src, check=False)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "expected _StorageInfo, got object olmo_cake.distributed.checkpoint.filesystem._StorageInfo" in r.stderr
