@@ -156,3 +156,39 @@ def test_olmocore_foreign_storage_class(tmp_path):
     r = ckptfs("inspect", src, check=False)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "expected _StorageInfo, got object olmo_cake.distributed.checkpoint.filesystem._StorageInfo" in r.stderr
+
+
+def test_trainer_fsdp_folder(tmp_path, mount):
+    """Trainer's checkpoint-N/ with FSDP (pytorch_model_fsdp_0/ and
+    optimizer_0/ written by accelerate's own save_fsdp_model and
+    save_fsdp_optimizer on 2 gloo ranks): the folder is the view of the
+    model inside, with the folder's config.json, byte for byte the trained
+    model's save_pretrained tensors; it loads with no missing or unexpected
+    keys and the logits of the reference model built in this run, to the
+    bit. pytorch_model_fsdp_0/ is still a view of its own, optimizer_0/ says
+    it holds optimizer state only, and a pytorch_model_fsdp_0 that is no
+    directory of the folder is refused in one line."""
+    case = "trainer_fsdp_llama"
+    src = tmp_path / "src"
+    shutil.copytree(TESTDATA / case / "ckpt", src)
+    bad = src / "checkpoint-2"
+    shutil.copytree(src / "checkpoint-1", bad)
+    shutil.rmtree(bad / "pytorch_model_fsdp_0")
+    (bad / "pytorch_model_fsdp_0").write_text("not a directory")
+
+    m = mount(src)
+    view = m.mnt / "checkpoint-1"
+    names = set(os.listdir(view))
+    assert {"config.json", "model.safetensors.index.json", "pytorch_model_fsdp_0", "optimizer_0",
+            "trainer_state.json", "rng_state_0.pth"} <= names, names
+    assert (view / "config.json").read_bytes() == (TESTDATA / case / "ckpt" / "checkpoint-1" / "config.json").read_bytes()
+    assert_view_is(view, case)
+    assert "model.safetensors.index.json" in os.listdir(view / "pytorch_model_fsdp_0")
+    assert not any(n.endswith(".safetensors") for n in os.listdir(view / "optimizer_0"))
+
+    r = json.loads(ckptfs("inspect", "--json", src / "checkpoint-1").stdout)
+    assert r["format"] == "hf-trainer-fsdp" and not r.get("left_out")
+    err = (m.mnt / "checkpoint-2" / "CKPTFS_ERROR.txt").read_text()
+    assert "pytorch_model_fsdp_0 is not a directory of" in err, err
+    r = ckptfs("inspect", bad, check=False)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "is not a directory of" in r.stderr

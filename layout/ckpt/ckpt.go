@@ -33,6 +33,9 @@ const (
 	// FormatTrainerDeepSpeed is a folder whose `latest` names its
 	// DeepSpeed checkpoint (Trainer's checkpoint-N/ with DeepSpeed).
 	FormatTrainerDeepSpeed Format = "hf-trainer-deepspeed"
+	// FormatTrainerFSDP is Trainer's checkpoint-N/ with FSDP: the model in
+	// pytorch_model_fsdp_0/ (accelerate's sharded DCP).
+	FormatTrainerFSDP Format = "hf-trainer-fsdp"
 	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
 	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
 	FormatMegatronLegacy Format = "megatron-legacy"
