@@ -68,7 +68,8 @@ def test_composer_through_mount(case, view, mount):
     assert_view_is(v, case)
 
 
-@pytest.mark.parametrize("case,view,n_optim", [("composer_llama", "ckpt", 63), ("composer_llama_sharded", "ckpt/ep0-ba1", 63)])
+@pytest.mark.parametrize("case,view,n_optim", [("composer_llama", "ckpt", 63),
+                                               ("composer_llama_sharded", "ckpt/ep0-ba1", 63)])
 def test_composer_left_out(case, view, n_optim):
     """Optimizer state (state.optimizers.DecoupledAdamW.*) and RNG state are
     never weights: listed as left out, the optimizer's as optimizer state,
@@ -134,7 +135,8 @@ def test_olmocore_through_mount(mount):
     model, loading = load(view)
     assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
     assert type(model).__name__ == "Olmo2ForCausalLM"
-    assert_same_logits(model, case / "hf_config" / "config.json", case / "expected_hf.safetensors", torch.tensor(INPUT_IDS))
+    assert_same_logits(model, case / "hf_config" / "config.json", case / "expected_hf.safetensors",
+                       torch.tensor(INPUT_IDS))
 
     r = json.loads(ckptfs("inspect", "--json", case / "ckpt").stdout)
     assert r["format"] == "torch-dcp"
@@ -181,7 +183,8 @@ def test_trainer_fsdp_folder(tmp_path, mount):
     names = set(os.listdir(view))
     assert {"config.json", "model.safetensors.index.json", "pytorch_model_fsdp_0", "optimizer_0",
             "trainer_state.json", "rng_state_0.pth"} <= names, names
-    assert (view / "config.json").read_bytes() == (TESTDATA / case / "ckpt" / "checkpoint-1" / "config.json").read_bytes()
+    folder_config = TESTDATA / case / "ckpt" / "checkpoint-1" / "config.json"
+    assert (view / "config.json").read_bytes() == folder_config.read_bytes()
     assert_view_is(view, case)
     assert "model.safetensors.index.json" in os.listdir(view / "pytorch_model_fsdp_0")
     assert not any(n.endswith(".safetensors") for n in os.listdir(view / "optimizer_0"))

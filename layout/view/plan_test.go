@@ -126,6 +126,9 @@ func TestSelectionRules(t *testing.T) {
 			omitted: []Omission{
 				{Name: "state.optimizers.DecoupledAdamW.state.model.lm_head.weight.exp_avg", Reason: "optimizer state", Optimizer: true},
 				{Name: "rng.0.torch", Reason: `saved outside the "state.model" subtree (under "rng")`}}},
+		{name: "Lightning FSDP: --select model.model reaches into the LightningModule's flat keys", tensors: lightningFSDP,
+			sel: "model.model", want: []string{"model.norm.weight"},
+			omitted: []Omission{{Name: "optimizer_0.state.model.model.norm.weight.exp_avg", Reason: "optimizer state", Optimizer: true}}},
 		{name: "Composer: --select state.model.model reaches into the module's flat keys", tensors: composer, sel: "state.model.model",
 			want: []string{"lm_head.weight"},
 			omitted: []Omission{
