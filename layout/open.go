@@ -51,6 +51,7 @@ var Formats = []ckpt.Reader{
 	deepspeed.Reader,
 	deepspeed.UniversalReader,
 	trainer.Reader,
+	trainer.FSDPReader,
 	stages.Reader,
 	torchsave.StateDictReader,
 }

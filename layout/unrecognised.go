@@ -24,6 +24,7 @@ var expects = map[ckpt.Format]string{
 	ckpt.FormatDeepSpeedUniversal: "mp_rank_00_model_states.pt beside zero/<param>/fp32.pt",
 	ckpt.FormatMetaLlama:          "params.json with consolidated.00.pth",
 	ckpt.FormatTrainerDeepSpeed:   "a `latest` file naming a DeepSpeed checkpoint directory",
+	ckpt.FormatTrainerFSDP:        "pytorch_model_fsdp_0/, a DCP of the model",
 	ckpt.FormatTorchStateDict:     "one torch.save dict of tensors, flat or under state_dict/model/module/model_state_dict/state.model, named *.pt/*.pth/*.ckpt/*.bin",
 }
 

@@ -39,6 +39,9 @@ const (
 	// FormatTrainerDeepSpeed is a folder whose `latest` names its
 	// DeepSpeed checkpoint (Trainer's checkpoint-N/ with DeepSpeed).
 	FormatTrainerDeepSpeed Format = "hf-trainer-deepspeed"
+	// FormatTrainerFSDP is Trainer's checkpoint-N/ with FSDP: the model in
+	// pytorch_model_fsdp_0/ (accelerate's sharded DCP).
+	FormatTrainerFSDP Format = "hf-trainer-fsdp"
 	// FormatMegatronLegacy is Megatron-LM's --ckpt-format torch:
 	// mp_rank_*/model_optim_rng.pt per model-parallel rank.
 	FormatMegatronLegacy Format = "megatron-legacy"
@@ -107,6 +110,11 @@ type Checkpoint struct {
 	// Warnings are problems that do not stop the checkpoint from being
 	// shown (an unreadable common.pt, say), one line each.
 	Warnings []string
+	// HFConfig is the model's HF config.json held inside the checkpoint
+	// (Composer's HuggingFaceModel saves it in its state): the view's
+	// config.json when none lies beside the checkpoint; nil when it holds
+	// none.
+	HFConfig []byte
 }
 
 // ModelRecord is what a checkpoint records of its model beside its

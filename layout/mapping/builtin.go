@@ -11,7 +11,7 @@ import (
 // its tensors applies (Detect). Hyper-parameters come from the view's
 // config.json, else from what the checkpoint records (Megatron's args).
 var Builtin = []*Spec{megatronGPT, megatronMixtral, megatronQwenMoE, torchtitanQwen3, torchtitanQwen3MoE,
-	torchtitanDeepSeekV3, torchtitanLlama, kempnerForgeLlama, litgptLlama}
+	torchtitanDeepSeekV3, torchtitanLlama, kempnerForgeLlama, litgptLlama, olmoCoreOLMo2}
 
 // layer is shorthand for the names of one decoder layer in HF Llama,
 // Qwen2, Qwen3 and Mistral.
@@ -243,6 +243,27 @@ var litgptLlama = &Spec{Name: "litgpt-llama", Rules: []Rule{
 	{To: layer + "mlp.down_proj.weight", From: Names{"transformer.h.{l}.mlp.proj.weight"}},
 	{To: "model.norm.weight", From: Names{"transformer.ln_f.weight"}},
 	{To: "lm_head.weight", From: Names{"lm_head.weight"}, UnlessTied: true},
+}}
+
+// olmoCoreOLMo2 is OLMo-core's Transformer with OLMo 2's block (norms
+// after attention and MLP, QK norms over all heads) as HF
+// Olmo2ForCausalLM: renames only, as OLMo-core's own HF export
+// (olmo_core.nn.hf save_hf_model) makes it.
+var olmoCoreOLMo2 = &Spec{Name: "olmo-core-olmo2", Rules: []Rule{
+	{To: "model.embed_tokens.weight", From: Names{"embeddings.weight"}},
+	{To: layer + "self_attn.q_proj.weight", From: Names{"blocks.{l}.attention.w_q.weight"}},
+	{To: layer + "self_attn.k_proj.weight", From: Names{"blocks.{l}.attention.w_k.weight"}},
+	{To: layer + "self_attn.v_proj.weight", From: Names{"blocks.{l}.attention.w_v.weight"}},
+	{To: layer + "self_attn.o_proj.weight", From: Names{"blocks.{l}.attention.w_out.weight"}},
+	{To: layer + "self_attn.q_norm.weight", From: Names{"blocks.{l}.attention.q_norm.weight"}},
+	{To: layer + "self_attn.k_norm.weight", From: Names{"blocks.{l}.attention.k_norm.weight"}},
+	{To: layer + "post_attention_layernorm.weight", From: Names{"blocks.{l}.attention_norm.weight"}},
+	{To: layer + "mlp.gate_proj.weight", From: Names{"blocks.{l}.feed_forward.w1.weight"}},
+	{To: layer + "mlp.up_proj.weight", From: Names{"blocks.{l}.feed_forward.w3.weight"}},
+	{To: layer + "mlp.down_proj.weight", From: Names{"blocks.{l}.feed_forward.w2.weight"}},
+	{To: layer + "post_feedforward_layernorm.weight", From: Names{"blocks.{l}.feed_forward_norm.weight"}},
+	{To: "model.norm.weight", From: Names{"lm_head.norm.weight"}},
+	{To: "lm_head.weight", From: Names{"lm_head.w_out.weight"}, UnlessTied: true},
 }}
 
 // litQKV takes q, k or v of LitGPT's fused qkv rows (one group, not

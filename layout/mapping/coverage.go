@@ -20,6 +20,7 @@ var Frameworks = []Framework{
 	{"Megatron-Core", regexp.MustCompile(`^decoder\.`), []string{"megatron-gpt"}},
 	{"torchtitan", regexp.MustCompile(`^layers\.[0-9]+\.attention\.`),
 		[]string{"torchtitan-llama", "torchtitan-qwen3", "kempnerforge-llama"}},
+	{"OLMo-core", regexp.MustCompile(`^blocks\.[0-9]+\.(attention|feed_forward)\.`), []string{"olmo-core-olmo2"}},
 }
 
 // FrameworkOf is the framework some source's name looks like, or nil.

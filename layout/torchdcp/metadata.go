@@ -17,6 +17,27 @@ const (
 	modMCore      = "megatron.core.dist_checkpointing.strategies.torch"
 )
 
+// storageInfoClasses are the classes a storage entry is pickled as, each
+// decoded by its fields (relative_path, offset, length,
+// transform_descriptors) as torch's is, never executed: torch's
+// FileSystemWriter's, and OLMo-core's RemoteFileSystemWriter's (a
+// dataclass of its own with the same fields). The one place a
+// framework's storage entry class is accepted.
+var storageInfoClasses = []pickle.Global{
+	{Module: modFilesystem, Name: "_StorageInfo"},
+	{Module: "olmo_core.distributed.checkpoint.filesystem", Name: "_StorageInfo"},
+}
+
+// isStorageInfo reports whether obj is of a storageInfoClasses class.
+func isStorageInfo(obj *pickle.Object) bool {
+	for _, g := range storageInfoClasses {
+		if obj.Is(g.Module, g.Name) {
+			return true
+		}
+	}
+	return false
+}
+
 // Metadata is a DCP .metadata file: what DecodeMetadata reads and
 // EncodeMetadata writes.
 type Metadata struct {

@@ -478,7 +478,11 @@ func strField(d *pickle.Dict, key any, name string) (string, error) {
 // see within).
 func decodeStorageInfo(v any) (StorageInfo, error) {
 	var info StorageInfo
-	st, err := classState(v, modFilesystem, "_StorageInfo")
+	obj, ok := v.(*pickle.Object)
+	if !ok || !isStorageInfo(obj) {
+		return info, fieldErr("", "expected _StorageInfo, got %s", pickle.TypeName(v))
+	}
+	st, err := stateOf("", obj)
 	if err != nil {
 		return info, err
 	}

@@ -110,7 +110,7 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 			return nil, false, err
 		}
 		return &indexRef{idx}, true, nil
-	case obj.Is(modFilesystem, "_StorageInfo"):
+	case isStorageInfo(obj):
 		info, err := decodeStorageInfo(obj)
 		if err != nil {
 			return nil, false, err

@@ -33,6 +33,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/torchsave"
 )
 
 // Options tune OpenWith. The zero value is what Open uses.
@@ -136,6 +137,11 @@ func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.
 			len(unknown), strings.Join(firstFew(unknown, 8), ", ")))
 	}
 	c.ModTime = source.ModTime(dir, MetadataFile)
+	if cfg, err := torchsave.ObjectsConfig(c.Objects); err != nil {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("%s: no config.json from the checkpoint: %v", c.Dir, err))
+	} else {
+		c.HFConfig = cfg
+	}
 	return c, nil
 }
 

@@ -84,9 +84,18 @@ func StateDictFile(dir source.Tree) (string, error) {
 	}
 	var found []string
 	tried := 0
+	ids := map[string]bool{}
 	for _, e := range ents {
 		if !e.IsRegular() || e.Size < minArchive || !slices.ContainsFunc(stateExts, func(x string) bool { return strings.HasSuffix(e.Name, x) }) {
 			continue
+		}
+		// Two names of one file (Composer's latest-rank0.pt links to the
+		// checkpoint it saved last) are one state dict.
+		if e.ID != "" {
+			if ids[e.ID] {
+				continue
+			}
+			ids[e.ID] = true
 		}
 		if tried++; tried > maxCandidates {
 			return "", fmt.Errorf("more than %d torch.save candidates", maxCandidates)
@@ -299,6 +308,11 @@ func buildStateDict(c *ckpt.Checkpoint, name string) error {
 		return fail(fmt.Errorf("data.pkl holds %s, not a state dict of tensors", describe(v)))
 	}
 	nested := !isFlat(v)
+	if cfg, err := embeddedConfig(v); err != nil {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("%s: no config.json from the checkpoint: %v", f.Path, err))
+	} else {
+		c.HFConfig = cfg
+	}
 	seen := map[string]bool{}
 	var kept []stored
 	for _, t := range tensors {

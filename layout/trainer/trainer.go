@@ -1,5 +1,6 @@
 // Package trainer reads the checkpoint-N/ folders transformers' Trainer
-// writes with DeepSpeed (and DeepSpeed's own save_checkpoint directory):
+// writes with FSDP (fsdp.go) and with DeepSpeed (and DeepSpeed's own
+// save_checkpoint directory), here:
 // a `latest` file naming the tag directory (global_stepN/) that holds the
 // ZeRO checkpoint, beside the model's config.json and Trainer's state. The
 // folder's view is the view of the checkpoint `latest` names, with the
@@ -107,13 +108,7 @@ func OpenTree(dir source.Tree) (*ckpt.Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &ckpt.Checkpoint{
-		Dir: dir.Path("."), Format: ckpt.FormatTrainerDeepSpeed, Files: ckpt.NewFileSet(dir),
-		Tensors: inner.Tensors, Objects: inner.Objects, Skipped: inner.Skipped, FileIndex: inner.FileIndex,
-		ModTime: inner.ModTime, Record: inner.Record, Warnings: inner.Warnings,
-		Parts: []*ckpt.Checkpoint{inner},
-	}
-	return c, nil
+	return wrap(dir, ckpt.FormatTrainerDeepSpeed, inner), nil
 }
 
 // statWhy says why a tag is no directory.

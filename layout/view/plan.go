@@ -326,7 +326,8 @@ func newestModTime(c *ckpt.Checkpoint) time.Time {
 
 // findSidecars finds HF sidecar files in the checkpoint directory, in its
 // .hf_metadata directory (NeMo), and in the --hf-config directory; the
-// first found of a name wins.
+// first found of a name wins. Without a config.json in any of them, the one
+// the checkpoint holds inside (ckpt.Checkpoint.HFConfig) is the view's.
 func (v *View) findSidecars(hfConfigDir string) ([]*File, error) {
 	c := v.Checkpoint
 	type place struct {
@@ -364,9 +365,13 @@ func (v *View) findSidecars(hfConfigDir string) ([]*File, error) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	out := make([]*File, 0, len(names))
+	out := make([]*File, 0, len(names)+1)
 	for _, n := range names {
 		out = append(out, newPassthroughFile(n, found[n]))
+	}
+	if _, ok := found[configName]; !ok && len(c.HFConfig) > 0 {
+		out = append(out, newBytesFile(configName, c.HFConfig, newestModTime(c)))
+		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	}
 	return out, nil
 }

@@ -126,6 +126,16 @@ func TestSelectionRules(t *testing.T) {
 			omitted: []Omission{
 				{Name: "state.optimizers.DecoupledAdamW.state.model.lm_head.weight.exp_avg", Reason: "optimizer state", Optimizer: true},
 				{Name: "rng.0.torch", Reason: `saved outside the "state.model" subtree (under "rng")`}}},
+		{name: "Lightning FSDP: --select model.model reaches into the LightningModule's flat keys", tensors: lightningFSDP,
+			sel: "model.model", want: []string{"model.norm.weight"},
+			omitted: []Omission{{Name: "optimizer_0.state.model.model.norm.weight.exp_avg", Reason: "optimizer state", Optimizer: true}}},
+		{name: "Composer: --select state.model.model reaches into the module's flat keys", tensors: composer, sel: "state.model.model",
+			want: []string{"lm_head.weight"},
+			omitted: []Omission{
+				{Name: "state.optimizers.DecoupledAdamW.state.model.lm_head.weight.exp_avg", Reason: "optimizer state", Optimizer: true},
+				{Name: "rng.0.torch", Reason: `not under --select "state.model.model"`}}},
+		{name: "Composer: a select inside a flat key stops at its dots", tensors: composer, sel: "state.model.mod",
+			err: `--select "state.model.mod" matches no tensor`},
 		{name: "Lightning .ckpt: state_dict, optimizer_states", tensors: lightning,
 			want:    []string{"model.lm_head.weight"},
 			omitted: []Omission{{Name: "optimizer_states.0.state.0.exp_avg", Reason: "optimizer state", Optimizer: true}}},

@@ -130,8 +130,10 @@ func selectTensors(c *ckpt.Checkpoint, sel string) ([]named, []Omission, error) 
 
 // under reports whether t lies in the subtree sel and returns its name
 // relative to sel. A tensor whose saved nesting is known is matched against
-// whole nesting levels; a flat name, against its dotted prefix (the user
-// asked for that prefix by name).
+// whole nesting levels, and within its last level (a module's flat
+// state-dict key, as Composer's state.model holds "model.lm_head.weight")
+// against its dotted prefix; a flat name, against its dotted prefix (the
+// user asked for that prefix by name).
 func under(t *ckpt.Tensor, sel string) (string, bool) {
 	if len(t.Path) <= 1 {
 		rest, ok := strings.CutPrefix(t.Name, sel+".")
@@ -150,5 +152,6 @@ func under(t *ckpt.Tensor, sel string) (string, bool) {
 			return "", false
 		}
 	}
-	return "", false
+	rest, ok := strings.CutPrefix(t.Path[len(t.Path)-1], strings.TrimPrefix(sel, prefix+".")+".")
+	return rest, ok && rest != ""
 }

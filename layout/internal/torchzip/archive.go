@@ -106,7 +106,8 @@ var (
 	// common state.
 	WholeFile = Limits{DataPkl: 256 << 20, StringLen: 1 << 20, Items: 1 << 24, Depth: 64, Stack: 1 << 16, Memo: 1 << 24}
 	// Record is for a DCP chunk record: one tensor, one storage, read on
-	// every chunk's first use.
+	// every chunk's first use; or one of a DCP checkpoint's items (a value
+	// saved beside the tensors, as Composer's HF config).
 	Record = Limits{DataPkl: 1 << 20, StringLen: 1 << 16, Items: 1 << 16, Depth: 32, Stack: 1 << 12, Memo: 1 << 12}
 )
 
