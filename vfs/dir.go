@@ -235,7 +235,8 @@ func (d *Dir) noteUnrecognised(ents []source.Info, only string, hidden func(stri
 		d.fsys.log.Warn(msg)
 	}
 	data := []byte(msg + "\n")
-	add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: data} }})
+	access := d.fsys.dirAccess(d.name()).AsFile()
+	add(entry{name: infoName, mode: syscall.S_IFREG, make: func() fs.InodeEmbedder { return &memFile{data: data, access: access} }})
 	return 0
 }
 

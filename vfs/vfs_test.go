@@ -558,6 +558,10 @@ func TestUnrecognisedTensorFilesAreNoted(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{infoName, "__0_0.distcp", "weights.pt"}, listDir(t, filepath.Join(mnt, "loose")))
 	listDir(t, filepath.Join(mnt, "loose"))
+	// The note is readable by whom the directory is (it showed mode 0).
+	info, err := os.Stat(filepath.Join(mnt, "loose", infoName))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o444), info.Mode().Perm(), "the note's mode follows its 0755 directory")
 	for _, want := range []string{loose, "__0_0.distcp, weights.pt", "torch-dcp (a DCP .metadata)", "pytorch_model.bin"} {
 		require.Contains(t, string(msg), want)
 	}
