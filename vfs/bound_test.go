@@ -31,14 +31,14 @@ func vmHWM(t *testing.T) int64 {
 	return 0
 }
 
-// Three views of large checkpoints open at once stay within the bound the
+// Three views of large checkpoints (128 ranks) open at once stay within the bound the
 // README states: each counts about 100 bytes per chunk it shows (the
 // compact index: ckpt.Chunks), the heap they hold is what they count, and
 // under the mount's collector policy (the Go limit alone, lowered while a
 // .metadata is mapped: internal/memlimit) the process's peak RSS grows by
 // no more than that limit.
 func TestThreeLargeViewsWithinMemoryBound(t *testing.T) {
-	const n, ranks = 3, 256
+	const n, ranks = 3, 128
 	root := t.TempDir()
 	for i := range n {
 		writeScaled(t, filepath.Join(root, step(i)), ranks)

@@ -1,6 +1,7 @@
 package viewcache
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -295,7 +296,7 @@ func TestReferencePinsView(t *testing.T) {
 // A checkpoint changed while its view was evicted is an error when the
 // view is opened again, for good, and logged once; the others go on.
 func TestReopenedChanged(t *testing.T) {
-	for _, change := range []string{"shard", "metadata"} {
+	for _, change := range []string{"shard", "metadata", "records"} {
 		t.Run(change, func(t *testing.T) {
 			fx := newFixture(t, 2, Options{Limits: Limits{Views: 1}})
 			e0 := fx.show(t, 0)
@@ -309,12 +310,14 @@ func TestReopenedChanged(t *testing.T) {
 				require.NoError(t, os.Remove(shard)) // same size, new file
 				require.NoError(t, os.WriteFile(shard, nil, 0o644))
 				require.NoError(t, os.Truncate(shard, info.Size()))
-			} else {
+			} else if change == "metadata" {
 				writeDCP(t, dir, 60, true) // other offsets, the shard files as they were
+			} else {
+				moveRecords(t, dir)
 			}
 			_, err := fx.c.Acquire(e0)
 			require.ErrorIs(t, err, ckpt.ErrSourceChanged)
-			if change == "metadata" {
+			if change != "shard" {
 				require.ErrorContains(t, err, "the checkpoint was rewritten")
 			}
 			require.ErrorIs(t, fx.c.Err(e0), ckpt.ErrSourceChanged)
@@ -330,6 +333,31 @@ func TestReopenedChanged(t *testing.T) {
 			requireAccounted(t, fx.c)
 		})
 	}
+}
+
+// moveRecords rewrites dir's .metadata with each shard file's records in
+// the other order: the same tensors, shapes and files, the bytes of each
+// chunk elsewhere (what only the chunks' places in the digest tell).
+func moveRecords(t *testing.T, dir string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, torchdcp.MetadataFile))
+	require.NoError(t, err)
+	m, err := torchdcp.DecodeMetadata(bytes.NewReader(b))
+	require.NoError(t, err)
+	byFile := map[string][]int{}
+	for i, e := range m.Storage {
+		byFile[e.Info.RelativePath] = append(byFile[e.Info.RelativePath], i)
+	}
+	for _, idx := range byFile {
+		require.Len(t, idx, 2)
+		a, c := &m.Storage[idx[0]].Info, &m.Storage[idx[1]].Info
+		require.Zero(t, a.Offset)
+		c.Offset, a.Offset = 0, c.Length
+	}
+	f, err := os.Create(filepath.Join(dir, torchdcp.MetadataFile))
+	require.NoError(t, err)
+	require.NoError(t, torchdcp.EncodeMetadata(f, m))
+	require.NoError(t, f.Close())
 }
 
 // An unchanged checkpoint opened again gives the same view: the digest of
