@@ -28,9 +28,9 @@ import (
 //     after the batch (ckpt.File.ReadRanges); different files are read
 //     concurrently, at most readDepth at a time.
 //
-// Sources that cannot say where they lie (compressed records, ZeRO
-// partitions, memory in tests) are read with their own ReadAt, merged only
-// with their own neighbours.
+// Sources that cannot say where they lie (compressed records, memory in
+// tests) are read with their own ReadAt, merged only with their own
+// neighbours.
 type readPlan struct {
 	extents []extent
 	parts   [][]byte // extents' destinations

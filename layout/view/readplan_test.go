@@ -18,40 +18,6 @@ import (
 	"github.com/ckptfs/ckptfs/safetensors"
 )
 
-// countingTree counts the reads and freshness checks of the files it opens.
-type countingTree struct {
-	source.Tree
-	reads, checks int
-}
-
-func (t *countingTree) Open(name string) (source.File, error) {
-	f, err := t.Tree.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	return &countingFile{File: f, tree: t}, nil
-}
-
-type countingFile struct {
-	source.File
-	tree *countingTree
-}
-
-func (f *countingFile) ReadAt(p []byte, off int64) (int, error) {
-	f.tree.reads++
-	return f.File.ReadAt(p, off)
-}
-
-func (f *countingFile) ReadvAt(parts [][]byte, off int64) error {
-	f.tree.reads++
-	return f.File.(source.VectoredReader).ReadvAt(parts, off)
-}
-
-func (f *countingFile) Check() error {
-	f.tree.checks++
-	return f.File.Check()
-}
-
 // A RoPE-permuted tensor in a file costs one read and one freshness check
 // per window, as the tensor stored does: its rows are extents the plan
 // merges, not a read each.
@@ -64,7 +30,7 @@ func TestPermutedRowsAreOneReadOfTheFile(t *testing.T) {
 	local, err := source.OpenLocal(dir)
 	require.NoError(t, err)
 	defer local.Close()
-	tree := &countingTree{Tree: local}
+	tree := &treetest.CountingTree{Tree: local}
 	files := ckpt.NewFileSet(tree)
 	defer files.Close()
 	f, err := files.Get("shard")
@@ -89,7 +55,7 @@ func TestPermutedRowsAreOneReadOfTheFile(t *testing.T) {
 		{100, 3 * rowLen},         // rows 0, 2, 4, 6 from the middle of one
 		{int64(len(data)) - 1, 1}, // one byte
 	} {
-		tree.reads, tree.checks = 0, 0
+		tree.Reset()
 		got := make([]byte, w.n)
 		require.NoError(t, readContent(m, got, w.pos))
 		want := make([]byte, 0, w.n)
@@ -98,8 +64,8 @@ func TestPermutedRowsAreOneReadOfTheFile(t *testing.T) {
 		}
 		skip := w.pos % rowLen
 		require.True(t, bytes.Equal(want[skip:skip+w.n], got), "window %v", w)
-		require.Equal(t, 1, tree.reads, "window %v: reads", w)
-		require.Equal(t, 1, tree.checks, "window %v: freshness checks", w)
+		require.Equal(t, 1, tree.Count()["shard"].Reads, "window %v: reads", w)
+		require.Equal(t, 1, tree.Count()["shard"].Checks, "window %v: freshness checks", w)
 	}
 }
 
