@@ -138,6 +138,9 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 	if opts.Sink != nil {
 		d.refs = scanRefs(data, opts)
 	}
+	if rs, ok := opts.Sink.(RecordSink); ok && d.refs != nil {
+		d.rec = &recorder{sink: rs, data: data}
+	}
 	return d.run()
 }
 
@@ -184,6 +187,9 @@ type decoder struct {
 	// (nil: memo is the memo).
 	refs   *refs
 	pruned int
+	// rec reads the objects a RecordSink takes as records (record.go);
+	// nil without one, or when the memo is not pruned.
+	rec *recorder
 
 	// A .metadata holds millions of small values; one allocation each was
 	// most of the time to decode it. Tuples, objects and dicts come from

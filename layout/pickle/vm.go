@@ -210,7 +210,14 @@ func (d *decoder) step() error {
 			return d.fail("STACK_GLOBAL needs two strings, got %s and %s", typeName(args[0].v), typeName(args[1].v))
 		}
 		return d.push(Global{Module: module, Name: name}, 0)
-	case opREDUCE, opNEWOBJ:
+	case opNEWOBJ:
+		if d.rec != nil {
+			if took, err := d.record(args[0], args[1]); took || err != nil {
+				return err
+			}
+		}
+		return d.newObject(args[0], args[1], nil)
+	case opREDUCE:
 		return d.newObject(args[0], args[1], nil)
 	case opNEWOBJ_EX:
 		return d.newObject(args[0], args[1], &args[2])

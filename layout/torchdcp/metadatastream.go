@@ -42,6 +42,11 @@ type stream struct {
 	xformIx map[string]uint32
 
 	storageDict *pickle.Dict // the dict the storage entries went into
+	// records and built count the chunks, indexes and storage infos
+	// taken as records (BuiltRecord) and as objects (Built); noRecords
+	// takes none as records (tests compare the two ways).
+	records, built int
+	noRecords      bool
 }
 
 // streamTensor is one TensorStorageMetadata and the storage of its chunks.
@@ -84,6 +89,112 @@ func newStream() *stream {
 		fileIdx: map[string]int32{}, xforms: [][]string{nil}, xformIx: map[string]uint32{}}
 }
 
+// recordClasses are the classes the stream takes as pickle records
+// (pickle.RecordSink: their fields read straight from the opcodes, no
+// Object built), and what each is. It is the one place a class is
+// accepted for that; a class the general decoders (metadataread.go) accept
+// and this table lacks is still decoded, the general way, object by object.
+var recordClasses = map[pickle.Global]recordClass{
+	{Module: modMetadata, Name: "ChunkStorageMetadata"}: recordChunk,
+	{Module: modMetadata, Name: "MetadataIndex"}:        recordIndex,
+	{Module: modFilesystem, Name: "_StorageInfo"}:       recordInfo,
+}
+
+type recordClass uint8
+
+const (
+	recordNone recordClass = iota
+	recordChunk
+	recordIndex
+	recordInfo
+)
+
+// RecordClass implements pickle.RecordSink.
+func (s *stream) RecordClass(g pickle.Global) bool {
+	return !s.noRecords && recordClasses[g] != recordNone
+}
+
+// BuiltRecord implements pickle.RecordSink: it takes a record as Built
+// takes the object, reading its fields as metadataread.go's decoders do;
+// a record they would not read the same way (a field missing, of another
+// type) is left to the VM, which offers Built the object, whose decoders
+// then say what is wrong.
+func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
+	switch recordClasses[r.Class] {
+	case recordChunk:
+		off, ok1 := recordSize(r, "offsets")
+		sz, ok2 := recordSize(r, "sizes")
+		if !ok1 || !ok2 || len(off) != len(sz) {
+			return nil, false, nil
+		}
+		s.pendDims = append(append(s.pendDims, off...), sz...)
+		s.pendRank = append(s.pendRank, int32(len(off)))
+		s.records++
+		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
+	case recordIndex:
+		var idx Index
+		f, ok := r.Field("fqn")
+		if !ok || f.Kind != pickle.KindStr {
+			return nil, false, nil
+		}
+		idx.FQN = f.Str
+		if f, ok := r.Field("offset"); ok && f.Kind != pickle.KindNone {
+			off, ok := recordSize(r, "offset")
+			if !ok {
+				return nil, false, nil
+			}
+			idx.Offset = slices.Clone(off)
+			if idx.Offset == nil {
+				idx.Offset = []int64{} // as decodeSize: a 0-dim tensor's chunk
+			}
+		}
+		s.records++
+		return &indexRef{idx}, true, nil
+	case recordInfo:
+		var info StorageInfo
+		f, ok := r.Field("relative_path")
+		if !ok || f.Kind != pickle.KindStr {
+			return nil, false, nil
+		}
+		info.RelativePath = f.Str
+		if f, ok = r.Field("offset"); !ok || f.Kind != pickle.KindInt {
+			return nil, false, nil
+		}
+		info.Offset = f.Int
+		if f, ok = r.Field("length"); !ok || f.Kind != pickle.KindInt {
+			return nil, false, nil
+		}
+		info.Length = f.Int
+		if f, ok = r.Field("transform_descriptors"); ok && f.Kind != pickle.KindNone {
+			if f.Kind != pickle.KindStrs {
+				return nil, false, nil
+			}
+			if len(f.Strs) > 0 { // an empty list is nil, as decodeStorageInfo has it
+				info.TransformDescriptors = slices.Clone(f.Strs)
+			}
+		}
+		s.records++
+		return &infoRef{info}, true, nil
+	}
+	return nil, false, nil
+}
+
+// recordSize is a torch.Size field of r (or, leniently, a tuple of ints),
+// as decodeSize reads it.
+func recordSize(r *pickle.Record, name string) ([]int64, bool) {
+	f, ok := r.Field(name)
+	if !ok {
+		return nil, false
+	}
+	switch {
+	case f.Kind == pickle.KindInts:
+	case f.Kind == pickle.KindCall && f.Func == pickle.Global{Module: "torch", Name: "Size"}:
+	default:
+		return nil, false
+	}
+	return f.Ints, true
+}
+
 // Built implements pickle.Sink.
 func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 	switch {
@@ -97,6 +208,7 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 		}
 		s.pendDims = append(append(s.pendDims, c.Offsets...), c.Sizes...)
 		s.pendRank = append(s.pendRank, int32(len(c.Offsets)))
+		s.built++
 		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
 	case obj.Is(modMetadata, "TensorStorageMetadata"):
 		st, err := s.tensor(obj)
@@ -109,12 +221,14 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 		if err != nil {
 			return nil, false, err
 		}
+		s.built++
 		return &indexRef{idx}, true, nil
 	case obj.Is(modFilesystem, "_StorageInfo"):
 		info, err := decodeStorageInfo(obj)
 		if err != nil {
 			return nil, false, err
 		}
+		s.built++
 		return &infoRef{info}, true, nil
 	}
 	return nil, false, nil
@@ -287,7 +401,10 @@ func (s *stream) lookup(fqn string, i int) (StorageInfo, bool) {
 // a stream, and returns the Metadata without storage entries (Storage is
 // empty; the stream has them).
 func decodeMetadataStream(data []byte, maxBytes int64) (*Metadata, *stream, error) {
-	s := newStream()
+	return decodeMetadataStreamWith(data, maxBytes, newStream())
+}
+
+func decodeMetadataStreamWith(data []byte, maxBytes int64, s *stream) (*Metadata, *stream, error) {
 	m, err := decodeMetadataWith(data, maxBytes, s)
 	if err == nil {
 		err = s.finish()
