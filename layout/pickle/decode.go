@@ -664,12 +664,7 @@ func decodeLong(b []byte) any {
 		return int64(0)
 	}
 	if len(b) <= 8 {
-		var v uint64
-		for i := len(b) - 1; i >= 0; i-- {
-			v = v<<8 | uint64(b[i])
-		}
-		shift := uint(64 - 8*len(b))
-		return int64(v<<shift) >> shift // sign-extend
+		return smallLong(b)
 	}
 	be := make([]byte, len(b))
 	for i := range b {
@@ -683,4 +678,14 @@ func decodeLong(b []byte) any {
 		return n.Int64()
 	}
 	return n
+}
+
+// smallLong is a LONG1 of at most 8 bytes (little-endian two's complement).
+func smallLong(b []byte) int64 {
+	var v uint64
+	for i := len(b) - 1; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	shift := uint(64 - 8*len(b))
+	return int64(v<<shift) >> shift // sign-extend
 }

@@ -33,42 +33,100 @@ const (
 	KindStrs             // a list of strs: Strs
 )
 
-// Field is one item of a record's state dict.
+// Field is one item of a record's state dict, valid only during
+// BuiltRecord. Its value is read with the method of its Kind.
 type Field struct {
 	Name string
-	Kind Kind
-	Int  int64
-	Str  string
-	Func Global
-	// Ints and Strs are valid only during BuiltRecord.
-	Ints []int64
-	Strs []string
+	v    *rval
+	m    *recorder
 }
 
-// Record is an object of a RecordSink's class: its class and its state's
-// items, as the dict has them (in order, a key set twice once, with its
-// last value).
+// Kind is the type of the field's value.
+func (f Field) Kind() Kind {
+	switch f.v.kind {
+	case rInt:
+		return KindInt
+	case rStr:
+		return KindStr
+	case rTuple:
+		return KindInts
+	case rCall:
+		return KindCall
+	case rList:
+		return KindStrs
+	}
+	return KindNone
+}
+
+// Int is a KindInt's value.
+func (f Field) Int() int64 { return f.v.i }
+
+// Str is a KindStr's value.
+func (f Field) Str() string { s, _ := f.v.box.(string); return s }
+
+// Func is the global a KindCall calls.
+func (f Field) Func() Global {
+	switch x := f.v.box.(type) {
+	case Global:
+		return x
+	case *Object:
+		return x.Class
+	}
+	return Global{}
+}
+
+// Ints are a KindInts's ints, or a KindCall's argument's.
+func (f Field) Ints() []int64 {
+	if f.v.kind != rTuple && f.v.kind != rCall {
+		return nil
+	}
+	return f.m.ints[f.v.i : f.v.i+int64(f.v.n) : f.v.i+int64(f.v.n)]
+}
+
+// Strs are a KindStrs's strs.
+func (f Field) Strs() []string {
+	if f.v.kind != rList {
+		return nil
+	}
+	return f.m.strs[f.v.i : f.v.i+int64(f.v.n) : f.v.i+int64(f.v.n)]
+}
+
+// Record is an object of a RecordSink's class: its class (and the tag
+// RecordClass gave it) and its state's items, as the dict has them (in
+// order, a key set twice once, with its last value). It is valid only
+// during BuiltRecord: its fields are read from the record machine.
 type Record struct {
-	Class  Global
-	Fields []Field
+	Class Global
+	Tag   int
+	m     *recorder
+}
+
+// Len is the number of fields.
+func (r *Record) Len() int { return len(r.m.fields) }
+
+// At returns field i.
+func (r *Record) At(i int) Field {
+	f := &r.m.fields[i]
+	return Field{Name: f.name, v: &f.v, m: r.m}
 }
 
 // Field returns the field name.
-func (r *Record) Field(name string) (*Field, bool) {
-	for i := range r.Fields {
-		if r.Fields[i].Name == name {
-			return &r.Fields[i], true
+func (r *Record) Field(name string) (Field, bool) {
+	for i := range r.m.fields {
+		if f := &r.m.fields[i]; f.name == name {
+			return Field{Name: name, v: &f.v, m: r.m}, true
 		}
 	}
-	return nil, false
+	return Field{}, false
 }
 
 // RecordSink is a Sink that takes the objects of some classes as records.
 type RecordSink interface {
 	Sink
-	// RecordClass reports whether objects of class g are offered to
-	// BuiltRecord. The VM asks once per class it meets (up to a few).
-	RecordClass(g Global) bool
+	// RecordClass returns a tag, not 0, when objects of class g are to
+	// be offered to BuiltRecord (in Record.Tag), else 0. The VM asks once
+	// per class it meets (up to a few).
+	RecordClass(g Global) int
 	// BuiltRecord offers an object of such a class whose state is a dict
 	// of fields the VM could read as a Record. It is what Built would be
 	// offered, with the same meaning of v, took and err; SetItem is not
@@ -119,8 +177,8 @@ type recorder struct {
 }
 
 type recClass struct {
-	g  Global
-	ok bool
+	g   Global
+	tag int
 }
 
 type rkind uint8
@@ -170,17 +228,17 @@ type rfield struct {
 	v    rval
 }
 
-func (r *recorder) wants(g Global) bool {
+func (r *recorder) wants(g Global) int {
 	for _, c := range r.classes {
 		if c.g.Module == g.Module && c.g.Name == g.Name {
-			return c.ok
+			return c.tag
 		}
 	}
-	ok := r.sink.RecordClass(g)
+	tag := r.sink.RecordClass(g)
 	if len(r.classes) < recClasses {
-		r.classes = append(r.classes, recClass{g, ok})
+		r.classes = append(r.classes, recClass{g, tag})
 	}
-	return ok
+	return tag
 }
 
 // record is NEWOBJ of callable with args when a RecordSink may take it as
@@ -191,7 +249,11 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	if t, ok := args.v.(Tuple); !ok || len(t) != 0 || !r.wants(g) {
+	if t, ok := args.v.(Tuple); !ok || len(t) != 0 {
+		return false, nil
+	}
+	tag := r.wants(g)
+	if tag == 0 {
 		return false, nil
 	}
 	if len(d.stack)+len(d.marks)+recStack > d.opts.MaxStack || d.opts.MaxDepth < recDepth {
@@ -207,13 +269,8 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	if !ok || addWeight(d.items, r.cost) > d.opts.MaxItems {
 		return false, nil
 	}
-	r.rec.Class = g
-	r.rec.Fields = r.rec.Fields[:0]
-	for _, f := range r.fields {
-		r.rec.Fields = append(r.rec.Fields, r.field(f))
-	}
+	r.rec = Record{Class: g, Tag: tag, m: r}
 	v, took, err := r.sink.BuiltRecord(&r.rec)
-	clear(r.rec.Fields) // the sink must not keep them: let them go
 	if err != nil {
 		d.op, d.opPos = opBUILD, build
 		return false, d.sinkErr(err)
@@ -232,26 +289,6 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	}
 	d.items += r.cost
 	return true, d.pushSlot(slot{v: v, w: 1})
-}
-
-func (r *recorder) field(f rfield) Field {
-	out := Field{Name: f.name}
-	v := f.v
-	switch v.kind {
-	case rNone:
-		out.Kind = KindNone
-	case rInt:
-		out.Kind, out.Int = KindInt, v.i
-	case rStr:
-		out.Kind, out.Str = KindStr, v.box.(string)
-	case rTuple:
-		out.Kind, out.Ints = KindInts, r.ints[v.i:v.i+int64(v.n):v.i+int64(v.n)]
-	case rCall:
-		out.Kind, out.Func, out.Ints = KindCall, v.box.(Global), r.ints[v.i:v.i+int64(v.n):v.i+int64(v.n)]
-	case rList:
-		out.Kind, out.Strs = KindStrs, r.strs[v.i:v.i+int64(v.n):v.i+int64(v.n)]
-	}
-	return out
 }
 
 // recordState runs the record machine from after NEWOBJ to the object's
@@ -304,7 +341,7 @@ func (d *decoder) recordState() (build int, ok bool) {
 			if !ok || n > 8 || int(n) > len(data)-r.p {
 				return 0, false
 			}
-			v := decodeLong(data[r.p : r.p+int(n)]).(int64) // at most 8 bytes: an int64
+			v := smallLong(data[r.p : r.p+int(n)])
 			r.p += int(n)
 			r.push(rval{kind: rInt, w: 1, i: v})
 		case opSHORT_BINUNICODE, opBINUNICODE:
@@ -490,6 +527,18 @@ func (d *decoder) recGet(op byte) bool {
 	if !ok || n > uint64(^uint32(0)) {
 		return false
 	}
+	if e.shared {
+		// The keys, the class of a torch.Size and a tensor's name: the
+		// gets of almost every record.
+		switch e.v.(type) {
+		case string:
+			r.push(rval{kind: rStr, shared: true, w: e.w, box: e.v})
+			return true
+		case Global:
+			r.push(rval{kind: rGlobal, shared: true, w: e.w, box: e.v})
+			return true
+		}
+	}
 	s := *e
 	if !s.shared {
 		// Put by this record, if at all.
@@ -538,7 +587,7 @@ func (d *decoder) recGet(op byte) bool {
 		if !ok || !r.appendInts(inner) {
 			return false
 		}
-		v.kind, v.i, v.n, v.box, v.nd = rCall, int64(lo), int32(len(inner)), x.Class, &x.node
+		v.kind, v.i, v.n, v.box, v.nd = rCall, int64(lo), int32(len(inner)), x, &x.node
 	default:
 		return false
 	}

@@ -30,35 +30,45 @@ type noRecords struct{ Sink }
 
 var errRecord = errors.New("refused")
 
-func (s *recSink) RecordClass(g Global) bool { return s.classes[g.Name] }
+func (s *recSink) RecordClass(g Global) int {
+	if s.classes[g.Name] {
+		return 1
+	}
+	return 0
+}
 
 func (s *recSink) BuiltRecord(r *Record) (any, bool, error) {
 	if r.Class.Name == s.fail {
 		return nil, false, errRecord
 	}
-	var b strings.Builder
-	b.WriteString(r.Class.String() + "{")
-	for _, f := range r.Fields {
-		b.WriteString(strconv.Quote(f.Name) + ": ")
-		switch f.Kind {
-		case KindNone:
-			b.WriteString("None")
-		case KindInt:
-			b.WriteString(strconv.FormatInt(f.Int, 10))
-		case KindStr:
-			b.WriteString(strconv.Quote(f.Str))
-		case KindInts:
-			b.WriteString(fmt.Sprint(f.Ints))
-		case KindCall:
-			b.WriteString(f.Func.String() + fmt.Sprint(f.Ints))
-		case KindStrs:
-			b.WriteString(fmt.Sprintf("%q", f.Strs))
+	var fields []string
+	for i := range r.Len() {
+		f := r.At(i)
+		g, ok := r.Field(f.Name)
+		if !ok || fieldText(g) != fieldText(f) {
+			return nil, false, fmt.Errorf("field %d is %s, field %q %s", i, fieldText(f), f.Name, fieldText(g))
 		}
-		b.WriteString(", ")
+		fields = append(fields, strconv.Quote(f.Name)+": "+fieldText(f))
 	}
-	b.WriteString("}")
 	s.records++
-	return b.String(), true, nil
+	return r.Class.String() + "{" + strings.Join(fields, ", ") + "}", true, nil
+}
+
+// fieldText is a field's value as valueText writes the same value.
+func fieldText(f Field) string {
+	switch f.Kind() {
+	case KindInt:
+		return strconv.FormatInt(f.Int(), 10)
+	case KindStr:
+		return strconv.Quote(f.Str())
+	case KindInts:
+		return fmt.Sprint(f.Ints())
+	case KindCall:
+		return f.Func().String() + fmt.Sprint(f.Ints())
+	case KindStrs:
+		return fmt.Sprintf("%q", f.Strs())
+	}
+	return "None"
 }
 
 // Built reads obj into what BuiltRecord makes of the same object: the
@@ -74,31 +84,28 @@ func (s *recSink) Built(obj *Object) (any, bool, error) {
 	if !ok {
 		return nil, false, nil
 	}
-	r := &Record{Class: obj.Class}
+	var fields []string
 	for _, it := range st.Items() {
 		k, ok := it.Key.(string)
 		if !ok {
 			return nil, false, nil
 		}
-		f, ok := recordField(it.Value)
+		text, ok := valueText(it.Value)
 		if !ok {
 			return nil, false, nil
 		}
-		f.Name = k
-		r.Fields = append(r.Fields, f)
+		fields = append(fields, strconv.Quote(k)+": "+text)
 	}
-	v, _, _ := s.BuiltRecord(r)
-	s.records--
 	s.objects++
-	return v, true, nil
+	return obj.Class.String() + "{" + strings.Join(fields, ", ") + "}", true, nil
 }
 
-// recordField is v as a record's field, if it is one.
-func recordField(v any) (Field, bool) {
-	ints := func(v any) ([]int64, bool) {
+// valueText is v as a record's field, if it is one.
+func valueText(v any) (string, bool) {
+	ints := func(v any) (string, bool) {
 		t, ok := v.(Tuple)
 		if !ok {
-			return nil, false
+			return "", false
 		}
 		out := []int64{}
 		for _, it := range t {
@@ -107,43 +114,42 @@ func recordField(v any) (Field, bool) {
 				out = append(out, x)
 			case *big.Int:
 				if !x.IsInt64() {
-					return nil, false
+					return "", false
 				}
 				out = append(out, x.Int64())
 			default:
-				return nil, false
+				return "", false
 			}
 		}
-		return out, true
+		return fmt.Sprint(out), true
 	}
 	switch x := v.(type) {
 	case nil:
-		return Field{Kind: KindNone}, true
+		return "None", true
 	case int64:
-		return Field{Kind: KindInt, Int: x}, true
+		return strconv.FormatInt(x, 10), true
 	case string:
-		return Field{Kind: KindStr, Str: x}, true
+		return strconv.Quote(x), true
 	case Tuple:
-		is, ok := ints(x)
-		return Field{Kind: KindInts, Ints: is}, ok
+		return ints(x)
 	case *Object:
 		if x.NewObj || x.Extra != nil || x.State != nil || len(x.Args) != 1 {
-			return Field{}, false
+			return "", false
 		}
 		is, ok := ints(x.Args[0])
-		return Field{Kind: KindCall, Func: x.Class, Ints: is}, ok
+		return x.Class.String() + is, ok
 	case *List:
 		var strs []string
 		for _, it := range x.Items {
 			s, ok := it.(string)
 			if !ok {
-				return Field{}, false
+				return "", false
 			}
 			strs = append(strs, s)
 		}
-		return Field{Kind: KindStrs, Strs: strs}, true
+		return fmt.Sprintf("%q", strs), true
 	}
-	return Field{}, false
+	return "", false
 }
 
 func (s *recSink) SetItem(*Dict, any, any) (bool, error) { return false, nil }

@@ -183,6 +183,19 @@ func (d *decoder) step() error {
 		}
 		return d.memoPut(uint32(n), s)
 	case opBINGET, opLONG_BINGET:
+		if d.rec != nil && len(d.data)-d.pos >= 2 && d.data[d.pos] == opEMPTY_TUPLE && d.data[d.pos+1] == opNEWOBJ {
+			// A class got from the memo and called at once, as a pickler
+			// writes every object but a class's first: a record, maybe.
+			if e, ok := d.refs.at(uint32(n)); ok && e.shared {
+				if _, ok := e.v.(Global); ok {
+					d.pos += 2
+					if took, err := d.record(*e, slot{v: emptyTuple, d: 1, w: 1}); took || err != nil {
+						return err
+					}
+					d.pos -= 2
+				}
+			}
+		}
 		return d.memoGet(uint32(n))
 
 	// Globals and objects.

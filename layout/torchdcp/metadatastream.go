@@ -47,6 +47,7 @@ type stream struct {
 	// takes none as records (tests compare the two ways).
 	records, built int
 	noRecords      bool
+	slabs          refSlabs
 }
 
 // streamTensor is one TensorStorageMetadata and the storage of its chunks.
@@ -100,7 +101,7 @@ var recordClasses = map[pickle.Global]recordClass{
 	{Module: modFilesystem, Name: "_StorageInfo"}:       recordInfo,
 }
 
-type recordClass uint8
+type recordClass = int // pickle.Record.Tag
 
 const (
 	recordNone recordClass = iota
@@ -110,8 +111,11 @@ const (
 )
 
 // RecordClass implements pickle.RecordSink.
-func (s *stream) RecordClass(g pickle.Global) bool {
-	return !s.noRecords && recordClasses[g] != recordNone
+func (s *stream) RecordClass(g pickle.Global) int {
+	if s.noRecords {
+		return recordNone
+	}
+	return recordClasses[g]
 }
 
 // BuiltRecord implements pickle.RecordSink: it takes a record as Built
@@ -120,7 +124,7 @@ func (s *stream) RecordClass(g pickle.Global) bool {
 // type) is left to the VM, which offers Built the object, whose decoders
 // then say what is wrong.
 func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
-	switch recordClasses[r.Class] {
+	switch r.Tag {
 	case recordChunk:
 		off, ok1 := recordSize(r, "offsets")
 		sz, ok2 := recordSize(r, "sizes")
@@ -134,47 +138,48 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 	case recordIndex:
 		var idx Index
 		f, ok := r.Field("fqn")
-		if !ok || f.Kind != pickle.KindStr {
+		if !ok || f.Kind() != pickle.KindStr {
 			return nil, false, nil
 		}
-		idx.FQN = f.Str
-		if f, ok := r.Field("offset"); ok && f.Kind != pickle.KindNone {
+		idx.FQN = f.Str()
+		if f, ok := r.Field("offset"); ok && f.Kind() != pickle.KindNone {
 			off, ok := recordSize(r, "offset")
 			if !ok {
 				return nil, false, nil
 			}
-			idx.Offset = slices.Clone(off)
-			if idx.Offset == nil {
-				idx.Offset = []int64{} // as decodeSize: a 0-dim tensor's chunk
-			}
+			idx.Offset = s.slabs.ints(off) // not nil: as decodeSize, a 0-dim tensor's chunk
 		}
 		s.records++
-		return &indexRef{idx}, true, nil
+		ref := s.slabs.index()
+		ref.idx = idx
+		return ref, true, nil
 	case recordInfo:
 		var info StorageInfo
 		f, ok := r.Field("relative_path")
-		if !ok || f.Kind != pickle.KindStr {
+		if !ok || f.Kind() != pickle.KindStr {
 			return nil, false, nil
 		}
-		info.RelativePath = f.Str
-		if f, ok = r.Field("offset"); !ok || f.Kind != pickle.KindInt {
+		info.RelativePath = f.Str()
+		if f, ok = r.Field("offset"); !ok || f.Kind() != pickle.KindInt {
 			return nil, false, nil
 		}
-		info.Offset = f.Int
-		if f, ok = r.Field("length"); !ok || f.Kind != pickle.KindInt {
+		info.Offset = f.Int()
+		if f, ok = r.Field("length"); !ok || f.Kind() != pickle.KindInt {
 			return nil, false, nil
 		}
-		info.Length = f.Int
-		if f, ok = r.Field("transform_descriptors"); ok && f.Kind != pickle.KindNone {
-			if f.Kind != pickle.KindStrs {
+		info.Length = f.Int()
+		if f, ok = r.Field("transform_descriptors"); ok && f.Kind() != pickle.KindNone {
+			if f.Kind() != pickle.KindStrs {
 				return nil, false, nil
 			}
-			if len(f.Strs) > 0 { // an empty list is nil, as decodeStorageInfo has it
-				info.TransformDescriptors = slices.Clone(f.Strs)
+			if strs := f.Strs(); len(strs) > 0 { // an empty list is nil, as decodeStorageInfo has it
+				info.TransformDescriptors = slices.Clone(strs)
 			}
 		}
 		s.records++
-		return &infoRef{info}, true, nil
+		ref := s.slabs.info()
+		ref.info = info
+		return ref, true, nil
 	}
 	return nil, false, nil
 }
@@ -186,13 +191,63 @@ func recordSize(r *pickle.Record, name string) ([]int64, bool) {
 	if !ok {
 		return nil, false
 	}
-	switch {
-	case f.Kind == pickle.KindInts:
-	case f.Kind == pickle.KindCall && f.Func == pickle.Global{Module: "torch", Name: "Size"}:
+	switch f.Kind() {
+	case pickle.KindInts:
+	case pickle.KindCall:
+		if g := f.Func(); g.Module != "torch" || g.Name != "Size" {
+			return nil, false
+		}
 	default:
 		return nil, false
 	}
-	return f.Ints, true
+	return f.Ints(), true
+}
+
+// refSlabs hand out the values BuiltRecord leaves for a storage entry's
+// key and value, and its offsets, a few thousand per allocation: one
+// allocation each was a third of decoding a .metadata. SetItem takes
+// them right away; a slab is garbage once its last one is.
+type refSlabs struct {
+	indexes []indexRef
+	infos   []infoRef
+	offs    []int64
+}
+
+const refSlab = 1024
+
+func (r *refSlabs) index() *indexRef {
+	if len(r.indexes) == 0 {
+		r.indexes = make([]indexRef, refSlab)
+	}
+	p := &r.indexes[0]
+	r.indexes = r.indexes[1:]
+	return p
+}
+
+func (r *refSlabs) info() *infoRef {
+	if len(r.infos) == 0 {
+		r.infos = make([]infoRef, refSlab)
+	}
+	p := &r.infos[0]
+	r.infos = r.infos[1:]
+	return p
+}
+
+// ints copies v, never nil, with a capacity of its length.
+func (r *refSlabs) ints(v []int64) []int64 {
+	switch {
+	case len(v) == 0:
+		return []int64{}
+	case len(v) > refSlab/8:
+		return slices.Clone(v)
+	}
+	if len(r.offs) < len(v) {
+		r.offs = make([]int64, refSlab)
+	}
+	out := r.offs[:len(v):len(v)]
+	r.offs = r.offs[len(v):]
+	copy(out, v)
+	return out
 }
 
 // Built implements pickle.Sink.
