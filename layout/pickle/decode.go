@@ -9,7 +9,9 @@
 // arguments and state. Callers interpret Objects by class path. Encoder
 // (encode.go) writes the protocol-2 subset torch's files need. A caller
 // that wants millions of small objects as flat arrays, not a tree, sets
-// Options.Sink (sink.go), which takes them as they complete.
+// Options.Sink (sink.go), which takes them as they complete; a RecordSink
+// (record.go) takes the objects of a few classes as records, read from
+// the opcodes without building them.
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.

@@ -12,13 +12,17 @@ import (
 // chunk, index and storage info to a sink (pickle.Sink) as it completes,
 // which keeps them in flat per-tensor arrays, so that a .metadata of
 // millions of chunks never becomes a tree of millions of pickle values, or
-// a map of millions of storage keys. The fields are read by the same
-// decoders as DecodeMetadata's (metadataread.go), and the root by the same
-// mapping; a file the stream cannot take (an object shared through the
-// memo, storage entries before their tensors are named, anything it finds
-// wrong) is decoded again the general way, whose result or error is the
-// one returned: the stream is never more lenient, and its errors are the
-// general decoder's.
+// a map of millions of storage keys. The sink is a pickle.RecordSink: the
+// VM reads those three classes (recordClasses) as records, their fields
+// straight from the opcodes into the arrays, never building their Objects
+// (BuiltRecord); one it cannot read so (a field of another shape, an
+// object the memo shares) it builds and offers to Built, whose fields are
+// read by the same decoders as DecodeMetadata's (metadataread.go), and
+// the root by the same mapping. A file the stream cannot take (a chunk
+// object shared through the memo, storage entries before their tensors are
+// named, anything it finds wrong) is decoded again the general way, whose
+// result or error is the one returned: the stream is never more lenient,
+// and its errors are the general decoder's.
 
 // stream is the pickle.Sink of a .metadata decoding, and afterwards the
 // storage of every chunk.
