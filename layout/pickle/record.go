@@ -62,11 +62,19 @@ func (f Field) Kind() Kind {
 func (f Field) Int() int64 { return f.v.i }
 
 // Str is a KindStr's value.
-func (f Field) Str() string { s, _ := f.v.box.(string); return s }
+func (f Field) Str() string {
+	if f.v.kind != rStr {
+		return ""
+	}
+	return f.m.boxes[f.v.box].(string)
+}
 
 // Func is the global a KindCall calls.
 func (f Field) Func() Global {
-	switch x := f.v.box.(type) {
+	if f.v.kind != rCall {
+		return Global{}
+	}
+	switch x := f.m.boxes[f.v.box].(type) {
 	case Global:
 		return x
 	case *Object:
@@ -172,8 +180,12 @@ type recorder struct {
 	fields []rfield
 	ints   []int64
 	strs   []string
-	rec    Record
-	list   int // vals index of the list APPEND(S) may add to (-1: none)
+	// boxes are the strings, globals and torch.Size objects of the
+	// record's values: the stack itself holds no pointers, so that
+	// moving values costs no write barrier.
+	boxes []any
+	rec   Record
+	list  int // vals index of the list APPEND(S) may add to (-1: none)
 }
 
 type recClass struct {
@@ -202,12 +214,11 @@ const (
 type rval struct {
 	kind   rkind
 	shared bool
+	n      uint8 // ints or strs
 	d      int32
-	n      int32 // ints or strs
+	box    int32 // rStr, rGlobal, rCall: its value, in boxes
 	w      int64
 	i      int64 // rInt: the int; rTuple, rArgs, rCall, rList: lo
-	box    any   // rStr: the string; rGlobal, rCall: the Global
-	nd     *node // the memo container it is, if any
 }
 
 // cost is what putting v into a container costs (decoder.put).
@@ -265,6 +276,8 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	}
 	r.vals, r.marks, r.kept, r.placed = append(r.vals[:0], rval{kind: rObj}), r.marks[:0], r.kept[:0], r.placed[:0]
 	r.fields, r.ints, r.strs = r.fields[:0], r.ints[:0], r.strs[:0]
+	clear(r.boxes) // keep nothing of the last record alive
+	r.boxes = r.boxes[:0]
 	build, ok := d.recordState()
 	if !ok || addWeight(d.items, r.cost) > d.opts.MaxItems {
 		return false, nil
@@ -355,13 +368,13 @@ func (d *decoder) recordState() (build int, ok bool) {
 			}
 			b := data[r.p : r.p+int(n)]
 			r.p += int(n)
-			r.push(rval{kind: rStr, w: 1 + int64(n)/itemBytes, box: d.str(b)})
+			r.push(rval{kind: rStr, w: 1 + int64(n)/itemBytes, box: r.boxOf(d.str(b))})
 		case opGLOBAL:
 			g, ok := d.recGlobal()
 			if !ok {
 				return 0, false
 			}
-			r.push(rval{kind: rGlobal, w: 1, box: g})
+			r.push(rval{kind: rGlobal, w: 1, box: r.boxOf(g)})
 		case opEMPTY_TUPLE:
 			r.push(rval{kind: rTuple, w: 1, d: 1, i: int64(len(r.ints))})
 		case opTUPLE1, opTUPLE2, opTUPLE3, opTUPLE:
@@ -406,6 +419,11 @@ func (d *decoder) recordState() (build int, ok bool) {
 }
 
 func (r *recorder) push(v rval) { r.vals = append(r.vals, v) }
+
+func (r *recorder) boxOf(v any) int32 {
+	r.boxes = append(r.boxes, v)
+	return int32(len(r.boxes) - 1)
+}
 
 func (r *recorder) skip(n int) bool {
 	if n > len(r.data)-r.p {
@@ -492,16 +510,16 @@ func (d *decoder) recPut(op byte) bool {
 	case rInt:
 		s = slot{v: v.i, w: 1}
 	case rStr, rGlobal:
-		s = slot{v: v.box, w: v.w}
+		s = slot{v: r.boxes[v.box], w: v.w}
 	case rTuple, rArgs:
 		// A torch.Size's tuple a later record gets again (a .metadata
 		// written in one process shares a chunk's offsets with its
 		// index): built as the VM builds it.
 		s = slot{v: r.tuple(*v), d: v.d, w: v.w}
 	case rCall:
-		o := &Object{Class: v.box.(Global), Args: r.tuple(rval{kind: rArgs, i: v.i, n: v.n}),
+		o := &Object{Class: r.boxes[v.box].(Global), Args: r.tuple(rval{kind: rArgs, i: v.i, n: v.n}),
 			node: node{weight: v.w, depth: v.d, kept: true}}
-		v.nd = &o.node // placed when it is put somewhere
+		v.box = r.boxOf(o) // placed when it is put somewhere
 		s = slot{v: o, d: v.d, w: 1}
 	default:
 		return false
@@ -532,10 +550,10 @@ func (d *decoder) recGet(op byte) bool {
 		// gets of almost every record.
 		switch e.v.(type) {
 		case string:
-			r.push(rval{kind: rStr, shared: true, w: e.w, box: e.v})
+			r.push(rval{kind: rStr, shared: true, w: e.w, box: r.boxOf(e.v)})
 			return true
 		case Global:
-			r.push(rval{kind: rGlobal, shared: true, w: e.w, box: e.v})
+			r.push(rval{kind: rGlobal, shared: true, w: e.w, box: r.boxOf(e.v)})
 			return true
 		}
 	}
@@ -562,21 +580,21 @@ func (d *decoder) recGet(op byte) bool {
 	case int64:
 		v.kind, v.i = rInt, x
 	case string:
-		v.kind, v.box = rStr, s.v // boxed already: boxing again allocates
+		v.kind, v.box = rStr, r.boxOf(s.v) // boxed already: boxing again allocates
 	case Global:
-		v.kind, v.box = rGlobal, s.v
+		v.kind, v.box = rGlobal, r.boxOf(s.v)
 	case Tuple:
 		lo := len(r.ints)
 		if len(x) == 1 {
 			if inner, ok := x[0].(Tuple); ok && r.appendInts(inner) {
-				v.kind, v.i, v.n = rArgs, int64(lo), int32(len(inner))
+				v.kind, v.i, v.n = rArgs, int64(lo), uint8(len(inner))
 				break
 			}
 		}
 		if !r.appendInts(x) {
 			return false
 		}
-		v.kind, v.i, v.n = rTuple, int64(lo), int32(len(x))
+		v.kind, v.i, v.n = rTuple, int64(lo), uint8(len(x))
 	case *Object:
 		// A torch.Size the VM built (a record's fields may share one).
 		if x.NewObj || x.Extra != nil || x.State != nil || len(x.Args) != 1 {
@@ -587,7 +605,7 @@ func (d *decoder) recGet(op byte) bool {
 		if !ok || !r.appendInts(inner) {
 			return false
 		}
-		v.kind, v.i, v.n, v.box, v.nd = rCall, int64(lo), int32(len(inner)), x, &x.node
+		v.kind, v.i, v.n, v.box = rCall, int64(lo), uint8(len(inner)), r.boxOf(x)
 	default:
 		return false
 	}
@@ -687,7 +705,7 @@ func (r *recorder) makeTuple(op byte) bool {
 	if len(items) > recInts {
 		return false
 	}
-	t := rval{kind: rTuple, w: 1, d: 1, i: int64(len(r.ints)), n: int32(len(items))}
+	t := rval{kind: rTuple, w: 1, d: 1, i: int64(len(r.ints)), n: uint8(len(items))}
 	for _, it := range items {
 		if it.kind != rInt {
 			return false
@@ -730,7 +748,7 @@ func (r *recorder) appendTo(op byte) bool {
 		if it.kind != rStr {
 			return false
 		}
-		r.strs = append(r.strs, it.box.(string))
+		r.strs = append(r.strs, r.boxes[it.box].(string))
 		l.n++
 		l.w = addWeight(l.w, it.w)
 		r.cost = addWeight(r.cost, it.cost())
@@ -762,10 +780,12 @@ func (r *recorder) setItems(op byte) bool {
 			return false
 		}
 		r.cost = addWeight(addWeight(r.cost, k.cost()), v.cost())
-		if v.nd != nil {
-			r.placed = append(r.placed, v.nd)
+		if v.kind == rCall {
+			if o, ok := r.boxes[v.box].(*Object); ok {
+				r.placed = append(r.placed, &o.node) // the memo's
+			}
 		}
-		r.set(k.box.(string), v)
+		r.set(r.boxes[k.box].(string), v)
 	}
 	return true
 }
