@@ -94,11 +94,12 @@ func newStream() *stream {
 		fileIdx: map[string]int32{}, xforms: [][]string{nil}, xformIx: map[string]uint32{}}
 }
 
-// recordClasses are the classes the stream takes as pickle records
-// (pickle.RecordSink: their fields read straight from the opcodes, no
-// Object built), and what each is. It is the one place a class is
-// accepted for that; a class the general decoders (metadataread.go) accept
-// and this table lacks is still decoded, the general way, object by object.
+// recordClasses are the classes the stream takes (as pickle records, their
+// fields read straight from the opcodes with no Object built, or as the
+// Objects the VM built when it could not), and what each is: the one place
+// the stream accepts a class. A class the general decoders (metadataread.go)
+// accept and this table lacks is left in the tree, where the mapping of the
+// root finds it in storage_data (errStream: the general way decodes the file).
 var recordClasses = map[pickle.Global]recordClass{
 	{Module: modMetadata, Name: "ChunkStorageMetadata"}: recordChunk,
 	{Module: modMetadata, Name: "MetadataIndex"}:        recordIndex,
@@ -254,10 +255,18 @@ func (r *refSlabs) ints(v []int64) []int64 {
 	return out
 }
 
-// Built implements pickle.Sink.
+// Built implements pickle.Sink: it takes what BuiltRecord takes, when the
+// VM built it (a record it could not read), and TensorStorageMetadata.
 func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
-	switch {
-	case obj.Is(modMetadata, "ChunkStorageMetadata"):
+	if obj.Is(modMetadata, "TensorStorageMetadata") {
+		st, err := s.tensor(obj)
+		if err != nil {
+			return nil, false, err
+		}
+		return tensorRef{st}, true, nil
+	}
+	switch recordClasses[obj.Class] {
+	case recordChunk:
 		c, err := decodeChunk(obj)
 		if err != nil {
 			return nil, false, err
@@ -269,20 +278,14 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 		s.pendRank = append(s.pendRank, int32(len(c.Offsets)))
 		s.built++
 		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
-	case obj.Is(modMetadata, "TensorStorageMetadata"):
-		st, err := s.tensor(obj)
-		if err != nil {
-			return nil, false, err
-		}
-		return tensorRef{st}, true, nil
-	case obj.Is(modMetadata, "MetadataIndex"):
+	case recordIndex:
 		idx, err := decodeIndex(obj)
 		if err != nil {
 			return nil, false, err
 		}
 		s.built++
 		return &indexRef{idx}, true, nil
-	case obj.Is(modFilesystem, "_StorageInfo"):
+	case recordInfo:
 		info, err := decodeStorageInfo(obj)
 		if err != nil {
 			return nil, false, err
