@@ -320,7 +320,16 @@ func (d *decoder) recordState() (build int, ok bool) {
 			if !r.skip(8) {
 				return 0, false
 			}
-		case opMEMOIZE, opBINPUT, opLONG_BINPUT:
+		case opMEMOIZE:
+			// Most entries are never read back: counted, and that is all.
+			if idx := d.memoLen() + r.puts; idx < d.opts.MaxMemo && len(r.vals) > r.base() && !d.refs.has(uint32(idx)) {
+				r.puts++
+				continue
+			}
+			if !d.recPut(op) {
+				return 0, false
+			}
+		case opBINPUT, opLONG_BINPUT:
 			if !d.recPut(op) {
 				return 0, false
 			}

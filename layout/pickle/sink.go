@@ -75,6 +75,12 @@ func (r *refs) at(idx uint32) (*slot, bool) {
 	return &r.kept[int(r.rank[w])+bits.OnesCount64(r.bits[w]&(bit-1))], true
 }
 
+// has reports whether memo index i is read back.
+func (r *refs) has(i uint32) bool {
+	w := int(i / 64)
+	return w < len(r.bits) && r.bits[w]&(1<<(i%64)) != 0
+}
+
 // index makes rank and kept once the bits are known.
 func (r *refs) index() {
 	r.rank = make([]uint32, len(r.bits))

@@ -45,7 +45,8 @@ type stream struct {
 	xforms  [][]string // transform descriptor lists; 0 is none
 	xformIx map[string]uint32
 
-	storageDict *pickle.Dict // the dict the storage entries went into
+	storageDict *pickle.Dict  // the dict the storage entries went into
+	last        *streamTensor // the tensor of the last storage entry
 	// records and built count the chunks, indexes and storage infos
 	// taken as records (BuiltRecord) and as objects (Built); noRecords
 	// takes none as records (tests compare the two ways).
@@ -60,6 +61,7 @@ type streamTensor struct {
 	fqn   string
 	store []storedChunk
 	order []int32 // chunk indices sorted by offsets, made on first look-up
+	next  int     // where in order the last look-up ended
 }
 
 // storedChunk is where a chunk's record is: file -1 when no storage entry
@@ -369,9 +371,12 @@ func (s *stream) put(idx Index, info StorageInfo) bool {
 		s.objects[idx.FQN] = info
 		return true
 	}
-	st := s.byFQN[idx.FQN]
-	if st == nil {
-		return false
+	st := s.last // storage entries come tensor by tensor
+	if st == nil || st.fqn != idx.FQN {
+		if st = s.byFQN[idx.FQN]; st == nil {
+			return false
+		}
+		s.last = st
 	}
 	sc := storedChunk{file: s.file(info.RelativePath), xform: s.xform(info.TransformDescriptors),
 		off: info.Offset, length: info.Length}
@@ -416,11 +421,17 @@ func (st *streamTensor) find(offs []int64) []int32 {
 		}
 		slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(at(a), at(b)) })
 	}
-	lo, _ := slices.BinarySearchFunc(st.order, offs, func(i int32, o []int64) int { return slices.Compare(at(i), o) })
+	// Storage entries come in the chunks' order, mostly: try where the
+	// last one ended first (the first of a run of equal offsets).
+	lo := st.next
+	if lo >= len(st.order) || !slices.Equal(at(st.order[lo]), offs) || (lo > 0 && slices.Equal(at(st.order[lo-1]), offs)) {
+		lo, _ = slices.BinarySearchFunc(st.order, offs, func(i int32, o []int64) int { return slices.Compare(at(i), o) })
+	}
 	hi := lo
 	for hi < len(st.order) && slices.Equal(at(st.order[hi]), offs) {
 		hi++
 	}
+	st.next = hi
 	return st.order[lo:hi]
 }
 
