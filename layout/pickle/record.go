@@ -1,6 +1,10 @@
 package pickle
 
-import "math/big"
+import (
+	"cmp"
+	"math/big"
+	"slices"
+)
 
 // Records: the objects of a few classes, read without being built.
 //
@@ -231,8 +235,9 @@ func (v *rval) cost() int64 {
 }
 
 type rkept struct {
-	e *slot
-	s slot
+	idx uint32
+	e   *slot
+	s   slot
 }
 
 type rfield struct {
@@ -535,7 +540,7 @@ func (d *decoder) recPut(op byte) bool {
 		return false
 	}
 	s.shared = true
-	r.kept = append(r.kept, rkept{e, s})
+	r.kept = append(r.kept, rkept{uint32(idx), e, s}) // in order of idx
 	return true
 }
 
@@ -570,11 +575,9 @@ func (d *decoder) recGet(op byte) bool {
 	s := *e
 	if !s.shared {
 		// Put by this record, if at all.
-		found := false
-		for _, k := range r.kept {
-			if k.e == e {
-				s, found = k.s, true
-			}
+		i, found := slices.BinarySearchFunc(r.kept, uint32(n), func(k rkept, idx uint32) int { return cmp.Compare(k.idx, idx) })
+		if found {
+			s = r.kept[i].s
 		}
 		if !found {
 			return false
