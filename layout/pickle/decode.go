@@ -141,7 +141,7 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 		d.refs = scanRefs(data, opts)
 	}
 	if rs, ok := opts.Sink.(RecordSink); ok && d.refs != nil {
-		d.rec = &recorder{sink: rs, data: data}
+		d.rec = &recorder{sink: rs, data: data, declined: -1}
 	}
 	return d.run()
 }

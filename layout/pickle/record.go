@@ -191,6 +191,9 @@ type recorder struct {
 	boxes []any
 	rec   Record
 	list  int // vals index of the list APPEND(S) may add to (-1: none)
+	// declined is the offset of the NEWOBJ whose record was declined at
+	// its class's BINGET, so as not to read it again (-1: none).
+	declined int
 }
 
 type recClass struct {

@@ -193,6 +193,7 @@ func (d *decoder) step() error {
 						return err
 					}
 					d.pos -= 2
+					d.rec.declined = d.pos + 1 // its NEWOBJ: not again
 				}
 			}
 		}
@@ -224,7 +225,7 @@ func (d *decoder) step() error {
 		}
 		return d.push(Global{Module: module, Name: name}, 0)
 	case opNEWOBJ:
-		if d.rec != nil {
+		if d.rec != nil && d.opPos != d.rec.declined {
 			if took, err := d.record(args[0], args[1]); took || err != nil {
 				return err
 			}
