@@ -15,8 +15,9 @@ import (
 // then taken apart by a Sink, they cost most of a decoding. A RecordSink
 // names such classes; at the NEWOBJ of one (or at the BINGET of the class
 // when EMPTY_TUPLE NEWOBJ follow, as a pickler writes every object of a
-// class but its first), the VM reads the opcodes up to its BUILD with a small typed machine of its own (no Object, no dict, no
-// boxed int) and offers the fields as a Record. The machine knows only
+// class but its first), the VM reads the opcodes up to its BUILD with a
+// small typed machine of its own (no Object, no dict, no boxed int) and
+// offers the fields as a Record. The machine knows only
 // the shapes CPython writes for such an object (strings, ints, None,
 // tuples of ints, a global called with one tuple of ints as torch.Size is,
 // lists of strings, the memo); at anything else, or anything a limit or
