@@ -9,7 +9,9 @@
 // arguments and state. Callers interpret Objects by class path. Encoder
 // (encode.go) writes the protocol-2 subset torch's files need. A caller
 // that wants millions of small objects as flat arrays, not a tree, sets
-// Options.Sink (sink.go), which takes them as they complete.
+// Options.Sink (sink.go), which takes them as they complete; a RecordSink
+// (record.go) takes the objects of a few classes as records, read from
+// the opcodes without building them.
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.
@@ -138,6 +140,9 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 	if opts.Sink != nil {
 		d.refs = scanRefs(data, opts)
 	}
+	if rs, ok := opts.Sink.(RecordSink); ok && d.refs != nil {
+		d.rec = &recorder{sink: rs, data: data, declined: -1}
+	}
 	return d.run()
 }
 
@@ -184,6 +189,9 @@ type decoder struct {
 	// (nil: memo is the memo).
 	refs   *refs
 	pruned int
+	// rec reads the objects a RecordSink takes as records (record.go);
+	// nil without one, or when the memo is not pruned.
+	rec *recorder
 
 	// A .metadata holds millions of small values; one allocation each was
 	// most of the time to decode it. Tuples, objects and dicts come from
@@ -658,12 +666,7 @@ func decodeLong(b []byte) any {
 		return int64(0)
 	}
 	if len(b) <= 8 {
-		var v uint64
-		for i := len(b) - 1; i >= 0; i-- {
-			v = v<<8 | uint64(b[i])
-		}
-		shift := uint(64 - 8*len(b))
-		return int64(v<<shift) >> shift // sign-extend
+		return smallLong(b)
 	}
 	be := make([]byte, len(b))
 	for i := range b {
@@ -677,4 +680,14 @@ func decodeLong(b []byte) any {
 		return n.Int64()
 	}
 	return n
+}
+
+// smallLong is a LONG1 of at most 8 bytes (little-endian two's complement).
+func smallLong(b []byte) int64 {
+	var v uint64
+	for i := len(b) - 1; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	shift := uint(64 - 8*len(b))
+	return int64(v<<shift) >> shift // sign-extend
 }

@@ -2,6 +2,7 @@ package pickle
 
 import (
 	"bytes"
+	"math"
 	"math/bits"
 )
 
@@ -74,6 +75,12 @@ func (r *refs) at(idx uint32) (*slot, bool) {
 	return &r.kept[int(r.rank[w])+bits.OnesCount64(r.bits[w]&(bit-1))], true
 }
 
+// has reports whether memo index i is read back.
+func (r *refs) has(i uint32) bool {
+	w := int(i / 64)
+	return w < len(r.bits) && r.bits[w]&(1<<(i%64)) != 0
+}
+
 // index makes rank and kept once the bits are known.
 func (r *refs) index() {
 	r.rank = make([]uint32, len(r.bits))
@@ -101,33 +108,51 @@ func (r *refs) set(i uint32) {
 func scanRefs(data []byte, opts Options) *refs {
 	r := &refs{}
 	var puts uint32 // entries put so far: the next index
+	maxMemo := uint32(min(opts.MaxMemo, math.MaxUint32))
 	pos := 0
 	for pos < len(data) {
 		op := data[pos]
 		pos++
-		if op == opSTOP {
-			r.index()
-			return r
-		}
-		w := int(shapes[op].width)
+		k := scanKinds[op]
+		w := int(k.width)
 		if w > len(data)-pos {
 			return nil
 		}
 		var n uint64
-		for i := w - 1; i >= 0; i-- {
-			n = n<<8 | uint64(data[pos+i])
+		switch w {
+		case 1:
+			n = uint64(data[pos])
+		case 2, 4, 8:
+			for i := w - 1; i >= 0; i-- {
+				n = n<<8 | uint64(data[pos+i])
+			}
 		}
 		pos += w
-		switch op {
-		case opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8, opSHORT_BINBYTES, opBINBYTES, opBINBYTES8,
-			opBYTEARRAY8, opLONG1, opLONG4:
+		switch k.kind {
+		case scanRun:
+		case scanCounted:
 			if n > uint64(len(data)-pos) {
 				return nil
 			}
 			pos += int(n)
-		case opBINFLOAT:
+		case scanGet:
+			if n < uint64(puts) {
+				r.set(uint32(n))
+			}
+		case scanMemoize:
+			if puts++; puts >= maxMemo {
+				return nil // the VM stops at the limit
+			}
+		case scanPut:
+			if n != uint64(puts) {
+				return nil
+			}
+			if puts++; puts >= maxMemo {
+				return nil
+			}
+		case scanFloat:
 			pos += 8
-		case opGLOBAL:
+		case scanGlobal:
 			for range 2 {
 				i := bytes.IndexByte(data[pos:], '\n')
 				if i < 0 {
@@ -135,28 +160,49 @@ func scanRefs(data []byte, opts Options) *refs {
 				}
 				pos += i + 1
 			}
-		case opMEMOIZE:
-			puts++
-		case opBINPUT, opLONG_BINPUT:
-			if n != uint64(puts) {
-				return nil
-			}
-			puts++
-		case opBINGET, opLONG_BINGET:
-			if n < uint64(puts) {
-				r.set(uint32(n))
-			}
+		case scanStop:
+			r.index()
+			return r
 		default:
-			if !runs[op] {
-				return nil
-			}
-		}
-		if puts >= uint32(opts.MaxMemo) {
-			return nil // the VM stops at the limit
+			return nil
 		}
 	}
 	return nil
 }
+
+// What scanRefs does with each opcode, from one table: a .metadata is
+// hundreds of millions of them.
+const (
+	scanBad     = iota // not run by the VM: the scan gives up
+	scanRun            // nothing but its operand
+	scanCounted        // a string or long: the operand counts the bytes that follow
+	scanGet
+	scanMemoize
+	scanPut
+	scanFloat
+	scanGlobal
+	scanStop
+)
+
+var scanKinds = func() (t [256]struct{ kind, width uint8 }) {
+	for op := range t {
+		t[op].width = uint8(shapes[op].width)
+		if runs[op] {
+			t[op].kind = scanRun
+		}
+	}
+	for _, op := range []byte{opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8, opSHORT_BINBYTES, opBINBYTES,
+		opBINBYTES8, opBYTEARRAY8, opLONG1, opLONG4} {
+		t[op].kind = scanCounted
+	}
+	t[opBINGET].kind, t[opLONG_BINGET].kind = scanGet, scanGet
+	t[opMEMOIZE].kind = scanMemoize
+	t[opBINPUT].kind, t[opLONG_BINPUT].kind = scanPut, scanPut
+	t[opBINFLOAT].kind = scanFloat
+	t[opGLOBAL].kind = scanGlobal
+	t[opSTOP].kind = scanStop
+	return t
+}()
 
 // runs are the opcodes without operands in the input that the VM runs.
 var runs = func() (t [256]bool) {

@@ -135,9 +135,3 @@ func FuzzDecodeSink(f *testing.F) {
 		PersistentLoad: func(pid any) (any, error) { return pid, nil }}
 	f.Fuzz(func(t *testing.T, data []byte) { checkPruned(t, data, opts) })
 }
-
-// has reports whether memo index i is read back.
-func (r *refs) has(i uint32) bool {
-	w := int(i / 64)
-	return w < len(r.bits) && r.bits[w]&(1<<(i%64)) != 0
-}

@@ -183,6 +183,20 @@ func (d *decoder) step() error {
 		}
 		return d.memoPut(uint32(n), s)
 	case opBINGET, opLONG_BINGET:
+		if d.rec != nil && len(d.data)-d.pos >= 2 && d.data[d.pos] == opEMPTY_TUPLE && d.data[d.pos+1] == opNEWOBJ {
+			// A class got from the memo and called at once, as a pickler
+			// writes every object but a class's first: a record, maybe.
+			if e, ok := d.refs.at(uint32(n)); ok && e.shared {
+				if _, ok := e.v.(Global); ok {
+					d.pos += 2
+					if took, err := d.record(*e, slot{v: emptyTuple, d: 1, w: 1}); took || err != nil {
+						return err
+					}
+					d.pos -= 2
+					d.rec.declined = d.pos + 1 // its NEWOBJ: not again
+				}
+			}
+		}
 		return d.memoGet(uint32(n))
 
 	// Globals and objects.
@@ -210,7 +224,14 @@ func (d *decoder) step() error {
 			return d.fail("STACK_GLOBAL needs two strings, got %s and %s", typeName(args[0].v), typeName(args[1].v))
 		}
 		return d.push(Global{Module: module, Name: name}, 0)
-	case opREDUCE, opNEWOBJ:
+	case opNEWOBJ:
+		if d.rec != nil && d.opPos != d.rec.declined {
+			if took, err := d.record(args[0], args[1]); took || err != nil {
+				return err
+			}
+		}
+		return d.newObject(args[0], args[1], nil)
+	case opREDUCE:
 		return d.newObject(args[0], args[1], nil)
 	case opNEWOBJ_EX:
 		return d.newObject(args[0], args[1], &args[2])

@@ -12,13 +12,17 @@ import (
 // chunk, index and storage info to a sink (pickle.Sink) as it completes,
 // which keeps them in flat per-tensor arrays, so that a .metadata of
 // millions of chunks never becomes a tree of millions of pickle values, or
-// a map of millions of storage keys. The fields are read by the same
-// decoders as DecodeMetadata's (metadataread.go), and the root by the same
-// mapping; a file the stream cannot take (an object shared through the
-// memo, storage entries before their tensors are named, anything it finds
-// wrong) is decoded again the general way, whose result or error is the
-// one returned: the stream is never more lenient, and its errors are the
-// general decoder's.
+// a map of millions of storage keys. The sink is a pickle.RecordSink: the
+// VM reads those three classes (recordClasses) as records, their fields
+// straight from the opcodes into the arrays, never building their Objects
+// (BuiltRecord); one it cannot read so (a field of another shape, an
+// object the memo shares) it builds and offers to Built, whose fields are
+// read by the same decoders as DecodeMetadata's (metadataread.go), and
+// the root by the same mapping. A file the stream cannot take (a chunk
+// object shared through the memo, storage entries before their tensors are
+// named, anything it finds wrong) is decoded again the general way, whose
+// result or error is the one returned: the stream is never more lenient,
+// and its errors are the general decoder's.
 
 // stream is the pickle.Sink of a .metadata decoding, and afterwards the
 // storage of every chunk.
@@ -41,7 +45,14 @@ type stream struct {
 	xforms  [][]string // transform descriptor lists; 0 is none
 	xformIx map[string]uint32
 
-	storageDict *pickle.Dict // the dict the storage entries went into
+	storageDict *pickle.Dict  // the dict the storage entries went into
+	last        *streamTensor // the tensor of the last storage entry
+	// records and built count the chunks, indexes and storage infos
+	// taken as records (BuiltRecord) and as objects (Built); noRecords
+	// takes none as records (tests compare the two ways).
+	records, built int
+	noRecords      bool
+	slabs          refSlabs
 }
 
 // streamTensor is one TensorStorageMetadata and the storage of its chunks.
@@ -50,6 +61,7 @@ type streamTensor struct {
 	fqn   string
 	store []storedChunk
 	order []int32 // chunk indices sorted by offsets, made on first look-up
+	next  int     // where in order the last look-up ended
 }
 
 // storedChunk is where a chunk's record is: file -1 when no storage entry
@@ -84,10 +96,185 @@ func newStream() *stream {
 		fileIdx: map[string]int32{}, xforms: [][]string{nil}, xformIx: map[string]uint32{}}
 }
 
-// Built implements pickle.Sink.
-func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
+// recordClasses are the classes the stream takes (as pickle records, their
+// fields read straight from the opcodes with no Object built, or as the
+// Objects the VM built when it could not), and what each is: the one place
+// the stream accepts a class. A class the general decoders (metadataread.go)
+// accept and this table lacks is left in the tree, where the mapping of the
+// root finds it in storage_data (errStream: the general way decodes the file).
+// Storage entries are of any of storageInfoClasses.
+var recordClasses = func() map[pickle.Global]recordClass {
+	m := map[pickle.Global]recordClass{
+		{Module: modMetadata, Name: "ChunkStorageMetadata"}: recordChunk,
+		{Module: modMetadata, Name: "MetadataIndex"}:        recordIndex,
+	}
+	for _, g := range storageInfoClasses {
+		m[g] = recordInfo
+	}
+	return m
+}()
+
+type recordClass = int // pickle.Record.Tag
+
+const (
+	recordNone recordClass = iota
+	recordChunk
+	recordIndex
+	recordInfo
+)
+
+// RecordClass implements pickle.RecordSink.
+func (s *stream) RecordClass(g pickle.Global) int {
+	if s.noRecords {
+		return recordNone
+	}
+	return recordClasses[g]
+}
+
+// BuiltRecord implements pickle.RecordSink: it takes a record as Built
+// takes the object, reading its fields as metadataread.go's decoders do;
+// a record they would not read the same way (a field missing, of another
+// type) is left to the VM, which offers Built the object, whose decoders
+// then say what is wrong.
+func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
+	switch r.Tag {
+	case recordChunk:
+		off, ok1 := recordSize(r, "offsets")
+		sz, ok2 := recordSize(r, "sizes")
+		if !ok1 || !ok2 || len(off) != len(sz) {
+			return nil, false, nil
+		}
+		s.pendDims = append(append(s.pendDims, off...), sz...)
+		s.pendRank = append(s.pendRank, int32(len(off)))
+		s.records++
+		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
+	case recordIndex:
+		var idx Index
+		f, ok := r.Field("fqn")
+		if !ok || f.Kind() != pickle.KindStr {
+			return nil, false, nil
+		}
+		idx.FQN = f.Str()
+		if f, ok := r.Field("offset"); ok && f.Kind() != pickle.KindNone {
+			off, ok := recordSize(r, "offset")
+			if !ok {
+				return nil, false, nil
+			}
+			idx.Offset = s.slabs.ints(off) // not nil: as decodeSize, a 0-dim tensor's chunk
+		}
+		s.records++
+		ref := s.slabs.index()
+		ref.idx = idx
+		return ref, true, nil
+	case recordInfo:
+		var info StorageInfo
+		f, ok := r.Field("relative_path")
+		if !ok || f.Kind() != pickle.KindStr {
+			return nil, false, nil
+		}
+		info.RelativePath = f.Str()
+		if f, ok = r.Field("offset"); !ok || f.Kind() != pickle.KindInt {
+			return nil, false, nil
+		}
+		info.Offset = f.Int()
+		if f, ok = r.Field("length"); !ok || f.Kind() != pickle.KindInt {
+			return nil, false, nil
+		}
+		info.Length = f.Int()
+		if f, ok = r.Field("transform_descriptors"); ok && f.Kind() != pickle.KindNone {
+			if f.Kind() != pickle.KindStrs {
+				return nil, false, nil
+			}
+			if strs := f.Strs(); len(strs) > 0 { // an empty list is nil, as decodeStorageInfo has it
+				info.TransformDescriptors = slices.Clone(strs)
+			}
+		}
+		s.records++
+		ref := s.slabs.info()
+		ref.info = info
+		return ref, true, nil
+	}
+	return nil, false, nil
+}
+
+// recordSize is a torch.Size field of r (or, leniently, a tuple of ints),
+// as decodeSize reads it.
+func recordSize(r *pickle.Record, name string) ([]int64, bool) {
+	f, ok := r.Field(name)
+	if !ok {
+		return nil, false
+	}
+	switch f.Kind() {
+	case pickle.KindInts:
+	case pickle.KindCall:
+		if g := f.Func(); g.Module != "torch" || g.Name != "Size" {
+			return nil, false
+		}
+	default:
+		return nil, false
+	}
+	return f.Ints(), true
+}
+
+// refSlabs hand out the values BuiltRecord leaves for a storage entry's
+// key and value, and its offsets, a few thousand per allocation: one
+// allocation each was a third of decoding a .metadata. SetItem takes
+// them right away; a slab is garbage once its last one is.
+type refSlabs struct {
+	indexes []indexRef
+	infos   []infoRef
+	offs    []int64
+}
+
+const refSlab = 1024
+
+func (r *refSlabs) index() *indexRef {
+	if len(r.indexes) == 0 {
+		r.indexes = make([]indexRef, refSlab)
+	}
+	p := &r.indexes[0]
+	r.indexes = r.indexes[1:]
+	return p
+}
+
+func (r *refSlabs) info() *infoRef {
+	if len(r.infos) == 0 {
+		r.infos = make([]infoRef, refSlab)
+	}
+	p := &r.infos[0]
+	r.infos = r.infos[1:]
+	return p
+}
+
+// ints copies v, never nil, with a capacity of its length.
+func (r *refSlabs) ints(v []int64) []int64 {
 	switch {
-	case obj.Is(modMetadata, "ChunkStorageMetadata"):
+	case len(v) == 0:
+		return []int64{}
+	case len(v) > refSlab/8:
+		return slices.Clone(v)
+	}
+	if len(r.offs) < len(v) {
+		r.offs = make([]int64, refSlab)
+	}
+	out := r.offs[:len(v):len(v)]
+	r.offs = r.offs[len(v):]
+	copy(out, v)
+	return out
+}
+
+// Built implements pickle.Sink: it takes what BuiltRecord takes, when the
+// VM built it (a record it could not read), and TensorStorageMetadata.
+func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
+	if obj.Is(modMetadata, "TensorStorageMetadata") {
+		st, err := s.tensor(obj)
+		if err != nil {
+			return nil, false, err
+		}
+		return tensorRef{st}, true, nil
+	}
+	switch recordClasses[obj.Class] {
+	case recordChunk:
 		c, err := decodeChunk(obj)
 		if err != nil {
 			return nil, false, err
@@ -97,24 +284,21 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 		}
 		s.pendDims = append(append(s.pendDims, c.Offsets...), c.Sizes...)
 		s.pendRank = append(s.pendRank, int32(len(c.Offsets)))
+		s.built++
 		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
-	case obj.Is(modMetadata, "TensorStorageMetadata"):
-		st, err := s.tensor(obj)
-		if err != nil {
-			return nil, false, err
-		}
-		return tensorRef{st}, true, nil
-	case obj.Is(modMetadata, "MetadataIndex"):
+	case recordIndex:
 		idx, err := decodeIndex(obj)
 		if err != nil {
 			return nil, false, err
 		}
+		s.built++
 		return &indexRef{idx}, true, nil
-	case isStorageInfo(obj):
+	case recordInfo:
 		info, err := decodeStorageInfo(obj)
 		if err != nil {
 			return nil, false, err
 		}
+		s.built++
 		return &infoRef{info}, true, nil
 	}
 	return nil, false, nil
@@ -193,9 +377,12 @@ func (s *stream) put(idx Index, info StorageInfo) bool {
 		s.objects[idx.FQN] = info
 		return true
 	}
-	st := s.byFQN[idx.FQN]
-	if st == nil {
-		return false
+	st := s.last // storage entries come tensor by tensor
+	if st == nil || st.fqn != idx.FQN {
+		if st = s.byFQN[idx.FQN]; st == nil {
+			return false
+		}
+		s.last = st
 	}
 	sc := storedChunk{file: s.file(info.RelativePath), xform: s.xform(info.TransformDescriptors),
 		off: info.Offset, length: info.Length}
@@ -240,11 +427,17 @@ func (st *streamTensor) find(offs []int64) []int32 {
 		}
 		slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(at(a), at(b)) })
 	}
-	lo, _ := slices.BinarySearchFunc(st.order, offs, func(i int32, o []int64) int { return slices.Compare(at(i), o) })
+	// Storage entries come in the chunks' order, mostly: try where the
+	// last one ended first (the first of a run of equal offsets).
+	lo := st.next
+	if lo >= len(st.order) || !slices.Equal(at(st.order[lo]), offs) || (lo > 0 && slices.Equal(at(st.order[lo-1]), offs)) {
+		lo, _ = slices.BinarySearchFunc(st.order, offs, func(i int32, o []int64) int { return slices.Compare(at(i), o) })
+	}
 	hi := lo
 	for hi < len(st.order) && slices.Equal(at(st.order[hi]), offs) {
 		hi++
 	}
+	st.next = hi
 	return st.order[lo:hi]
 }
 
@@ -287,7 +480,10 @@ func (s *stream) lookup(fqn string, i int) (StorageInfo, bool) {
 // a stream, and returns the Metadata without storage entries (Storage is
 // empty; the stream has them).
 func decodeMetadataStream(data []byte, maxBytes int64) (*Metadata, *stream, error) {
-	s := newStream()
+	return decodeMetadataStreamWith(data, maxBytes, newStream())
+}
+
+func decodeMetadataStreamWith(data []byte, maxBytes int64, s *stream) (*Metadata, *stream, error) {
 	m, err := decodeMetadataWith(data, maxBytes, s)
 	if err == nil {
 		err = s.finish()

@@ -19,7 +19,9 @@ func TestFrameworkStorageInfo(t *testing.T) {
 	require.NoError(t, err)
 	const mod = "olmo_core.distributed.checkpoint.filesystem"
 	require.Contains(t, string(b), mod)
-	require.True(t, checkStream(t, b), "the stream takes OLMo-core's entries")
+	st := checkStream(t, b)
+	require.NotNil(t, st, "the stream takes OLMo-core's entries")
+	require.Zero(t, st.built, "every chunk, index and storage entry is read as a record, OLMo-core's too")
 	m, err := decodeMetadataBytes(b, DefaultMaxMetadataBytes)
 	require.NoError(t, err)
 	info, ok := m.Lookup("model.embeddings.weight", []int64{0, 0})
