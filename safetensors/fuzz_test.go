@@ -52,7 +52,7 @@ func FuzzParseHeaderDifferential(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		got, gotErr := parseHeader(b)
+		got, gotErr := parseHeader(b, nil)
 		want, wantErr := refParseHeader(b)
 		if wantErr != nil {
 			require.Error(t, gotErr, "reference refuses: %v", wantErr)

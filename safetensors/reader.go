@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 )
 
 const metadataKey = "__metadata__"
@@ -53,11 +54,12 @@ func ReadHeader(r io.ReaderAt, size int64) (*Header, error) {
 			Err:    io.ErrUnexpectedEOF,
 		}
 	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(sr, buf); err != nil {
+	sc := getScratch(int(n))
+	defer putScratch(sc)
+	if _, err := io.ReadFull(sr, sc.buf); err != nil {
 		return nil, fmt.Errorf("safetensors: reading %d-byte header: %w", n, err)
 	}
-	h, err := parseHeader(buf)
+	h, err := parseHeader(sc.buf, &sc.tmp)
 	if err != nil {
 		return nil, err
 	}
@@ -82,6 +84,34 @@ func ReadHeader(r io.ReaderAt, size int64) (*Header, error) {
 		return nil, err
 	}
 	return h, nil
+}
+
+// scratches recycles the buffers a header is read and unescaped into: a
+// checkpoint of a thousand shards reads a thousand headers of ~0.1 MB, and
+// nothing parsed refers to them (names and metadata are copied out).
+// Larger buffers are not kept.
+var scratches sync.Pool
+
+type scratch struct{ buf, tmp []byte }
+
+const maxPooledHeader = 1 << 20
+
+func getScratch(n int) *scratch {
+	sc, _ := scratches.Get().(*scratch)
+	if sc == nil {
+		sc = &scratch{}
+	}
+	if cap(sc.buf) < n {
+		sc.buf = make([]byte, n)
+	}
+	sc.buf = sc.buf[:n]
+	return sc
+}
+
+func putScratch(sc *scratch) {
+	if cap(sc.buf) <= maxPooledHeader && cap(sc.tmp) <= maxPooledHeader {
+		scratches.Put(sc)
+	}
 }
 
 func cmpInt64(a, b int64) int {

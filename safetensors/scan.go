@@ -14,13 +14,15 @@ import (
 // 8259 grammar) with no duplicate keys at any level, and be followed by
 // nothing but spaces. Entries are returned in JSON order; offsets are not
 // checked here. index maps each tensor name to its position in Tensors.
+// tmp, when not nil, is a buffer to unescape strings into, kept for the next
+// call; nothing returned refers to buf or tmp.
 //
 // It is a scanner built for this one shape of document, not a general JSON
 // decoder: a header of a large sharded checkpoint holds hundreds of entries
 // and a __metadata__ string of escaped JSON, and a tokenizer that boxes every
 // token costs more than the read. The shapes of all entries share one slab;
 // a name without escapes is the only allocation per entry.
-func parseHeader(buf []byte) (*Header, error) {
+func parseHeader(buf []byte, tmp *[]byte) (*Header, error) {
 	if len(buf) == 0 || buf[0] != '{' {
 		return nil, headerErr("header does not start with '{'")
 	}
@@ -31,6 +33,10 @@ func parseHeader(buf []byte) (*Header, error) {
 	// size the tables once.
 	n := bytes.Count(buf, []byte(`"data_offsets"`))
 	s := &scanner{buf: buf, i: 1, slab: make([]int64, 0, 3*n+1)}
+	if tmp != nil {
+		s.tmp = *tmp
+		defer func() { *tmp = s.tmp }()
+	}
 	h := &Header{}
 	if n > 0 {
 		h.Tensors = make([]TensorInfo, 0, n)
