@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -415,4 +417,29 @@ func TestLookupAfterEdit(t *testing.T) {
 	var zero Header
 	_, ok = zero.Lookup("a")
 	assert.False(t, ok)
+}
+
+// ReadHeader reads into buffers it reuses; nothing a header returns may
+// share them: a header read earlier is unchanged by the reads after it.
+func TestReadHeaderKeepsNoBuffer(t *testing.T) {
+	file := func(tag string) []byte {
+		return written(map[string]string{"info": `{"` + tag + `": "\u00e9"}`, tag: tag},
+			[]TensorInfo{{Name: tag + `"w`, DType: F32, Shape: []int64{2, 3}}, {Name: tag + "b", DType: BF16, Shape: []int64{4}}})
+	}
+	a := file("aaaa")
+	h, err := ReadHeader(bytes.NewReader(a), int64(len(a)))
+	require.NoError(t, err)
+	want := &Header{Metadata: maps.Clone(h.Metadata), DataStart: h.DataStart}
+	for _, ti := range h.Tensors {
+		ti.Shape = slices.Clone(ti.Shape)
+		want.Tensors = append(want.Tensors, ti)
+	}
+	for range 4 {
+		b := file("bbbb")
+		_, err := ReadHeader(bytes.NewReader(b), int64(len(b)))
+		require.NoError(t, err)
+	}
+	require.Equal(t, want.Metadata, h.Metadata)
+	require.Equal(t, want.Tensors, h.Tensors)
+	require.Equal(t, `{"aaaa": "\u00e9"}`, h.Metadata["info"])
 }

@@ -28,13 +28,19 @@ import (
 // and data_offsets; string-only __metadata__) are checked by ReadHeader,
 // since a Header no longer holds the JSON. Every error is a *HeaderError.
 func (h *Header) Validate(fileSize int64) error {
+	return h.validate(fileSize, false)
+}
+
+// validate is Validate; namesUnique skips the duplicate-name check where the
+// caller has made it.
+func (h *Header) validate(fileSize int64, namesUnique bool) error {
 	if h.DataStart < 8 || h.DataStart-8 > MaxHeaderSize {
 		return headerErr("data start %d is not 8 plus a header length of at most %d", h.DataStart, MaxHeaderSize)
 	}
 	if err := validateMetadata(h.Metadata); err != nil {
 		return err
 	}
-	end, err := validateTensors(h.Tensors)
+	end, err := validateTensors(h.Tensors, namesUnique)
 	if err != nil {
 		return err
 	}
@@ -59,8 +65,11 @@ func validateMetadata(m map[string]string) error {
 
 // validateTensors checks the per-entry rules and contiguity in slice order,
 // and returns the end of the data buffer.
-func validateTensors(tensors []TensorInfo) (int64, error) {
-	seen := make(map[string]bool, len(tensors))
+func validateTensors(tensors []TensorInfo, namesUnique bool) (int64, error) {
+	var seen map[string]bool
+	if !namesUnique {
+		seen = make(map[string]bool, len(tensors))
+	}
 	var end int64
 	for _, t := range tensors {
 		switch {
@@ -71,7 +80,9 @@ func validateTensors(tensors []TensorInfo) (int64, error) {
 		case seen[t.Name]:
 			return 0, tensorErr(t.Name, "duplicate tensor name")
 		}
-		seen[t.Name] = true
+		if seen != nil {
+			seen[t.Name] = true
+		}
 		if !t.DType.Known() {
 			return 0, tensorErr(t.Name, "unknown dtype %q", string(t.DType))
 		}

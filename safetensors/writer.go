@@ -25,7 +25,7 @@ func EncodeHeader(metadata map[string]string, tensors []TensorInfo) ([]byte, err
 	if err := validateMetadata(metadata); err != nil {
 		return nil, err
 	}
-	if _, err := validateTensors(tensors); err != nil {
+	if _, err := validateTensors(tensors, false); err != nil {
 		return nil, err
 	}
 	b := make([]byte, 8, 8+64*len(tensors)+16)

@@ -104,7 +104,14 @@ func FuzzParseFileIndex(f *testing.F) {
 // every name listed once.
 func FuzzParseShardingInfo(f *testing.F) {
 	for _, s := range []string{`{"a": {"saved_offsets": [1, 0]}, "b": {}}`, `null`, `{}`, `{"a": 1}`, `[]`,
-		`{"a": {"saved_offsets": [1]}, "a": null}`, `{"a": {"SAVED_OFFSETS": [2]}}`} {
+		`{"a": {"saved_offsets": [1]}, "a": null}`, `{"a": {"SAVED_OFFSETS": [2]}}`,
+		// The forms scanShardingInfo reads without encoding/json, and near misses.
+		`{"a.b": {"saved_offsets": [0, 128]}, "c": {"saved_offsets": []}, "a.b": {"saved_offsets": [7]}}`,
+		`{"a":{"saved_offsets":[01]}}`, `{"a":{"saved_offsets":[-0]}}`, `{"a":{"saved_offsets":[9223372036854775808]}}`,
+		`{"a":{"saved_offsets":[9223372036854775807]}}`, `{"a":{"saved_offsets":[1.0]}}`, `{"a":{"saved_offsets":[1,]}}`,
+		`{"a":{"saved_offsets":[1]},}`, `{"a":{"saved_offsets":[1]}} x`, `{"a":{"saved_offsets":[1]}`, `{"\u0061":{"saved_offsets":[1]}}`,
+		"{\"a\x01\":{\"saved_offsets\":[1]}}", "{\"\xff\":{\"saved_offsets\":[1]}}", `{"a":{"saved_offsets":[1],"saved_offsets":[2]}}`,
+		`{"a":{"saved_offsets":null}}`, ` { "a" : { "saved_offsets" : [ 1 , 2 ] } } `} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {

@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -142,6 +144,117 @@ func inSaveOrder(tensors []*ckpt.Tensor, saved map[string]int) {
 // saved_offsets, with the names in the order the writer listed them. Of a
 // name listed twice, the last offsets count, as json.Unmarshal would.
 func parseShardingInfo(raw string) (names []string, offsets map[string][]int64, err error) {
+	if names, offsets, ok := scanShardingInfo(raw); ok {
+		return names, offsets, nil
+	}
+	return decodeShardingInfo(raw)
+}
+
+// scanShardingInfo reads DCP_SHARDING_INFO as torch writes it ({"name":
+// {"saved_offsets": [0, 0]}, ...}: names without escapes, non-negative
+// integers) with no decoder: with a thousand shards of a thousand pieces,
+// encoding/json's reflection and boxing cost more than reading the headers.
+// The offsets share one slab. Anything else, valid or not, is not ok and
+// goes to decodeShardingInfo, so the result is json.Unmarshal's either way.
+func scanShardingInfo(raw string) (names []string, offsets map[string][]int64, ok bool) {
+	if !utf8.ValidString(raw) {
+		return nil, nil, false
+	}
+	const field = `"saved_offsets"`
+	n := strings.Count(raw, field)
+	slab := make([]int64, 0, 2*n)
+	offsets = make(map[string][]int64, n)
+	i := 0
+	ws := func() {
+		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+			i++
+		}
+	}
+	next := func(c byte) bool {
+		ws()
+		if i < len(raw) && raw[i] == c {
+			i++
+			return true
+		}
+		return false
+	}
+	if !next('{') {
+		return nil, nil, false
+	}
+	if next('}') {
+		ws()
+		return nil, offsets, i == len(raw)
+	}
+	for {
+		if !next('"') {
+			return nil, nil, false
+		}
+		start := i
+		for i < len(raw) && raw[i] != '"' && raw[i] != '\\' && raw[i] >= 0x20 {
+			i++
+		}
+		if i == len(raw) || raw[i] != '"' {
+			return nil, nil, false
+		}
+		name := raw[start:i]
+		i++
+		if !next(':') || !next('{') {
+			return nil, nil, false
+		}
+		ws()
+		if !strings.HasPrefix(raw[i:], field) {
+			return nil, nil, false
+		}
+		i += len(field)
+		if !next(':') || !next('[') {
+			return nil, nil, false
+		}
+		first := len(slab)
+		if !next(']') {
+			for {
+				ws()
+				d := i
+				var v int64
+				for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
+					if v > (math.MaxInt64-int64(raw[i]-'0'))/10 {
+						return nil, nil, false
+					}
+					v = v*10 + int64(raw[i]-'0')
+					i++
+				}
+				if i == d || (raw[d] == '0' && i-d > 1) {
+					return nil, nil, false
+				}
+				slab = append(slab, v)
+				if next(']') {
+					break
+				}
+				if !next(',') {
+					return nil, nil, false
+				}
+			}
+		}
+		if !next('}') {
+			return nil, nil, false
+		}
+		if _, dup := offsets[name]; !dup {
+			names = append(names, name)
+		}
+		offsets[name] = slab[first:len(slab):len(slab)]
+		if next('}') {
+			break
+		}
+		if !next(',') {
+			return nil, nil, false
+		}
+	}
+	ws()
+	return names, offsets, i == len(raw)
+}
+
+// decodeShardingInfo is parseShardingInfo on encoding/json, for every form
+// scanShardingInfo does not take.
+func decodeShardingInfo(raw string) (names []string, offsets map[string][]int64, err error) {
 	dec := json.NewDecoder(strings.NewReader(raw))
 	tok, err := dec.Token()
 	switch {

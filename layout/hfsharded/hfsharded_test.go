@@ -218,3 +218,18 @@ func TestFirstBadShardIsReported(t *testing.T) {
 		}
 	}
 }
+
+// torch's form of DCP_SHARDING_INFO (json.dumps of the writer's dict) is
+// read by the scanner, not by encoding/json, to the same result.
+func TestShardingInfoScanned(t *testing.T) {
+	raw := `{"model.layers.0.mlp.up_proj.weight": {"saved_offsets": [28, 0]}, "model.norm.weight": {"saved_offsets": [0]}, "e": {"saved_offsets": []}}`
+	names, offsets, ok := scanShardingInfo(raw)
+	require.True(t, ok)
+	wantNames, wantOffsets, err := decodeShardingInfo(raw)
+	require.NoError(t, err)
+	require.Equal(t, wantNames, names)
+	require.Equal(t, wantOffsets, offsets)
+	require.Equal(t, []int64{28, 0}, offsets["model.layers.0.mlp.up_proj.weight"])
+	_, _, ok = scanShardingInfo(`{"a": {"saved_offsets": [1], "x": 2}}`)
+	require.False(t, ok, "other fields go to encoding/json")
+}

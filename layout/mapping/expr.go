@@ -8,6 +8,7 @@ import (
 	"go/token"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/ckptfs/ckptfs/layout/internal/checked"
 )
@@ -18,15 +19,7 @@ import (
 // it; anything else Go's grammar allows (unary operators, calls, other
 // literals) is refused.
 func eval(expr string, params map[string]int64) (int64, error) {
-	var e ast.Expr
-	var err error
-	if strings.Contains(expr, "//") || strings.Contains(expr, "/*") {
-		// go/parser would drop a comment: "heads//2" is no floor
-		// division here.
-		err = errors.New("a comment (// or /*) is not part of an expression")
-	} else {
-		e, err = parser.ParseExpr(expr)
-	}
+	e, err := parse(expr)
 	if err == nil {
 		var v int64
 		if v, err = (evaluator{params}).value(e, 0); err == nil {
@@ -37,6 +30,49 @@ func eval(expr string, params map[string]int64) (int64, error) {
 		expr = expr[:maxQuoted] + "..."
 	}
 	return 0, fmt.Errorf("expression %q: %w", expr, err)
+}
+
+// parsed holds the syntax trees of the expressions read so far: a rule's
+// few expressions are evaluated once per tensor it maps, tens of thousands
+// of times for a large MoE, and go/parser's cost dwarfs the evaluation.
+// Trees are never changed after parsing, so they are shared.
+var parsed struct {
+	sync.Mutex
+	m map[string]parsedExpr
+}
+
+type parsedExpr struct {
+	e   ast.Expr
+	err error
+}
+
+// maxParsed bounds the cache: mapping files hold a few dozen expressions,
+// but a mount lives long and may read many files.
+const maxParsed = 4096
+
+func parse(expr string) (ast.Expr, error) {
+	parsed.Lock()
+	p, ok := parsed.m[expr]
+	parsed.Unlock()
+	if ok {
+		return p.e, p.err
+	}
+	if strings.Contains(expr, "//") || strings.Contains(expr, "/*") {
+		// go/parser would drop a comment: "heads//2" is no floor
+		// division here.
+		p.err = errors.New("a comment (// or /*) is not part of an expression")
+	} else {
+		p.e, p.err = parser.ParseExpr(expr)
+	}
+	parsed.Lock()
+	if parsed.m == nil {
+		parsed.m = map[string]parsedExpr{}
+	}
+	if len(parsed.m) < maxParsed && len(expr) <= maxQuoted {
+		parsed.m[expr] = p
+	}
+	parsed.Unlock()
+	return p.e, p.err
 }
 
 // maxQuoted bounds the expression an error quotes: one line, whatever the

@@ -395,3 +395,21 @@ func TestHFModel(t *testing.T) {
 	}
 	require.Equal(t, "megatron-mixtral", HFModel(moe, 2, false).Name)
 }
+
+// Parsed expressions are kept, their values are not: the same expression
+// over other parameters, and a refused one read again.
+func TestEvalParsedOnce(t *testing.T) {
+	for _, heads := range []int64{8, 64, 8} {
+		v, err := eval("heads/kv*dim", map[string]int64{"heads": heads, "kv": 4, "dim": 128})
+		require.NoError(t, err)
+		require.Equal(t, heads/4*128, v)
+	}
+	for range 2 {
+		_, err := eval("heads//2", map[string]int64{"heads": 8})
+		require.ErrorContains(t, err, "a comment")
+		_, err = eval("heads-", nil)
+		require.ErrorContains(t, err, `expression "heads-"`)
+	}
+	_, ok := parsed.m["heads/kv*dim"]
+	require.True(t, ok, "parsed once")
+}
