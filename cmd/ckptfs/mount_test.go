@@ -301,6 +301,11 @@ func startMount(t *testing.T, args ...string) *mountProcess {
 	require.NoError(t, err)
 	p := &mountProcess{cmd: &exec.Cmd{Path: exe, Args: append([]string{"ckptfs"}, args...)}, stderr: &logBuffer{}}
 	p.cmd.Stderr = p.stderr
+	// A killed mount whose own thread waits in the kernel on its mount (a
+	// close of go-fuse's poll probe, answered by no one once killed) keeps
+	// the stderr pipe open: Wait gives up on the pipe after WaitDelay
+	// instead of waiting for ever.
+	p.cmd.WaitDelay = 10 * time.Second
 	require.NoError(t, p.cmd.Start())
 	t.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
