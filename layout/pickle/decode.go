@@ -22,7 +22,6 @@ package pickle
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"strings"
 )
@@ -114,20 +113,6 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.Err }
-
-// Decode reads a whole pickle from r (at most Options.MaxInputBytes) and
-// decodes it.
-func Decode(r io.Reader, opts Options) (any, error) {
-	opts = opts.withDefaults()
-	data, err := io.ReadAll(io.LimitReader(r, opts.MaxInputBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("pickle: reading input: %w", err)
-	}
-	if int64(len(data)) > opts.MaxInputBytes {
-		return nil, &Error{Msg: fmt.Sprintf("input larger than %d bytes", opts.MaxInputBytes), Err: ErrLimit}
-	}
-	return DecodeBytes(data, opts)
-}
 
 // DecodeBytes decodes the pickle in data, up to its STOP opcode. Bytes after
 // STOP are ignored, as Python does.

@@ -212,10 +212,10 @@ func TestDecodeInert(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(7), v)
 
-	// Decode reads from a reader and enforces the input limit there.
-	_, err = Decode(bytes.NewReader([]byte(strings.Repeat("N", 100)+".")), Options{MaxInputBytes: 50})
+	// The input limit holds, and bytes after STOP are not read.
+	_, err = DecodeBytes([]byte(strings.Repeat("N", 100)+"."), Options{MaxInputBytes: 50})
 	require.ErrorIs(t, err, ErrLimit)
-	v, err = Decode(bytes.NewReader([]byte("\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8a\x01\xff.trailing")), Options{})
+	v, err = DecodeBytes([]byte("\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8a\x01\xff.trailing"), Options{})
 	require.NoError(t, err)
 	assert.Equal(t, int64(-1), v)
 }

@@ -18,6 +18,3 @@ var (
 
 // IsUnavailable reports whether err says the store did not answer.
 func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
-
-// IsDenied reports whether err says the store denied access.
-func IsDenied(err error) bool { return errors.Is(err, ErrDenied) }

@@ -28,7 +28,7 @@ func TestClassify(t *testing.T) {
 		{errors.New("something else"), nil},
 	} {
 		err := objstore.RequestFailed(brief(tc.err))
-		assert.Equal(t, tc.class == source.ErrDenied, source.IsDenied(err), "%v", tc.err)
+		assert.Equal(t, tc.class == source.ErrDenied, errors.Is(err, source.ErrDenied), "%v", tc.err)
 		assert.Equal(t, tc.class == source.ErrUnavailable, source.IsUnavailable(err), "%v", tc.err)
 	}
 }

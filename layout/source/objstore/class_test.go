@@ -45,16 +45,16 @@ func TestRequestFailedKeepsTheClass(t *testing.T) {
 	err := RequestFailed(Classified(fmt.Errorf("head:\n %w", refused), source.ErrUnavailable))
 	require.ErrorIs(t, err, ErrRequest)
 	require.True(t, source.IsUnavailable(err))
-	assert.False(t, source.IsDenied(err))
+	assert.False(t, errors.Is(err, source.ErrDenied))
 	assert.False(t, errors.Is(err, syscall.ECONNREFUSED), "no errno of the SDK's chain")
 	assert.Equal(t, "object store request failed: head: dial tcp: connection refused", err.Error())
 	assert.Same(t, err, RequestFailed(err), "failed once, kept as it is")
 
 	denied := RequestFailed(Classified(errors.New("StatusCode: 403"), source.ErrDenied))
-	assert.True(t, source.IsDenied(denied))
+	assert.True(t, errors.Is(denied, source.ErrDenied))
 	assert.False(t, source.IsUnavailable(denied))
 	plain := RequestFailed(errors.New("StatusCode: 400"))
-	assert.False(t, source.IsDenied(plain) || source.IsUnavailable(plain), "an answer about the request")
+	assert.False(t, errors.Is(plain, source.ErrDenied) || source.IsUnavailable(plain), "an answer about the request")
 	assert.True(t, source.IsUnavailable(&AttemptError{Cause: "cut"}))
 }
 
@@ -75,7 +75,7 @@ func TestAttemptsClass(t *testing.T) {
 	err = Attempts(context.Background(), l, c, "op", 0, transient, func(context.Context) error {
 		return Classified(errors.New("403"), source.ErrDenied)
 	})
-	require.True(t, source.IsDenied(err), "%v", err)
+	require.True(t, errors.Is(err, source.ErrDenied), "%v", err)
 	require.False(t, source.IsUnavailable(err))
 }
 

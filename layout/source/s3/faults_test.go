@@ -3,6 +3,7 @@ package s3_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"syscall"
 	"testing"
@@ -121,7 +122,7 @@ func TestGatewayFaults(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.cause)
 			if tc.class != nil {
 				require.ErrorIs(t, err, tc.class)
-				assert.NotEqual(t, source.IsDenied(err), source.IsUnavailable(err), "one class: %v", err)
+				assert.NotEqual(t, errors.Is(err, source.ErrDenied), source.IsUnavailable(err), "one class: %v", err)
 			}
 			requireEIO(t, err, "s3://faults/ckpt/shard")
 			assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")

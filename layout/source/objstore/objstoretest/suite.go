@@ -195,7 +195,7 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 			require.ErrorIs(t, err, objstore.ErrRequest)
 			RequireEIO(t, err, s.URL("ckpt/other"))
 			require.True(t, source.IsUnavailable(err), "a store that does not answer is unavailable: %v", err)
-			require.False(t, source.IsDenied(err))
+			require.False(t, errors.Is(err, source.ErrDenied))
 		}
 
 		p.Signal(t, syscall.SIGSTOP)
