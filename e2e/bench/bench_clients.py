@@ -5,7 +5,8 @@ safetensors_weights_iterator: safe_open, get_tensor of every key), each reading 
 tensor of the view's safetensors files.
 
     python e2e/bench/bench_clients.py --bin bin/ckptfs --work DIR [--repeat 5] [--layers 2]
-        [--clients streamer,safe_open] [--lever "--read-ahead 8MiB"]... [--strace]
+        [--clients streamer,safe_open] [--lever "--read-ahead 8MiB"]... [--also-bin LABEL=PATH]...
+        [--strace]
 
 Needs a Python with torch, transformers, safetensors and runai-model-streamer (not
 e2e/.venv; BENCHMARKS.md, run X-clients, says how the venv was made). Root.
@@ -18,7 +19,8 @@ the libraries read back, and (mount cases) a fresh mount, before every timed run
 cases interleaved, each round starting one case later; medians. The client runs as a
 subprocess and times only its read of the tensors (imports excluded).
 
---lever adds a mount case with those extra mount flags; --strace runs one more cold
+--lever adds a mount case with those extra mount flags, --also-bin one with another
+build of ckptfs; --strace runs one more cold
 round of each client under `strace -f -c` (client) and reports the mount's FUSE
 requests by size from its debug log."""
 
@@ -135,11 +137,11 @@ class Cases:
             return run_client(kind, self.copy, self.want)
         return f
 
-    def mount_case(self, kind, flags, name):
+    def mount_case(self, kind, flags, name, binary=None):
         def f():
             drop_caches()
             warm_libraries()
-            m = Mount(self.a.bin, self.src, self.mnt, *flags)
+            m = Mount(binary or self.a.bin, self.src, self.mnt, *flags)
             try:
                 secs = run_client(kind, os.path.join(self.mnt, VIEW), self.want)
                 self.mounts.setdefault(name, []).append({"bytes_served": m.stats()["bytes_served"],
@@ -211,6 +213,8 @@ def main():
     ap.add_argument("--layers", type=int, default=2, help="gen_llama.py --layers: 2 = 0.94 GB fp32")
     ap.add_argument("--clients", default=",".join(CLIENTS))
     ap.add_argument("--lever", action="append", default=[], help="extra mount flags: one more mount case")
+    ap.add_argument("--also-bin", action="append", default=[], metavar="LABEL=PATH",
+                    help="another ckptfs build: one more mount case (an A/B of two builds in one run)")
     ap.add_argument("--strace", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -235,6 +239,10 @@ def main():
         for lever in a.lever:
             name = f"{kind} mount {lever}"
             cases[name] = c.mount_case(kind, tuple(lever.split()), name)
+        for other in a.also_bin:
+            label, path = other.split("=", 1)
+            name = f"{kind} mount {label}"
+            cases[name] = c.mount_case(kind, (), name, os.path.abspath(path))
     load_before = os.getloadavg()
     med, runs = interleaved(cases, a.repeat)
     res = {"machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
