@@ -125,12 +125,7 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			ExplicitDataCacheControl: false,
 			// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a
 			// SETATTR without the handle (the write path).
-			// ASYNC_DIO: an O_DIRECT read or write is sent as all its
-			// requests at once, not one after the reply to the last. Without
-			// it a client reading with O_DIRECT (Run:ai Model Streamer,
-			// whatever its queue depth) had one request in flight at a time
-			// (BENCHMARKS.md, run X-clients).
-			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_ASYNC_DIO,
+			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
 			// Every read reply is bytes in memory (ReadResultData), never a
 			// file descriptor, so splicing gains nothing: go-fuse would still
 			// write each reply's header into a pipe and drain it again (two
