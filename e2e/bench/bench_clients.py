@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from bench import Mount, drop_caches, interleaved, log, machine, proc_cpu_second
 
 PY = sys.executable
 VIEW = "llama"  # the checkpoint's directory under src/, and its view's under the mount
-CLIENTS = ("streamer", "safe_open")
+CLIENTS = ("streamer", "safe_open")  # and from_pretrained (--clients), the mmap load path
 
 
 def digest(t):
@@ -65,6 +66,8 @@ def client(kind, d, out):
         p = torch.empty_like(t)
         p.copy_(t)
         return p
+
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # the read's faults and CPU (digests after)
     if kind == "streamer":
         from runai_model_streamer import SafetensorsStreamer
 
@@ -83,10 +86,22 @@ def client(kind, d, out):
                 for name in h.keys():
                     got[name] = load(h.get_tensor(name))
         secs = time.perf_counter() - t
+    elif kind == "from_pretrained":
+        from transformers import AutoModelForCausalLM
+
+        t = time.perf_counter()
+        # As saved (fp32 here), so that every weight's bytes are the checkpoint's.
+        m = AutoModelForCausalLM.from_pretrained(d, dtype="auto")
+        for name, p in m.state_dict().items():
+            got[name] = load(p)  # touches every weight (one still mapped from the file faults in)
+        secs = time.perf_counter() - t
     else:
         raise SystemExit(f"unknown client {kind}")
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     with open(out, "w") as f:
-        json.dump({"seconds": secs, "digests": {n: digest(t) for n, t in got.items()}}, f)
+        json.dump({"seconds": secs, "digests": {n: digest(t) for n, t in got.items()},
+                   "major_faults": ru.ru_majflt - ru0.ru_majflt, "minor_faults": ru.ru_minflt - ru0.ru_minflt,
+                   "cpu_s": ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime}, f)
 
 
 def oracle(ckpt):
@@ -102,7 +117,7 @@ def oracle(ckpt):
 
 def warm_libraries():
     # Read back after drop_caches, so that only the checkpoint is read cold.
-    subprocess.run([PY, "-c", "import torch, safetensors, runai_model_streamer"], check=True)
+    subprocess.run([PY, "-c", "import torch, safetensors, transformers, runai_model_streamer"], check=True)
 
 
 def run_client(kind, d, want, prefix=()):
@@ -117,6 +132,7 @@ def run_client(kind, d, want, prefix=()):
     if bad or extra:
         raise SystemExit(f"{kind} on {d}: {len(bad)} of {len(want)} tensors differ or are missing "
                          f"({bad[:3]}), {len(extra)} not in the checkpoint ({extra[:3]})")
+    run_client.last = r
     return r["seconds"]
 
 
@@ -129,12 +145,19 @@ class Cases:
         self.copy = os.path.join(a.work, "copy")
         self.mnt = os.path.join(a.work, "mnt")
         self.mounts = {}  # case -> [{bytes_served, cpu_s, rss_mib}]
+        self.clients = {}  # case -> [{major_faults, minor_faults, cpu_s}] of the client's read
+
+    def note(self, name):
+        r = run_client.last
+        self.clients.setdefault(name, []).append({k: r[k] for k in ("major_faults", "minor_faults", "cpu_s")})
 
     def copy_case(self, kind):
         def f():
             drop_caches()
             warm_libraries()
-            return run_client(kind, self.copy, self.want)
+            secs = run_client(kind, self.copy, self.want)
+            self.note(f"{kind} copy")
+            return secs
         return f
 
     def mount_case(self, kind, flags, name, binary=None):
@@ -144,6 +167,7 @@ class Cases:
             m = Mount(binary or self.a.bin, self.src, self.mnt, *flags)
             try:
                 secs = run_client(kind, os.path.join(self.mnt, VIEW), self.want)
+                self.note(name)
                 self.mounts.setdefault(name, []).append({"bytes_served": m.stats()["bytes_served"],
                                                          "cpu_s": proc_cpu_seconds(m.proc.pid),
                                                          "rss_mib": m.peak_rss_mib()})
@@ -246,7 +270,8 @@ def main():
     load_before = os.getloadavg()
     med, runs = interleaved(cases, a.repeat)
     res = {"machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
-           "tensors": len(want), "bytes": size, "median_s": med, "runs_s": runs, "mounts": c.mounts}
+           "tensors": len(want), "bytes": size, "median_s": med, "runs_s": runs, "mounts": c.mounts,
+           "clients": c.clients}
     for kind in kinds:
         for name in med:
             if name.startswith(f"{kind} mount"):
