@@ -50,6 +50,7 @@ type mountFlags struct {
 	prefetch    int
 	prefill     bool
 	directReads bool
+	asyncDIO    bool
 	allowOther  bool
 	nonEmpty    bool
 	fuseDebug   bool
@@ -77,6 +78,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.Var(f.blockSize, "block-size", fmt.Sprintf("cache block size: the unit shards are read in (object store sources: %s, half that with a cache under 8 blocks)", human(cache.ObjectStoreBlockSize)))
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", cache.ObjectStorePrefetch, cache.ObjectStoreWorkers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
+	fs.BoolVar(&f.asyncDIO, "async-dio", false, "send an O_DIRECT read's FUSE requests all at once (FUSE_ASYNC_DIO), as Run:ai Model Streamer's reads want; such a read can then not be interrupted (no EINTR from a stalled store; see README)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as object store sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default): unless given, the disk's under SRC, so that the view is read as a copy there would be; the default below where SRC is on no disk (tmpfs, s3://)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
@@ -277,7 +279,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	}
 	log.Info("mounting", attrs...)
 	mo := vfs.MountOptions{ReadAheadKB: int(readAhead >> 10),
-		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src}
+		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src, AsyncDIO: f.asyncDIO}
 	if m != nil {
 		mo.ObserveOp = m.ObserveOp
 	}

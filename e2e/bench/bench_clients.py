@@ -2,7 +2,9 @@
 Run:ai Model Streamer's SafetensorsStreamer (vLLM's --load-format runai_streamer, its
 default concurrency) and a vLLM-style safe_open iteration (vLLM's
 safetensors_weights_iterator: safe_open, get_tensor of every key), each reading every
-tensor of the view's safetensors files.
+tensor of the view's safetensors files; with --clients from_pretrained too,
+transformers' from_pretrained (the mmap load path). Each tensor a client hands over is
+copied into a fresh one, as a loader copies it into its parameter.
 
     python e2e/bench/bench_clients.py --bin bin/ckptfs --work DIR [--repeat 5] [--layers 2]
         [--clients streamer,safe_open] [--lever "--read-ahead 8MiB"]... [--also-bin LABEL=PATH]...
