@@ -82,6 +82,12 @@ type MountOptions struct {
 	// fstab line mounted and does not mount it again. Default: the source's
 	// path.
 	FsName string
+	// AsyncDIO negotiates FUSE_ASYNC_DIO: an O_DIRECT read or write is sent
+	// as all its requests at once, not each after the reply to the last
+	// (Run:ai Model Streamer reads with io_uring and O_DIRECT). Off by
+	// default: the kernel then waits for them uninterruptibly and sends no
+	// INTERRUPT, so such a reader of a stalled store gets no EINTR.
+	AsyncDIO bool
 	// ObserveOp, if set, is told of every FUSE request of the ops in
 	// observedFS: its name (lookup, getattr, open, read, ...), how long it
 	// took, and its errno (0 for success).
@@ -100,6 +106,12 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 	fuseLog := StdLogger(fsys.log, slog.LevelWarn)
 	if mo.Debug {
 		fuseLog = StdLogger(fsys.log, slog.LevelDebug)
+	}
+	// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a
+	// SETATTR without the handle (the write path).
+	caps := uint64(fuse.CAP_ATOMIC_O_TRUNC)
+	if mo.AsyncDIO {
+		caps |= fuse.CAP_ASYNC_DIO
 	}
 	timeout := fsys.opts.ViewTimeout
 	negative := time.Second
@@ -123,9 +135,7 @@ func Mount(mnt string, fsys *FS, mo MountOptions) (*fuse.Server, error) {
 			Options:       withDefaultPermissions(mo.Options),
 			// Views are immutable; the kernel may cache everything it reads.
 			ExplicitDataCacheControl: false,
-			// open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN then a
-			// SETATTR without the handle (the write path).
-			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
+			ExtraCapabilities:        caps,
 			// Every read reply is bytes in memory (ReadResultData), never a
 			// file descriptor, so splicing gains nothing: go-fuse would still
 			// write each reply's header into a pipe and drain it again (two

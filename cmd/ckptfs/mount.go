@@ -49,6 +49,7 @@ type mountFlags struct {
 	prefill     bool
 	directReads bool
 	fetchAhead  bool
+	asyncDIO    bool
 	allowOther  bool
 	nonEmpty    bool
 	fuseDebug   bool
@@ -77,6 +78,7 @@ func (f *mountFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.prefetch, "prefetch", cache.DefaultReadAhead, fmt.Sprintf("`N` blocks read ahead on sequential access (0 disables; object store sources: %d on %d workers, fewer in a small cache)", cache.ObjectStorePrefetch, cache.ObjectStoreWorkers))
 	fs.BoolVar(&f.prefill, "prefill", false, "once a loader reads a view file's tensors, stream the file into the page cache ahead of its page faults, while memory allows (off by default: no clear gain measured, see BENCHMARKS.md)")
 	fs.BoolVar(&f.fetchAhead, "fetch-ahead", false, "object store sources: a read of a shard object that follows its last one fetches a whole block from there, the rest kept for the reads that follow (40% fewer requests, within --cache-size; slower on a fast store, see README); default: each block's ranges are their own requests")
+	fs.BoolVar(&f.asyncDIO, "async-dio", false, "send an O_DIRECT read's FUSE requests all at once (FUSE_ASYNC_DIO), as Run:ai Model Streamer's reads want; such a read can then not be interrupted, so the default is on for a local source and off for an object store, whose stalled reads end at an interrupt (see README)")
 	fs.BoolVar(&f.directReads, "direct-reads", true, "read view files of a local source straight from the shards into each reply; =false reads them through the block cache, as object store sources always are (see README)")
 	fs.Var(f.readAhead, "read-ahead", "kernel read-ahead of the mount (read_ahead_kb, set when root; 0 leaves the kernel default): unless given, the disk's under SRC, so that the view is read as a copy there would be; the default below where SRC is on no disk (tmpfs, s3://)")
 	fs.BoolVar(&f.allowOther, "allow-other", false, "let other users access the mount")
@@ -167,6 +169,11 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	remote := open.IsRemote(src)
 	if remote && f.write.rw {
 		return &usageError{fmt.Errorf("--rw: %s cannot be mounted writable: written checkpoints need a local directory", src)}
+	}
+	if !f.flags.Changed("async-dio") {
+		// Local reads do not stall for long; a store's do, and then only a
+		// read that is not async DIO ends at the reader's interrupt.
+		f.asyncDIO = !remote
 	}
 	if !remote && f.flags.Changed("fetch-ahead") {
 		return &usageError{fmt.Errorf("--fetch-ahead is for object store sources (s3://, gs://, az://); %s is a local directory", src)}
@@ -279,7 +286,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	}
 	log.Info("mounting", attrs...)
 	mo := vfs.MountOptions{ReadAheadKB: int(readAhead >> 10),
-		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src}
+		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src, AsyncDIO: f.asyncDIO}
 	if m != nil {
 		mo.ObserveOp = m.ObserveOp
 	}
