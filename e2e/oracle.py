@@ -11,6 +11,7 @@ cross-check, with a tolerance."""
 
 import functools
 import json
+import os
 import pathlib
 import tempfile
 
@@ -79,6 +80,39 @@ def assert_same_logits(model, config_path, tensors_path, ids):
         got = model(ids).logits
     want = logits_of(json.loads(pathlib.Path(config_path).read_text()), load_file(str(tensors_path)), ids)
     assert torch.equal(got, want), f"max |diff| = {(got - want).abs().max().item():.3g}"
+
+
+# The ids the format tests (test_formats3, test_formats4) run their models on.
+INPUT_IDS = [[1, 5, 9, 33, 77, 120, 3, 64],
+             [7, 0, 127, 42, 42, 8, 99, 16]]
+
+
+def view_tensors(view):
+    """Every tensor of the view's .safetensors files, by name."""
+    got = {}
+    for name in sorted(os.listdir(view)):
+        if name.endswith(".safetensors"):
+            got.update(load_file(str(pathlib.Path(view) / name)))
+    return got
+
+
+def assert_view_is(view, tensors_path, config_path):
+    """The view's tensors are those of tensors_path byte for byte (names and
+    dtypes too); transformers loads the view with no missing or unexpected
+    keys, and the model's logits on INPUT_IDS are, to the bit, those of the
+    reference built in this run from config_path and tensors_path. Returns
+    the model."""
+    from transformers import AutoModelForCausalLM
+
+    want = load_file(str(tensors_path))
+    got = view_tensors(view)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+    model, loading = AutoModelForCausalLM.from_pretrained(str(view), output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    assert_same_logits(model.eval(), config_path, tensors_path, torch.tensor(INPUT_IDS))
+    return model
 
 
 @functools.lru_cache(maxsize=8)

@@ -15,11 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import TESTDATA, ckptfs
-from oracle import assert_same_logits
+from oracle import INPUT_IDS, assert_same_logits, assert_view_is, view_tensors
 from test_frameworks import load
-
-INPUT_IDS = [[1, 5, 9, 33, 77, 120, 3, 64],
-             [7, 0, 127, 42, 42, 8, 99, 16]]
 
 CASES = ["torchsave_statedict_flat", "torchsave_statedict_nested", "lightning_ckpt_llama"]
 
@@ -27,19 +24,7 @@ CASES = ["torchsave_statedict_flat", "torchsave_statedict_nested", "lightning_ck
 @pytest.mark.parametrize("case", CASES)
 def test_from_pretrained_through_mount_is_bitwise(case, tmp_path, mount):
     m = mount(TESTDATA / case)
-    view = m.mnt / "ckpt"
-    model, loading = load(view)
-    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
-    want = load_file(str(TESTDATA / case / "expected.safetensors"))
-    got = {}
-    for name in os.listdir(view):
-        if name.endswith(".safetensors"):
-            got.update(load_file(str(view / name)))
-    assert sorted(got) == sorted(want)
-    for k, v in want.items():
-        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
-    assert_same_logits(model, TESTDATA / case / "ckpt" / "config.json", TESTDATA / case / "expected.safetensors",
-                       torch.tensor(INPUT_IDS))
+    assert_view_is(m.mnt / "ckpt", TESTDATA / case / "expected.safetensors", TESTDATA / case / "ckpt" / "config.json")
 
 
 def test_lightning_ckpt_report():
@@ -102,10 +87,7 @@ def test_meta_original_through_mount(case, mount):
     names = set(os.listdir(view))
     assert "config.json" in names and not any(n.startswith("consolidated.") for n in names), names
     want = load_file(str(TESTDATA / case / "converted" / "model.safetensors"))
-    got = {}
-    for name in names:
-        if name.endswith(".safetensors"):
-            got.update(load_file(str(view / name)))
+    got = view_tensors(view)
     assert sorted(got) == sorted(want)
     for k, v in want.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
@@ -190,18 +172,7 @@ def test_litgpt_through_mount(tmp_path, mount):
     r = ckptfs("inspect", case / "ckpt").stdout
     assert "litgpt-llama mapping not applied" in r and "--hf-config" in r, r
     m = mount(case, "--hf-config", case / "hf_config")
-    view = m.mnt / "ckpt"
-    want = load_file(str(case / "expected_hf.safetensors"))
-    got = {}
-    for name in os.listdir(view):
-        if name.endswith(".safetensors"):
-            got.update(load_file(str(view / name)))
-    assert sorted(got) == sorted(want)
-    for k, v in want.items():
-        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
-    model, loading = load(view)
-    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
-    assert_same_logits(model, case / "hf_config" / "config.json", case / "expected_hf.safetensors", torch.tensor(INPUT_IDS))
+    assert_view_is(m.mnt / "ckpt", case / "expected_hf.safetensors", case / "hf_config" / "config.json")
 
 
 def test_meta_names_in_any_file(tmp_path, mount):
@@ -219,10 +190,7 @@ def test_meta_names_in_any_file(tmp_path, mount):
     m = mount(tmp_path / "src")
     view = m.mnt / "epoch_0"
     want = load_file(str(case / "converted" / "model.safetensors"))
-    got = {}
-    for name in os.listdir(view):
-        if name.endswith(".safetensors"):
-            got.update(load_file(str(view / name)))
+    got = view_tensors(view)
     assert sorted(got) == sorted(want)
     for k, v in want.items():
         assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
@@ -251,18 +219,7 @@ def test_save_model_tied_shown_as_save_pretrained(mount):
     assert any("holds lm_head.weight and no model.embed_tokens.weight" in w and "as save_pretrained writes it" in w
                for w in r["warnings"]), r["warnings"]
     m = mount(case)
-    view = m.mnt / "ckpt"
-    want = load_file(str(case / "expected_hf.safetensors"))
-    got = {}
-    for name in os.listdir(view):
-        if name.endswith(".safetensors"):
-            got.update(load_file(str(view / name)))
-    assert sorted(got) == sorted(want)
-    for k, v in want.items():
-        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
-    model, loading = load(view)
-    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
-    assert_same_logits(model, case / "ckpt" / "config.json", case / "expected_hf.safetensors", torch.tensor(INPUT_IDS))
+    assert_view_is(m.mnt / "ckpt", case / "expected_hf.safetensors", case / "ckpt" / "config.json")
     raw = json.loads(ckptfs("inspect", "--json", "--map", "none", case / "ckpt").stdout)
     assert {f["name"] for f in raw["view_files"]} >= {"model.safetensors"}
     assert not any("lm_head.weight and no" in w for w in raw.get("warnings") or []), raw.get("warnings")
