@@ -23,34 +23,16 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 )
 
-// store is a bucket of its own on a running fake-gcs-server.
-type store struct {
-	*gcstest.Server
-	bucket string
-}
-
-func (s store) URL(prefix string) string          { return "gs://" + s.bucket + "/" + prefix }
-func (s store) Put(key string, data []byte) error { return s.Server.Put(s.bucket, key, data) }
-func (s store) Delete(key string) error           { return s.Server.Delete(s.bucket, key) }
-func (s store) Process() *objstoretest.Process    { return s.Server.Process() }
-func (s store) Open(url string, l objstore.Limits) (*objstore.Tree, error) {
-	return gcs.Open(context.Background(), url, gcs.Options{Limits: l})
-}
-
 // TestEmulator: the cases every store passes (objstoretest.Run) against
-// fake-gcs-server, through STORAGE_EMULATOR_HOST; one server for the cases that do not stop it.
+// fake-gcs-server, through STORAGE_EMULATOR_HOST.
 func TestEmulator(t *testing.T) {
-	shared := gcstest.Start(t)
-	n := 0
-	objstoretest.Run(t, func(t *testing.T, own bool) objstoretest.Store {
-		srv := shared
-		if own {
-			srv = gcstest.Start(t)
-		}
-		n++
-		bucket := fmt.Sprintf("ckpts%d", n)
-		srv.Bucket(t, bucket)
-		return store{srv, bucket}
+	objstoretest.RunEmulator(t, objstoretest.Emulated[*gcstest.Server]{
+		Scheme: "gs",
+		Start:  gcstest.Start,
+		Bucket: func(t testing.TB, srv *gcstest.Server, name string) { srv.Bucket(t, name) },
+		Open: func(url string, l objstore.Limits) (*objstore.Tree, error) {
+			return gcs.Open(context.Background(), url, gcs.Options{Limits: l})
+		},
 	})
 }
 
