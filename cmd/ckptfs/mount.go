@@ -170,11 +170,6 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	if remote && f.write.rw {
 		return &usageError{fmt.Errorf("--rw: %s cannot be mounted writable: written checkpoints need a local directory", src)}
 	}
-	if !f.flags.Changed("async-dio") {
-		// Local reads do not stall for long; a store's do, and then only a
-		// read that is not async DIO ends at the reader's interrupt.
-		f.asyncDIO = !remote
-	}
 	if !remote && f.flags.Changed("fetch-ahead") {
 		return &usageError{fmt.Errorf("--fetch-ahead is for object store sources (s3://, gs://, az://); %s is a local directory", src)}
 	}
@@ -221,8 +216,12 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 		copts.FillObserver, vopts.CommitObserver = m.ObserveFill, m.ObserveCommit
 		f.source.observeRequest = m.ObserveRequest
 	}
-	policy := readpath.For(readpath.Source{Remote: remote, Cache: copts, BlockSizeGiven: f.source.changed("block-size"),
-		ReadAheadGiven: f.source.changed("prefetch"), FetchAhead: f.fetchAhead, Budget: f.source.limits().Budget})
+	described := readpath.Source{Remote: remote, Cache: copts, BlockSizeGiven: f.source.changed("block-size"),
+		ReadAheadGiven: f.source.changed("prefetch"), FetchAhead: f.fetchAhead, Budget: f.source.limits().Budget}
+	if f.flags.Changed("async-dio") {
+		described.AsyncDIO = &f.asyncDIO
+	}
+	policy := readpath.For(described)
 	copts = policy.Cache
 	sopts := f.source.options(copts.BlockSize)
 	sopts.SetAhead(policy.MinRequest, policy.AheadMemory)
@@ -286,7 +285,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	}
 	log.Info("mounting", attrs...)
 	mo := vfs.MountOptions{ReadAheadKB: int(readAhead >> 10),
-		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src, AsyncDIO: f.asyncDIO}
+		AllowOther: f.allowOther, Debug: f.fuseDebug, Options: o.kernel, FsName: src, AsyncDIO: policy.AsyncDIO}
 	if m != nil {
 		mo.ObserveOp = m.ObserveOp
 	}

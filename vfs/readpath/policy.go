@@ -22,6 +22,8 @@ type Source struct {
 	// Budget is the longest a request for n bytes to the store takes to
 	// fail, its retries included (open.Limits.Budget); remote only.
 	Budget func(n int64) time.Duration
+	// AsyncDIO is --async-dio when given; nil: For picks.
+	AsyncDIO *bool
 }
 
 // Policy is how a mount moves a view's bytes, picked in one place from its
@@ -34,15 +36,25 @@ type Policy struct {
 	MinRequest, AheadMemory int64
 	// ReadDeadline bounds each read served through the cache; 0: none.
 	ReadDeadline time.Duration
+	// AsyncDIO sends an O_DIRECT read's FUSE requests at once
+	// (vfs.MountOptions.AsyncDIO): unless given, for a local source only.
+	// The kernel then waits for them without interruption, and a store's
+	// stalled read must end at the reader's interrupt; local reads do not
+	// stall so.
+	AsyncDIO bool
 }
 
 // For picks the policy of a mount of s. A local source keeps the cache the
 // flags give (read straight from the shards with Options.DirectReads). An
 // object store's cache has larger blocks, more of them in flight, and the
 // read-ahead per object when FetchAhead; a read waits for one block's
-// request, its retries included, at most.
+// request, its retries included, at most. O_DIRECT reads are async for a
+// local source (AsyncDIO).
 func For(s Source) Policy {
-	p := Policy{Cache: s.Cache}
+	p := Policy{Cache: s.Cache, AsyncDIO: !s.Remote}
+	if s.AsyncDIO != nil {
+		p.AsyncDIO = *s.AsyncDIO
+	}
 	if !s.Remote {
 		return p
 	}

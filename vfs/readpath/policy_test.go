@@ -18,7 +18,7 @@ func TestFor(t *testing.T) {
 	budget := func(n int64) time.Duration { return time.Duration(n) * time.Nanosecond }
 
 	p := For(Source{Cache: given, FetchAhead: true, Budget: budget})
-	assert.Equal(t, Policy{Cache: given}, p, "local")
+	assert.Equal(t, Policy{Cache: given, AsyncDIO: true}, p, "local")
 
 	p = For(Source{Remote: true, Cache: given, FetchAhead: true, Budget: budget})
 	want, req, memory := given.ForObjectStoreAhead(false, false)
@@ -33,6 +33,16 @@ func TestFor(t *testing.T) {
 	kept.BlockSize, kept.ReadAhead = 1<<20, 3
 	p = For(Source{Remote: true, Cache: kept, BlockSizeGiven: true, ReadAheadGiven: true})
 	assert.Equal(t, []any{int64(1 << 20), 3, time.Duration(0)}, []any{p.Cache.BlockSize, p.Cache.ReadAhead, p.ReadDeadline}, "what the user gave is kept")
+}
+
+// O_DIRECT reads are async for a local source, not for an object store
+// (whose stalled read must end at an interrupt), unless the user says.
+func TestForAsyncDIO(t *testing.T) {
+	on, off := true, false
+	assert.True(t, For(Source{}).AsyncDIO, "local")
+	assert.False(t, For(Source{Remote: true}).AsyncDIO, "object store")
+	assert.False(t, For(Source{AsyncDIO: &off}).AsyncDIO, "local, --async-dio=false")
+	assert.True(t, For(Source{Remote: true, AsyncDIO: &on}).AsyncDIO, "object store, --async-dio")
 }
 
 // The memory limit covers the cache, the read-ahead, the metadata budget
