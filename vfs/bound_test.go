@@ -84,10 +84,10 @@ func TestThreeLargeViewsWithinMemoryBound(t *testing.T) {
 // Opening a view makes several times the garbage of what it keeps (the
 // metadata's decode, the view's plan). A mount collects at its limit only,
 // except while it opens a view (internal/memlimit.Opening): with a bound far
-// above the views, the heap the process keeps from the OS for eight opens
+// above the views, the heap the process keeps from the OS for twelve opens
 // stays near what one open needs, not what they all allocated.
 func TestOpeningCollectsItsGarbage(t *testing.T) {
-	const n, ranks = 8, 32
+	const n, ranks = 12, 24
 	root := t.TempDir()
 	for i := range n {
 		writeScaled(t, filepath.Join(root, step(i)), ranks)
