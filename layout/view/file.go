@@ -68,7 +68,7 @@ func (f *File) findSources() []*ckpt.File {
 	if f.src != nil {
 		return []*ckpt.File{f.src}
 	}
-	s := &sourceSet{seen: map[*ckpt.File]bool{}, boxes: map[*geometry][]sourceBox{}}
+	s := newSourceSet()
 	for _, p := range f.placements {
 		p.content.backing(s)
 	}

@@ -217,7 +217,7 @@ func TestMappedBacking(t *testing.T) {
 			mt := &mapping.Tensor{Name: c.name, Shape: []int64{n}, Pieces: c.pieces}
 			m, err := newMapped(mt, geometries{})
 			require.NoError(t, err)
-			s := &sourceSet{seen: map[*ckpt.File]bool{}, boxes: map[*geometry][]sourceBox{}}
+			s := newSourceSet()
 			m.backing(s)
 			var got []string
 			for _, f := range s.files() {

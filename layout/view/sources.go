@@ -24,6 +24,10 @@ type sourceSet struct {
 
 type sourceBox struct{ offsets, sizes []int64 }
 
+func newSourceSet() *sourceSet {
+	return &sourceSet{seen: map[*ckpt.File]bool{}, boxes: map[*geometry][]sourceBox{}}
+}
+
 func (s *sourceSet) add(f *ckpt.File) {
 	if !s.seen[f] {
 		s.seen[f] = true
