@@ -12,8 +12,12 @@ import (
 func profile() (stop func()) {
 	var stops []func()
 	if p := os.Getenv("CKPTFS_CPUPROFILE"); p != "" {
-		if f, err := os.Create(p); err == nil && pprof.StartCPUProfile(f) == nil {
-			stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+		if f, err := os.Create(p); err == nil {
+			if pprof.StartCPUProfile(f) != nil {
+				f.Close()
+			} else {
+				stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+			}
 		}
 	}
 	if p := os.Getenv("CKPTFS_MEMPROFILE"); p != "" {
