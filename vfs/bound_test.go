@@ -80,3 +80,39 @@ func TestThreeLargeViewsWithinMemoryBound(t *testing.T) {
 	}
 	runtime.KeepAlive(fsys)
 }
+
+// Opening a view makes several times the garbage of what it keeps (the
+// metadata's decode, the view's plan). A mount collects at its limit only,
+// except while it opens a view (internal/memlimit.Opening): with a bound far
+// above the views, the heap the process keeps from the OS for twelve opens
+// stays near what one open needs, not what they all allocated.
+func TestOpeningCollectsItsGarbage(t *testing.T) {
+	const n, ranks = 12, 24
+	root := t.TempDir()
+	for i := range n {
+		writeScaled(t, filepath.Join(root, step(i)), ranks)
+	}
+	fsys := newFS(t, root)
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	memlimit.Set(4 << 30)
+	defer memlimit.Set(0)
+
+	var ms0, ms1 runtime.MemStats
+	base := heapAlloc()
+	debug.FreeOSMemory()
+	runtime.ReadMemStats(&ms0)
+	for i := range n {
+		fsys.view(step(i), nil)
+		st := entryStats(t, fsys, step(i))
+		require.True(t, st.Open, "%v", st.Err)
+	}
+	runtime.ReadMemStats(&ms1)
+	allocated := int64(ms1.TotalAlloc - ms0.TotalAlloc)
+	grown := int64(ms1.HeapSys-ms1.HeapReleased) - int64(ms0.HeapSys-ms0.HeapReleased)
+	held := heapAlloc() - base
+	t.Logf("%d opens allocated %d MiB, hold %d MiB; the heap grew by %d MiB", n, allocated>>20, held>>20, grown>>20)
+	require.Greater(t, ms1.NumGC, ms0.NumGC, "no collection while opening")
+	require.Less(t, grown, allocated/2, "the opens' garbage was collected")
+	runtime.KeepAlive(fsys)
+}

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/ckptfs/ckptfs/cache"
+	"github.com/ckptfs/ckptfs/internal/memlimit"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/dcpwrite"
@@ -315,6 +316,7 @@ func (f *FS) newViews(l viewcache.Limits) *viewcache.Cache {
 // opens, for what the view's files show (attr.go), and gives each file its
 // cache id.
 func (f *FS) openCheckpoint(dir string, format ckpt.Reader, first bool) (*view.View, []viewcache.FileInfo, error) {
+	defer memlimit.Opening()()
 	var read *readFiles
 	if first {
 		read = &readFiles{}

@@ -32,6 +32,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	defer profile()()
 	root, helper := newRootCmd(stdout, stderr)
 	if isHelperForm(root, args) {
 		// mount -t fuse.ckptfs (and fstab) run "ckptfs SRC MNT -o OPTS".

@@ -248,10 +248,9 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// headroom makes the GC return evicted blocks before the heap doubles
 	// (GOGC), and never sits below the live heap (which made it run
 	// constantly when fills in flight were not bounded). That limit is the
-	// whole policy: proportional collection (GOGC) is off unless the user
-	// sets GOGC, since while the cache is still empty it collected every
-	// few MiB of a large .metadata's decode (a quarter of the profile of
-	// opening 100k chunks) to keep a heap far below the limit.
+	// policy: proportional collection (GOGC) is off unless the user sets
+	// GOGC, except while a checkpoint is opened (memlimit.Opening: its
+	// garbage otherwise stayed until the limit).
 	memlimit.Set(policy.MemoryLimit(c.Bound(), f.metaBudget.Int64()))
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)

@@ -29,3 +29,33 @@ func TestOutsideLowersTheLimitWhileHeld(t *testing.T) {
 	a()
 	assert.Equal(t, int64(1<<30), limit())
 }
+
+func gcPercent() int {
+	p := debug.SetGCPercent(-1)
+	debug.SetGCPercent(p)
+	return p
+}
+
+func TestOpeningCollectsWhileHeld(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	release := Opening()
+	assert.Equal(t, -1, gcPercent(), "no bound set: the collector is left alone")
+	release()
+
+	Set(1 << 30)
+	defer Set(0)
+	a := Opening()
+	assert.Equal(t, openingGC, gcPercent())
+	b := Opening()
+	a()
+	a() // once
+	assert.Equal(t, openingGC, gcPercent(), "another open is under way")
+	b()
+	assert.Equal(t, -1, gcPercent(), "back to collecting at the limit")
+
+	debug.SetGCPercent(50) // $GOGC set
+	c := Opening()
+	assert.Equal(t, 50, gcPercent())
+	c()
+	assert.Equal(t, 50, gcPercent())
+}

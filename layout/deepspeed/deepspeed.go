@@ -278,6 +278,7 @@ func readRank(ar *torchsave.Archive, root *pickle.Dict, want expect) (*rank, err
 		return nil, fmt.Errorf("%w: %s: %d param groups, rank 0 has %d", ckpt.ErrInvalid, path, len(items), len(want.elems))
 	}
 	r := &rank{path: path, file: ar.File()}
+	var parts []*torchsave.Tensor
 	for i, it := range items {
 		what := fmt.Sprintf("data.pkl[\"optimizer_state_dict\"][%q][%d]", want.key, i)
 		t, reason, err := ar.Tensor(it, what)
@@ -293,10 +294,10 @@ func readRank(ar *torchsave.Archive, root *pickle.Dict, want expect) (*rank, err
 		if want.elems != nil && t.Shape[0] != want.elems[i] {
 			return nil, fmt.Errorf("%w: %s: %s has %d elements, rank 0's %d (every rank's partition is the same size)", ckpt.ErrInvalid, path, what, t.Shape[0], want.elems[i])
 		}
-		r.parts = append(r.parts, t)
+		parts = append(parts, t)
 		r.elems = append(r.elems, t.Shape[0])
 	}
-	r.opened.Store(&r.parts)
+	r.setOpened(parts)
 	return r, nil
 }
 

@@ -259,3 +259,36 @@ func TestVerifyPartitions(t *testing.T) {
 	require.ErrorContains(t, err, "CRC32 mismatch")
 	require.ErrorContains(t, err, optimFile("", 1))
 }
+
+// A rank's chunks read and locate through one source per partition: after
+// the rank is opened, neither allocates (a source per call was an
+// allocation per chunk of each read's plan).
+func TestRankSourcesShareTheirPartition(t *testing.T) {
+	c, _ := openCounting(t, copyCase(t, "deepspeed_zero3_llama"))
+	var checked int
+	for _, tn := range c.Tensors {
+		for _, ch := range tn.Chunks.All() {
+			s, ok := ch.Source.(*rankSource)
+			require.True(t, ok, "%s: %T", tn.Name, ch.Source)
+			o, err := s.r.partitions()
+			require.NoError(t, err)
+			if s.off == 0 && s.n == o.parts[s.g].Size {
+				continue // the whole partition: a source of its own
+			}
+			buf := make([]byte, s.n)
+			_, _, err = s.Locate()
+			require.NoError(t, err)
+			allocs := testing.AllocsPerRun(10, func() {
+				if _, _, err := s.Locate(); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.ReadAt(buf, 0); err != nil {
+					t.Fatal(err)
+				}
+			})
+			require.Zero(t, allocs, "%s", s)
+			checked++
+		}
+	}
+	require.NotZero(t, checked)
+}

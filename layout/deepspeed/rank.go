@@ -9,6 +9,7 @@ package deepspeed
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,7 @@ type rank struct {
 	want  *expect
 	rank0 string // rank 0's file, for messages
 
-	opened atomic.Pointer[[]*torchsave.Tensor]
+	opened atomic.Pointer[opened]
 	mu     sync.Mutex
 	err    error // GUARDED_BY(mu); a lasting failure
 
@@ -46,26 +47,43 @@ type rank struct {
 	verified map[int]error // GUARDED_BY(vmu); per group, once verified
 }
 
+// opened is an opened rank's partitions, and each one's bytes as one
+// source that every rankSource in it reads through (a source per read
+// was an allocation per chunk of each read's plan).
+type opened struct {
+	parts []*torchsave.Tensor
+	whole []ckpt.Source
+}
+
+// setOpened makes parts the rank's partitions.
+func (r *rank) setOpened(parts []*torchsave.Tensor) *opened {
+	o := &opened{parts: parts}
+	for g, p := range parts {
+		o.whole = append(o.whole, p.Source(fmt.Sprintf("partition %d", g), 0, p.Size))
+	}
+	r.parts = parts
+	r.opened.Store(o)
+	return o
+}
+
 // partitions returns the rank's partitions, opening its file and checking
 // its header on first use. A bad or changed file is remembered; a plain I/O
 // error is not, so the next read tries again.
-func (r *rank) partitions() ([]*torchsave.Tensor, error) {
-	if p := r.opened.Load(); p != nil {
-		return *p, nil
+func (r *rank) partitions() (*opened, error) {
+	if o := r.opened.Load(); o != nil {
+		return o, nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if p := r.opened.Load(); p != nil {
-		return *p, nil
+	if o := r.opened.Load(); o != nil {
+		return o, nil
 	}
 	if r.err != nil {
 		return nil, r.err
 	}
 	got, err := r.open()
 	if err == nil {
-		r.parts = got.parts
-		r.opened.Store(&r.parts)
-		return r.parts, nil
+		return r.setOpened(got.parts), nil
 	}
 	err = fmt.Errorf("deepspeed: %s (placed by %s): %w", r.path, r.rank0, err)
 	var pathErr *fs.PathError
@@ -95,10 +113,11 @@ func (r *rank) open() (*rank, error) {
 
 // verify checks group g's partition against its CRC32, once.
 func (r *rank) verify(g int, name string) error {
-	parts, err := r.partitions()
+	o, err := r.partitions()
 	if err != nil {
 		return err
 	}
+	parts := o.parts
 	r.vmu.Lock()
 	defer r.vmu.Unlock()
 	if err, ok := r.verified[g]; ok {
@@ -132,27 +151,45 @@ var (
 	_ ckpt.Resident = (*rankSource)(nil)
 )
 
-func (s *rankSource) inner() (ckpt.Source, error) {
-	parts, err := s.r.partitions()
+// inner is the source the bytes are read through, and where they start
+// in it: the partition's, shared; a source of their own where they are the
+// whole partition (the storage's CRC32 may then apply, and its messages
+// name the tensor).
+func (s *rankSource) inner() (src ckpt.Source, at int64, shared bool, err error) {
+	o, err := s.r.partitions()
 	if err != nil {
-		return nil, err
+		return nil, 0, false, err
 	}
-	return parts[s.g].Source(s.name, s.off, s.n), nil
+	if part := o.parts[s.g]; s.off == 0 && s.n == part.Size {
+		return part.Source(s.name, 0, s.n), 0, false, nil
+	}
+	return o.whole[s.g], s.off, true, nil
 }
 
 // ReadAt reads the bytes at off, opening the rank's file on first use.
 func (s *rankSource) ReadAt(p []byte, off int64) (int, error) {
-	in, err := s.inner()
+	in, at, _, err := s.inner()
 	if err != nil {
 		return 0, err
 	}
-	return in.ReadAt(p, off)
+	if off < 0 || off > s.n {
+		return 0, fmt.Errorf("deepspeed: %s: offset %d outside tensor %q's %d bytes", s, off, s.name, s.n)
+	}
+	want := p[:min(int64(len(p)), s.n-off)]
+	n, err := in.ReadAt(want, at+off)
+	if err == io.EOF && n == len(want) {
+		err = nil
+	}
+	if err == nil && n < len(p) {
+		err = io.EOF
+	}
+	return n, err
 }
 
 // Locate says where the bytes lie in the rank's file, opening it on first
 // use, so that the read plan merges them with their neighbours.
 func (s *rankSource) Locate() (ckpt.Location, bool, error) {
-	in, err := s.inner()
+	in, at, shared, err := s.inner()
 	if err != nil {
 		return ckpt.Location{}, false, err
 	}
@@ -160,7 +197,12 @@ func (s *rankSource) Locate() (ckpt.Location, bool, error) {
 	if !ok {
 		return ckpt.Location{}, false, nil
 	}
-	return l.Locate()
+	loc, ok, err := l.Locate()
+	if shared {
+		// Part of the partition: the storage's CRC32 is not the bytes'.
+		loc.Offset, loc.Whole = loc.Offset+at, nil
+	}
+	return loc, ok, err
 }
 
 // Verify checks the CRC32 of the whole partition holding the bytes (once

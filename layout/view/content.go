@@ -1,9 +1,6 @@
 package view
 
-import (
-	"github.com/ckptfs/ckptfs/layout/ckpt"
-	"github.com/ckptfs/ckptfs/safetensors"
-)
+import "github.com/ckptfs/ckptfs/safetensors"
 
 // content is the bytes of one view tensor: a checkpoint tensor as stored
 // (geometry), or one assembled by a mapping from pieces of checkpoint
@@ -16,8 +13,8 @@ type content interface {
 	// plan adds to p the reads that fill dst with the tensor's bytes from
 	// byte pos on.
 	plan(p *readPlan, dst []byte, pos int64) error
-	// backing lists the checkpoint files the bytes come from.
-	backing() []*ckpt.File
+	// backing adds to s what the bytes come from.
+	backing(s *sourceSet)
 	origin() Origin
 }
 
@@ -53,16 +50,4 @@ func (g *geometry) shape() []int64           { return g.tensor.Shape }
 func (g *geometry) size() int64              { return g.bytes }
 func (g *geometry) origin() Origin           { return Origin{Sources: []string{g.tensor.Name}} }
 
-func (g *geometry) backing() []*ckpt.File {
-	var out []*ckpt.File
-	for _, c := range g.tensor.Chunks.All() {
-		if n, _ := ckpt.NumElements(c.Sizes); n == 0 {
-			continue // holds no bytes (boxes leaves it out)
-		}
-		// Chunks of one file come in runs (a rank's): one entry a run.
-		if b, ok := c.Source.(ckpt.Backed); ok && b.Backing() != nil && (len(out) == 0 || out[len(out)-1] != b.Backing()) {
-			out = append(out, b.Backing())
-		}
-	}
-	return out
-}
+func (g *geometry) backing(s *sourceSet) { s.whole(g) }

@@ -68,17 +68,11 @@ func (f *File) findSources() []*ckpt.File {
 	if f.src != nil {
 		return []*ckpt.File{f.src}
 	}
-	seen := map[*ckpt.File]bool{}
-	var out []*ckpt.File
+	s := newSourceSet()
 	for _, p := range f.placements {
-		for _, b := range p.content.backing() {
-			if !seen[b] {
-				seen[b] = true
-				out = append(out, b)
-			}
-		}
+		p.content.backing(s)
 	}
-	return out
+	return s.files()
 }
 
 // CheckFresh reports whether every file the view file's bytes come from is

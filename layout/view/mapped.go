@@ -96,12 +96,10 @@ func (m *mapped) origin() Origin {
 	return o
 }
 
-func (m *mapped) backing() []*ckpt.File {
-	var out []*ckpt.File
-	for _, p := range m.pieces {
-		out = append(out, p.src.backing()...)
+func (m *mapped) backing(s *sourceSet) {
+	for i, p := range m.t.Pieces {
+		s.box(m.pieces[i].src, p.Offsets, p.Sizes)
 	}
-	return out
 }
 
 // plan adds the reads of view bytes from pos: for each piece in the

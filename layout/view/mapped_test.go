@@ -2,11 +2,13 @@ package view
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/convert"
 	"github.com/ckptfs/ckptfs/layout/internal/sttest"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
@@ -167,4 +169,61 @@ func TestPermutedReadsApart(t *testing.T) {
 	m, err := newMapped(mt, geometries{})
 	require.NoError(t, err)
 	requireWindows(t, rng, m, expectedBytes(t, mt, map[string][]byte{"t": full}), 200)
+}
+
+// TestMappedBacking: a view tensor cut from a stacked tensor comes from the
+// files of the chunks its box overlaps, not from every file of the stack
+// (a view file's Sources bound its mode and are stat'ed at each open).
+func TestMappedBacking(t *testing.T) {
+	// [layers=4, rows=6, cols=2], one chunk per (layer pair, row half),
+	// each in a file of its own, and an empty chunk in a file of its own.
+	stack := &ckpt.Tensor{Name: "stack", DType: safetensors.F32, Shape: []int64{4, 6, 2}}
+	files := map[string]*ckpt.File{}
+	var chunks []ckpt.Chunk
+	for l := int64(0); l < 4; l += 2 {
+		for r := int64(0); r < 6; r += 3 {
+			name := fmt.Sprintf("l%d_r%d", l, r)
+			files[name] = &ckpt.File{Rel: name}
+			chunks = append(chunks, ckpt.Chunk{Offsets: []int64{l, r, 0}, Sizes: []int64{2, 3, 2},
+				Source: &ckpt.Section{File: files[name], Length: 2 * 3 * 2 * 4}})
+		}
+	}
+	files["empty"] = &ckpt.File{Rel: "empty"}
+	chunks = append(chunks, ckpt.Chunk{Offsets: []int64{1, 2, 0}, Sizes: []int64{0, 3, 2}, Source: &ckpt.Section{File: files["empty"]}})
+	stack.Chunks = ckpt.MakeChunks(chunks...)
+
+	piece := func(l, r, rows int64) mapping.Piece {
+		return mapping.Piece{Source: stack, Offsets: []int64{l, r, 0}, Sizes: []int64{1, rows, 2}}
+	}
+	cases := []struct {
+		name   string
+		pieces []mapping.Piece
+		want   []string
+	}{
+		{"one layer, first rows", []mapping.Piece{piece(1, 0, 3)}, []string{"l0_r0"}},
+		{"one layer, rows across the cut", []mapping.Piece{piece(2, 2, 2)}, []string{"l2_r0", "l2_r3"}},
+		{"two layers", []mapping.Piece{piece(3, 3, 3), piece(0, 4, 1)}, []string{"l2_r3", "l0_r3"}},
+		{"boxes of several lengths", []mapping.Piece{
+			{Source: stack, Offsets: []int64{3, 5, 0}, Sizes: []int64{1, 1, 2}}, {Source: stack, Offsets: []int64{0, 0, 0}, Sizes: []int64{3, 1, 2}}},
+			[]string{"l0_r0", "l2_r0", "l2_r3"}},
+		{"the whole stack", []mapping.Piece{mapping.Whole(stack)}, []string{"l0_r0", "l0_r3", "l2_r0", "l2_r3"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var n int64
+			for _, p := range c.pieces {
+				n += p.Elements()
+			}
+			mt := &mapping.Tensor{Name: c.name, Shape: []int64{n}, Pieces: c.pieces}
+			m, err := newMapped(mt, geometries{})
+			require.NoError(t, err)
+			s := newSourceSet()
+			m.backing(s)
+			var got []string
+			for _, f := range s.files() {
+				got = append(got, f.Rel)
+			}
+			require.ElementsMatch(t, c.want, got)
+		})
+	}
 }
