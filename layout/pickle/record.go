@@ -174,7 +174,14 @@ const (
 type recorder struct {
 	sink    RecordSink
 	classes []recClass
-	data    []byte // the decoder's
+	// bySlot is RecordClass's answer by the memo entry a class was got
+	// from (BINGET, EMPTY_TUPLE, NEWOBJ: nearly every record), so that a
+	// record's class costs a pointer compare, not two strings'.
+	bySlot [recClasses]struct {
+		e   *slot
+		tag int
+	}
+	data []byte // the decoder's
 
 	p      int     // input position
 	vals   []rval  // the typed stack; vals[0] is the object, vals[1] its dict
@@ -249,6 +256,19 @@ type rfield struct {
 	v    rval
 }
 
+// wantsFrom is wants of the class in memo entry e.
+func (r *recorder) wantsFrom(e *slot, g Global) int {
+	for i := range r.bySlot {
+		if c := &r.bySlot[i]; c.e == e {
+			return c.tag
+		} else if c.e == nil {
+			c.e, c.tag = e, r.wants(g)
+			return c.tag
+		}
+	}
+	return r.wants(g)
+}
+
 func (r *recorder) wants(g Global) int {
 	for _, c := range r.classes {
 		if c.g.Module == g.Module && c.g.Name == g.Name {
@@ -264,7 +284,8 @@ func (r *recorder) wants(g Global) int {
 
 // record is NEWOBJ of callable with args when a RecordSink may take it as
 // a record. It reports whether it did; false leaves the decoder as it was.
-func (d *decoder) record(callable, args slot) (bool, error) {
+// from is the memo entry callable was got from, or nil.
+func (d *decoder) record(callable, args slot, from *slot) (bool, error) {
 	r := d.rec
 	g, ok := callable.v.(Global)
 	if !ok {
@@ -273,7 +294,12 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	if t, ok := args.v.(Tuple); !ok || len(t) != 0 {
 		return false, nil
 	}
-	tag := r.wants(g)
+	var tag int
+	if from != nil {
+		tag = r.wantsFrom(from, g)
+	} else {
+		tag = r.wants(g)
+	}
 	if tag == 0 {
 		return false, nil
 	}
@@ -288,7 +314,7 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	r.fields, r.ints, r.strs = r.fields[:0], r.ints[:0], r.strs[:0]
 	clear(r.boxes) // keep nothing of the last record alive
 	r.boxes = r.boxes[:0]
-	build, ok := d.recordState()
+	build, ok := d.recordFast()
 	if !ok || addWeight(d.items, r.cost) > d.opts.MaxItems {
 		return false, nil
 	}

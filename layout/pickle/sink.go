@@ -112,8 +112,22 @@ func scanRefs(data []byte, opts Options) *refs {
 	pos := 0
 	for pos < len(data) {
 		op := data[pos]
-		pos++
 		k := scanKinds[op]
+		// Most opcodes need no more than their width: skipped without
+		// reading the operand (one past the end is a truncated input,
+		// which ends the loop).
+		switch k.kind {
+		case scanRun:
+			pos += 1 + int(k.width)
+			continue
+		case scanMemoize:
+			if puts++; puts >= maxMemo {
+				return nil // the VM stops at the limit
+			}
+			pos++
+			continue
+		}
+		pos++
 		w := int(k.width)
 		if w > len(data)-pos {
 			return nil
@@ -129,7 +143,6 @@ func scanRefs(data []byte, opts Options) *refs {
 		}
 		pos += w
 		switch k.kind {
-		case scanRun:
 		case scanCounted:
 			if n > uint64(len(data)-pos) {
 				return nil
@@ -138,10 +151,6 @@ func scanRefs(data []byte, opts Options) *refs {
 		case scanGet:
 			if n < uint64(puts) {
 				r.set(uint32(n))
-			}
-		case scanMemoize:
-			if puts++; puts >= maxMemo {
-				return nil // the VM stops at the limit
 			}
 		case scanPut:
 			if n != uint64(puts) {
