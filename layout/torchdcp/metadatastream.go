@@ -305,33 +305,51 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 }
 
 // tensor decodes a TensorStorageMetadata whose chunks are the pending
-// ones, in order, and copies their dims into one array of its own.
+// ones, in order, and copies their dims into one array of its own: flat,
+// when every chunk has the tensor's rank (no ChunkMetadata is made), else
+// Chunks, slices of it.
 func (s *stream) tensor(obj *pickle.Object) (*streamTensor, error) {
 	var pos, n int
 	var dims []int64
+	// uniform: every pending chunk has one rank (then only their count
+	// and order are checked here).
+	uniform := !slices.ContainsFunc(s.pendRank, func(r int32) bool { return r != s.pendRank[0] })
 	claim := func(i int, v any) (ChunkMetadata, error) {
 		ref, ok := v.(chunkRef)
 		if !ok || int(ref) != s.pendBase+i || i >= len(s.pendRank) {
 			return ChunkMetadata{}, errStream
 		}
+		n++
+		if uniform {
+			return ChunkMetadata{}, nil
+		}
 		r := int(s.pendRank[i])
 		c := ChunkMetadata{Offsets: dims[pos : pos+r : pos+r], Sizes: dims[pos+r : pos+2*r : pos+2*r]}
 		pos += 2 * r
-		n++
 		return c, nil
 	}
 	// The dims of every pending chunk, copied once: the chunks claimed
 	// are the first ones, in order (claim checks).
 	dims = append(make([]int64, 0, len(s.pendDims)), s.pendDims...)
-	t, err := decodeTensor("", obj, claim)
+	t, err := decodeTensor("", obj, claim, !uniform)
 	if err != nil {
 		return nil, err
 	}
 	if n != len(s.pendRank) {
 		return nil, errStream // chunks built outside any tensor's list
 	}
-	if !slices.ContainsFunc(s.pendRank, func(r int32) bool { return int(r) != len(t.Size) }) {
-		t.flat, t.n, t.Chunks = dims, n, nil
+	switch {
+	case n == 0 || (uniform && int(s.pendRank[0]) == len(t.Size)):
+		t.flat, t.n = dims, n
+	case uniform:
+		// Chunks of another rank than the tensor's: kept as they are,
+		// for Validate to report.
+		r := int(s.pendRank[0])
+		t.Chunks = make([]ChunkMetadata, n)
+		for i := range t.Chunks {
+			b := dims[2*r*i : 2*r*(i+1) : 2*r*(i+1)]
+			t.Chunks[i] = ChunkMetadata{Offsets: b[:r:r], Sizes: b[r:]}
+		}
 	}
 	s.pendBase += n
 	s.pendDims, s.pendRank = s.pendDims[:0], s.pendRank[:0]
@@ -471,9 +489,13 @@ func (s *stream) lookup(fqn string, i int) (StorageInfo, bool) {
 	if st == nil || i >= len(st.store) || st.store[i].file < 0 {
 		return StorageInfo{}, false
 	}
-	sc := st.store[i]
+	return s.info(st.store[i]), true
+}
+
+// info is the storage of a chunk stored somewhere.
+func (s *stream) info(sc storedChunk) StorageInfo {
 	return StorageInfo{RelativePath: s.files[sc.file], Offset: sc.off, Length: sc.length,
-		TransformDescriptors: s.xforms[sc.xform]}, true
+		TransformDescriptors: s.xforms[sc.xform]}
 }
 
 // decodeMetadataStream decodes data as decodeMetadataBytes does, through
