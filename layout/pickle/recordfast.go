@@ -22,101 +22,20 @@ package pickle
 // reads it again with recordState and compares).
 var fastCheck func(d *decoder, start int, cost int64, build int)
 
-// fastState is recordState for the shape above.
+// fastState is recordState for the shape above. Its helpers take and
+// return the input position (and the next memo index) rather than share
+// them through closures: kept in registers, not in memory.
 func (d *decoder) fastState() (build int, ok bool) {
 	r := d.rec
 	data := d.data
 	p := r.p
 	next := d.memoLen() // the index the next MEMOIZE puts
-	maxMemo := d.opts.MaxMemo
-	// memoize reads a MEMOIZE of an entry the pickle never gets.
-	memoize := func() bool {
-		if p >= len(data) || data[p] != opMEMOIZE || next >= maxMemo || d.refs.has(uint32(next)) {
-			return false
-		}
-		p++
-		next++
-		return true
-	}
-	// get reads a BINGET or LONG_BINGET of a str or global the memo shares.
-	get := func() (e *slot, ok bool) {
-		var n uint32
-		switch {
-		case p+1 < len(data) && data[p] == opBINGET:
-			n = uint32(data[p+1])
-			p += 2
-		case p+4 < len(data) && data[p] == opLONG_BINGET:
-			n = uint32(data[p+1]) | uint32(data[p+2])<<8 | uint32(data[p+3])<<16 | uint32(data[p+4])<<24
-			p += 5
-		default:
-			return nil, false
-		}
-		e, ok = d.refs.at(n)
-		return e, ok && e.shared
-	}
-	// str reads a str got from the memo or written here, as a value.
-	str := func() (rval, bool) {
-		if p < len(data) && data[p] == opSHORT_BINUNICODE {
-			if p+1 >= len(data) {
-				return rval{}, false
-			}
-			n := int(data[p+1])
-			if n > d.opts.MaxStringLen || n > len(data)-p-2 {
-				return rval{}, false
-			}
-			v := rval{kind: rStr, w: 1 + int64(n)/itemBytes, box: r.boxOf(d.str(data[p+2 : p+2+n]))}
-			p += 2 + n
-			return v, memoize()
-		}
-		e, ok := get()
-		if !ok {
-			return rval{}, false
-		}
-		if _, ok := e.v.(string); !ok {
-			return rval{}, false
-		}
-		return rval{kind: rStr, shared: true, w: e.w, box: r.boxOf(e.v)}, true // boxed already
-	}
-	// integer reads an int opcode.
-	integer := func() (int64, bool) {
-		if p >= len(data) {
-			return 0, false
-		}
-		switch data[p] {
-		case opBININT1:
-			if p+1 < len(data) {
-				p += 2
-				return int64(data[p-1]), true
-			}
-		case opBININT2:
-			if p+2 < len(data) {
-				p += 3
-				return int64(data[p-2]) | int64(data[p-1])<<8, true
-			}
-		case opBININT:
-			if p+4 < len(data) {
-				p += 5
-				return int64(int32(uint32(data[p-4]) | uint32(data[p-3])<<8 | uint32(data[p-2])<<16 | uint32(data[p-1])<<24)), true
-			}
-		case opLONG1:
-			if p+1 < len(data) {
-				n := int(data[p+1])
-				if n <= 8 && n <= len(data)-p-2 {
-					v := smallLong(data[p+2 : p+2+n])
-					p += 2 + n
-					return v, true
-				}
-			}
-		}
-		return 0, false
-	}
 
 	// The object's MEMOIZE, its state dict's, and the MARK of its items.
-	if !memoize() || p >= len(data) || data[p] != opEMPTY_DICT {
+	if p, next, ok = d.fastMemoize(p, next); !ok || p >= len(data) || data[p] != opEMPTY_DICT {
 		return 0, false
 	}
-	p++
-	if !memoize() || p >= len(data) || data[p] != opMARK {
+	if p, next, ok = d.fastMemoize(p+1, next); !ok || p >= len(data) || data[p] != opMARK {
 		return 0, false
 	}
 	p++
@@ -131,28 +50,27 @@ func (d *decoder) fastState() (build int, ok bool) {
 		if pairs == recFields {
 			return 0, false
 		}
-		k, ok := str()
-		if !ok || p >= len(data) {
+		var k, v rval
+		if k, p, next, ok = d.fastStr(p, next); !ok || p >= len(data) {
 			return 0, false
 		}
-		var v rval
 		switch op := data[p]; op {
 		case opNONE:
 			p++
 			v = rval{kind: rNone, w: 1}
 		case opBININT1, opBININT2, opBININT, opLONG1:
-			i, ok := integer()
-			if !ok {
+			var i int64
+			if i, p, ok = fastInt(data, p); !ok {
 				return 0, false
 			}
 			v = rval{kind: rInt, w: 1, i: i}
 		case opSHORT_BINUNICODE:
-			if v, ok = str(); !ok {
+			if v, p, next, ok = d.fastStr(p, next); !ok {
 				return 0, false
 			}
 		case opBINGET, opLONG_BINGET:
-			e, ok := get()
-			if !ok {
+			var e *slot
+			if e, p, ok = d.fastGet(p); !ok {
 				return 0, false
 			}
 			switch e.v.(type) {
@@ -165,8 +83,8 @@ func (d *decoder) fastState() (build int, ok bool) {
 					p++
 				} else {
 					for len(r.ints)-lo < 3 {
-						i, ok := integer()
-						if !ok {
+						var i int64
+						if i, p, ok = fastInt(data, p); !ok {
 							break
 						}
 						r.ints = append(r.ints, i)
@@ -175,8 +93,7 @@ func (d *decoder) fastState() (build int, ok bool) {
 					if n == 0 || p >= len(data) || data[p] != opTUPLE1+byte(n-1) {
 						return 0, false
 					}
-					p++
-					if !memoize() {
+					if p, next, ok = d.fastMemoize(p+1, next); !ok {
 						return 0, false
 					}
 				}
@@ -184,12 +101,10 @@ func (d *decoder) fastState() (build int, ok bool) {
 				if p >= len(data) || data[p] != opTUPLE1 {
 					return 0, false
 				}
-				p++
-				if !memoize() || p >= len(data) || data[p] != opREDUCE {
+				if p, next, ok = d.fastMemoize(p+1, next); !ok || p >= len(data) || data[p] != opREDUCE {
 					return 0, false
 				}
-				p++
-				if !memoize() {
+				if p, next, ok = d.fastMemoize(p+1, next); !ok {
 					return 0, false
 				}
 				// The weights and costs recordState gives: the ints, the
@@ -213,6 +128,88 @@ func (d *decoder) fastState() (build int, ok bool) {
 	r.puts = next - d.memoLen()
 	r.cost = cost + 1 // BUILD puts the dict into the object
 	return p + 1, true
+}
+
+// fastMemoize reads a MEMOIZE at p of memo entry next, one the pickle
+// never gets.
+func (d *decoder) fastMemoize(p, next int) (int, int, bool) {
+	if p >= len(d.data) || d.data[p] != opMEMOIZE || next >= d.opts.MaxMemo || d.refs.has(uint32(next)) {
+		return p, next, false
+	}
+	return p + 1, next + 1, true
+}
+
+// fastGet reads a BINGET or LONG_BINGET at p of an entry the memo shares.
+func (d *decoder) fastGet(p int) (*slot, int, bool) {
+	data := d.data
+	var n uint32
+	switch {
+	case p+1 < len(data) && data[p] == opBINGET:
+		n = uint32(data[p+1])
+		p += 2
+	case p+4 < len(data) && data[p] == opLONG_BINGET:
+		n = uint32(data[p+1]) | uint32(data[p+2])<<8 | uint32(data[p+3])<<16 | uint32(data[p+4])<<24
+		p += 5
+	default:
+		return nil, p, false
+	}
+	e, ok := d.refs.at(n)
+	return e, p, ok && e.shared
+}
+
+// fastStr reads a str at p, got from the memo or written there (and
+// memoized, as entry next), as a value.
+func (d *decoder) fastStr(p, next int) (rval, int, int, bool) {
+	data, r := d.data, d.rec
+	if p < len(data) && data[p] == opSHORT_BINUNICODE {
+		if p+1 >= len(data) {
+			return rval{}, p, next, false
+		}
+		n := int(data[p+1])
+		if n > d.opts.MaxStringLen || n > len(data)-p-2 {
+			return rval{}, p, next, false
+		}
+		v := rval{kind: rStr, w: 1 + int64(n)/itemBytes, box: r.boxOf(d.str(data[p+2 : p+2+n]))}
+		p, next, ok := d.fastMemoize(p+2+n, next)
+		return v, p, next, ok
+	}
+	e, p, ok := d.fastGet(p)
+	if !ok {
+		return rval{}, p, next, false
+	}
+	if _, ok := e.v.(string); !ok {
+		return rval{}, p, next, false
+	}
+	return rval{kind: rStr, shared: true, w: e.w, box: r.boxOf(e.v)}, p, next, true // boxed already
+}
+
+// fastInt reads an int opcode at p.
+func fastInt(data []byte, p int) (int64, int, bool) {
+	if p >= len(data) {
+		return 0, p, false
+	}
+	switch data[p] {
+	case opBININT1:
+		if p+1 < len(data) {
+			return int64(data[p+1]), p + 2, true
+		}
+	case opBININT2:
+		if p+2 < len(data) {
+			return int64(data[p+1]) | int64(data[p+2])<<8, p + 3, true
+		}
+	case opBININT:
+		if p+4 < len(data) {
+			return int64(int32(uint32(data[p+1]) | uint32(data[p+2])<<8 | uint32(data[p+3])<<16 | uint32(data[p+4])<<24)), p + 5, true
+		}
+	case opLONG1:
+		if p+1 < len(data) {
+			n := int(data[p+1])
+			if n <= 8 && n <= len(data)-p-2 {
+				return smallLong(data[p+2 : p+2+n]), p + 2 + n, true
+			}
+		}
+	}
+	return 0, p, false
 }
 
 // recordFast runs the fast path, then the general machine where it gives
