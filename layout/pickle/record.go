@@ -24,7 +24,10 @@ import (
 // an error of the VM could be about, it gives up, and the VM decodes the
 // object the general way from the same opcode, as it would without a
 // RecordSink. So a record changes nothing but speed: the memo, the limits
-// and every error stay the VM's (record_test.go checks both ways).
+// and every error stay the VM's (record_test.go checks both ways). The
+// machine is tried after a faster one that reads only the opcodes CPython
+// writes for such an object (recordfast.go), and leaves the recorder as
+// this one would.
 
 // Kind is the type of a record's field.
 type Kind uint8
