@@ -40,10 +40,11 @@ type stream struct {
 	// late are storage entries that came before their tensor was named.
 	late []streamEntry
 
-	files   []string // relative paths, by storedChunk.file
-	fileIdx map[string]int32
-	xforms  [][]string // transform descriptor lists; 0 is none
-	xformIx map[string]uint32
+	files    []string // relative paths, by storedChunk.file
+	fileIdx  map[string]int32
+	lastFile int32      // the file of the last storage entry
+	xforms   [][]string // transform descriptor lists; 0 is none
+	xformIx  map[string]uint32
 
 	storageDict *pickle.Dict  // the dict the storage entries went into
 	last        *streamTensor // the tensor of the last storage entry
@@ -411,12 +412,19 @@ func (s *stream) put(idx Index, info StorageInfo) bool {
 }
 
 func (s *stream) file(rel string) int32 {
-	if i, ok := s.fileIdx[rel]; ok {
+	// Entries come rank after rank, tensor after tensor: the file after
+	// the last one's is tried before the map.
+	if i := s.lastFile + 1; i < int32(len(s.files)) && s.files[i] == rel {
+		s.lastFile = i
 		return i
 	}
-	i := int32(len(s.files))
-	s.files = append(s.files, rel)
-	s.fileIdx[rel] = i
+	i, ok := s.fileIdx[rel]
+	if !ok {
+		i = int32(len(s.files))
+		s.files = append(s.files, rel)
+		s.fileIdx[rel] = i
+	}
+	s.lastFile = i
 	return i
 }
 
@@ -443,7 +451,10 @@ func (st *streamTensor) find(offs []int64) []int32 {
 		for i := range st.order {
 			st.order[i] = int32(i)
 		}
-		slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(at(a), at(b)) })
+		cmp := func(a, b int32) int { return slices.Compare(at(a), at(b)) }
+		if !slices.IsSortedFunc(st.order, cmp) { // as the chunks of a split on dim 0 are
+			slices.SortStableFunc(st.order, cmp)
+		}
 	}
 	// Storage entries come in the chunks' order, mostly: try where the
 	// last one ended first (the first of a run of equal offsets).
