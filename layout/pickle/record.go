@@ -313,8 +313,16 @@ func (d *decoder) record(callable, args slot, from *slot) (bool, error) {
 	if args.shared {
 		r.cost = args.weight()
 	}
-	r.vals, r.marks, r.kept, r.placed = append(r.vals[:0], rval{kind: rObj}), r.marks[:0], r.kept[:0], r.placed[:0]
-	r.fields, r.ints, r.strs = r.fields[:0], r.ints[:0], r.strs[:0]
+	// The stack, marks and strs are recordState's, reset by recordFast
+	// (the fast path has none); kept and placed are made empty only when
+	// they are not: a slice written back costs a write barrier's check.
+	if len(r.kept) > 0 {
+		r.kept = r.kept[:0]
+	}
+	if len(r.placed) > 0 {
+		r.placed = r.placed[:0]
+	}
+	r.fields, r.ints = r.fields[:0], r.ints[:0]
 	clear(r.boxes) // keep nothing of the last record alive
 	r.boxes = r.boxes[:0]
 	build, ok := d.recordFast()

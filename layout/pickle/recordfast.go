@@ -224,7 +224,8 @@ func (d *decoder) recordFast() (build int, ok bool) {
 		return build, true
 	}
 	r.p, r.cost = start, cost
-	r.fields, r.ints = r.fields[:0], r.ints[:0]
+	r.vals, r.marks = append(r.vals[:0], rval{kind: rObj}), r.marks[:0]
+	r.fields, r.ints, r.strs = r.fields[:0], r.ints[:0], r.strs[:0]
 	clear(r.boxes)
 	r.boxes = r.boxes[:0]
 	return d.recordState()
