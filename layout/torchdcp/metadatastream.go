@@ -148,7 +148,7 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 		s.pendDims = append(append(s.pendDims, off...), sz...)
 		s.pendRank = append(s.pendRank, int32(len(off)))
 		s.records++
-		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
+		return s.slabs.chunk(s.pendBase + len(s.pendRank) - 1), true, nil
 	case recordIndex:
 		var idx Index
 		f, ok := r.Field("fqn")
@@ -217,17 +217,31 @@ func recordSize(r *pickle.Record, name string) ([]int64, bool) {
 	return f.Ints(), true
 }
 
-// refSlabs hand out the values BuiltRecord leaves for a storage entry's
-// key and value, and its offsets, a few thousand per allocation: one
-// allocation each was a third of decoding a .metadata. SetItem takes
-// them right away; a slab is garbage once its last one is.
+// refSlabs hand out the values BuiltRecord leaves for a chunk, and for a
+// storage entry's key and value and its offsets, a thousand per
+// allocation: one allocation each was a third of decoding a .metadata.
+// SetItem takes an entry's right away, a tensor its chunks'; a slab is
+// garbage once its last one is.
 type refSlabs struct {
+	chunks  []chunkRef
 	indexes []indexRef
 	infos   []infoRef
 	offs    []int64
 }
 
 const refSlab = 1024
+
+// chunk is a chunk's place among the pending ones, a pointer (an int in
+// an interface was an allocation per chunk).
+func (r *refSlabs) chunk(v int) *chunkRef {
+	if len(r.chunks) == 0 {
+		r.chunks = make([]chunkRef, refSlab)
+	}
+	p := &r.chunks[0]
+	r.chunks = r.chunks[1:]
+	*p = chunkRef(v)
+	return p
+}
 
 func (r *refSlabs) index() *indexRef {
 	if len(r.indexes) == 0 {
@@ -286,7 +300,7 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 		s.pendDims = append(append(s.pendDims, c.Offsets...), c.Sizes...)
 		s.pendRank = append(s.pendRank, int32(len(c.Offsets)))
 		s.built++
-		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
+		return s.slabs.chunk(s.pendBase + len(s.pendRank) - 1), true, nil
 	case recordIndex:
 		idx, err := decodeIndex(obj)
 		if err != nil {
@@ -316,8 +330,8 @@ func (s *stream) tensor(obj *pickle.Object) (*streamTensor, error) {
 	// and order are checked here).
 	uniform := !slices.ContainsFunc(s.pendRank, func(r int32) bool { return r != s.pendRank[0] })
 	claim := func(i int, v any) (ChunkMetadata, error) {
-		ref, ok := v.(chunkRef)
-		if !ok || int(ref) != s.pendBase+i || i >= len(s.pendRank) {
+		ref, ok := v.(*chunkRef)
+		if !ok || int(*ref) != s.pendBase+i || i >= len(s.pendRank) {
 			return ChunkMetadata{}, errStream
 		}
 		n++
