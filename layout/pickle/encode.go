@@ -9,10 +9,11 @@ import (
 // Encoder writes a protocol-2 pickle of the few shapes torch's files need
 // (FORMATS.md §2.6, §3.4): GLOBAL classes, cls.__new__ + BUILD objects,
 // REDUCE calls, persistent ids, dicts, lists, tuples, str, int, bool and
-// None. It uses no memo. Integers and strings use the opcodes CPython's
-// pickler picks for protocol 2, so the output is what pickle.dumps(obj, 2)
-// gives for the same object graph, minus the memo opcodes; Decode reads it
-// back.
+// None. It uses no memo (NewMemoEncoder's does, in protocol 4, as CPython
+// writes one: files of torch's shape for tests). Integers and strings use
+// the opcodes CPython's pickler picks for protocol 2, so the output is
+// what pickle.dumps(obj, 2) gives for the same object graph, minus the
+// memo opcodes; Decode reads it back.
 //
 // Containers take their element count and a function that writes the
 // elements: the count picks the opcodes (TUPLE1..3 or MARK ... TUPLE), as
