@@ -48,6 +48,19 @@ func MakeChunks(cs ...Chunk) Chunks {
 	return out
 }
 
+// ChunksOf is n chunks of one rank whose offsets then sizes are geom's,
+// chunk after chunk (2*rank*n numbers): geom becomes theirs, not copied
+// (a format reader that decoded them so).
+func ChunksOf(n, rank int, geom []int64) Chunks {
+	if n < 0 || rank < 0 || (n > 0 && rank > len(geom)/2/n) || len(geom) != 2*rank*n {
+		panic("ckpt: ChunksOf: geometry of another length")
+	}
+	if geom == nil {
+		geom = noDims[:0:0]
+	}
+	return Chunks{n: n, rank: rank, geom: geom}
+}
+
 // Grow makes room for n more chunks of the given rank.
 func (cs *Chunks) Grow(n, rank int) {
 	if cs.n == 0 {

@@ -62,3 +62,24 @@ func TestChunksFromATable(t *testing.T) {
 	tn := &Tensor{Name: "w", DType: "F32", Shape: []int64{3}, Chunks: cs}
 	require.NoError(t, tn.Validate())
 }
+
+// ChunksOf takes a decoded flat array as it is: the same chunks as Add
+// would store, and a chunk added after it does not write into it.
+func TestChunksOf(t *testing.T) {
+	geom := []int64{0, 0, 2, 4, 2, 0, 2, 4}
+	cs := ChunksOf(2, 2, geom)
+	want := MakeChunks(Chunk{Offsets: []int64{0, 0}, Sizes: []int64{2, 4}}, Chunk{Offsets: []int64{2, 0}, Sizes: []int64{2, 4}})
+	assert.Equal(t, want.Values(), cs.Values())
+	assert.Equal(t, 2, cap(cs.At(0).Offsets))
+	cs.Add([]int64{4, 0}, []int64{1, 4}, nil)
+	assert.Equal(t, []int64{0, 0, 2, 4, 2, 0, 2, 4}, geom)
+	assert.Equal(t, []int64{4, 0}, cs.At(2).Offsets)
+
+	scalars := ChunksOf(3, 0, nil)
+	assert.Equal(t, Chunk{Offsets: []int64{}, Sizes: []int64{}}, scalars.At(2))
+	none := ChunksOf(0, 2, nil)
+	assert.Equal(t, 0, none.Len())
+	for _, bad := range []struct{ n, rank, len int }{{2, 2, 7}, {2, 2, 9}, {-1, 1, 0}, {1, -1, 0}, {1 << 62, 1 << 62, 0}} {
+		assert.Panics(t, func() { ChunksOf(bad.n, bad.rank, make([]int64, bad.len)) }, "%+v", bad)
+	}
+}

@@ -11,7 +11,8 @@
 // that wants millions of small objects as flat arrays, not a tree, sets
 // Options.Sink (sink.go), which takes them as they complete; a RecordSink
 // (record.go) takes the objects of a few classes as records, read from
-// the opcodes without building them.
+// the opcodes without building them (recordfast.go: the shape CPython
+// writes for nearly all of them, in one pass).
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.
@@ -593,8 +594,10 @@ func (d *decoder) setItems(kv []slot) error {
 	default:
 		return d.fail("cannot set items on %s", typeName(t.v))
 	}
-	if len(dict.items) == 0 && len(kv) > 2 {
-		dict.items = d.entries.many(len(kv) / 2)[:0] // SETITEMS says how many
+	if cap(dict.items) == 0 && len(kv) > 2 {
+		// SETITEMS says how many. Once only: a dict whose items a sink
+		// takes stays empty, batch after batch.
+		dict.items = d.entries.many(len(kv) / 2)[:0]
 	}
 	dict.items = reserve(dict.items, len(kv)/2)
 	for i := 0; i < len(kv); i += 2 {

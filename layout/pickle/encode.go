@@ -9,20 +9,65 @@ import (
 // Encoder writes a protocol-2 pickle of the few shapes torch's files need
 // (FORMATS.md §2.6, §3.4): GLOBAL classes, cls.__new__ + BUILD objects,
 // REDUCE calls, persistent ids, dicts, lists, tuples, str, int, bool and
-// None. It uses no memo. Integers and strings use the opcodes CPython's
-// pickler picks for protocol 2, so the output is what pickle.dumps(obj, 2)
-// gives for the same object graph, minus the memo opcodes; Decode reads it
-// back.
+// None. It uses no memo (NewMemoEncoder's does, in protocol 4, as CPython
+// writes one: files of torch's shape for tests). Integers and strings use
+// the opcodes CPython's pickler picks for protocol 2, so the output is
+// what pickle.dumps(obj, 2) gives for the same object graph, minus the
+// memo opcodes; Decode reads it back.
 //
 // Containers take their element count and a function that writes the
 // elements: the count picks the opcodes (TUPLE1..3 or MARK ... TUPLE), as
 // CPython does.
 type Encoder struct {
 	b []byte
+	// memo, in a memo encoder, is the memo index of each str and global
+	// written ("s" or "g" and its text), which are written again as gets;
+	// n counts the entries put.
+	memo map[string]uint32
+	n    uint32
 }
 
 // NewEncoder starts a protocol-2 pickle.
 func NewEncoder() *Encoder { return &Encoder{b: []byte{opPROTO, 2}} }
+
+// NewMemoEncoder starts a protocol-4 pickle with a memo as CPython's
+// pickler keeps one: every str, global, non-empty tuple, list, dict and
+// object is memoized where it is written, and a str or global equal to
+// one written before is written as a get of it (CPython gets an object
+// it met before: its field names, a class, a name used twice); nothing
+// else is ever got again. Files of torch's shape for tests and benchmarks
+// (a .metadata pickled by torch, without torch).
+func NewMemoEncoder() *Encoder { return &Encoder{b: []byte{opPROTO, 4}, memo: map[string]uint32{}} }
+
+// put memoizes the value just written, in a memo encoder.
+func (e *Encoder) put() {
+	if e.memo != nil {
+		e.b = append(e.b, opMEMOIZE)
+		e.n++
+	}
+}
+
+// got writes a get of the value memoized as key, if it was.
+func (e *Encoder) got(key string) bool {
+	i, ok := e.memo[key]
+	switch {
+	case !ok:
+		return false
+	case i < 1<<8:
+		e.b = append(e.b, opBINGET, byte(i))
+	default:
+		e.b = append(e.b, opLONG_BINGET)
+		e.b = binary.LittleEndian.AppendUint32(e.b, i)
+	}
+	return true
+}
+
+// remember notes that the value just written is memo entry key, and
+// memoizes it.
+func (e *Encoder) remember(key string) {
+	e.memo[key] = e.n
+	e.put()
+}
 
 // Bytes ends the pickle (STOP) and returns it. The Encoder must not be used
 // afterwards.
@@ -30,6 +75,18 @@ func (e *Encoder) Bytes() []byte { return append(e.b, opSTOP) }
 
 // Global pushes the class or function module.name.
 func (e *Encoder) Global(module, name string) {
+	if e.memo != nil {
+		// Protocol 4: STACK_GLOBAL, as CPython writes it.
+		key := "g" + module + "\n" + name
+		if e.got(key) {
+			return
+		}
+		e.Str(module)
+		e.Str(name)
+		e.b = append(e.b, opSTACK_GLOBAL)
+		e.remember(key)
+		return
+	}
 	if strings.ContainsRune(module, '\n') || strings.ContainsRune(name, '\n') {
 		// GLOBAL's operands are lines. A name read from a hostile file can
 		// hold a newline; STACK_GLOBAL (protocol 4, read by CPython in any
@@ -48,6 +105,19 @@ func (e *Encoder) Global(module, name string) {
 
 // Str pushes a str.
 func (e *Encoder) Str(s string) {
+	if e.memo != nil {
+		key := "s" + s
+		if e.got(key) {
+			return
+		}
+		if len(s) < 1<<8 {
+			e.b = append(e.b, opSHORT_BINUNICODE, byte(len(s)))
+			e.b = append(e.b, s...)
+			e.remember(key)
+			return
+		}
+		defer e.remember(key)
+	}
 	e.b = append(e.b, opBINUNICODE)
 	e.b = binary.LittleEndian.AppendUint32(e.b, uint32(len(s)))
 	e.b = append(e.b, s...)
@@ -105,10 +175,12 @@ func (e *Encoder) Tuple(n int, items func()) {
 	case 1, 2, 3:
 		items()
 		e.b = append(e.b, []byte{opTUPLE1, opTUPLE2, opTUPLE3}[n-1])
+		e.put()
 	default:
 		e.b = append(e.b, opMARK)
 		items()
 		e.b = append(e.b, opTUPLE)
+		e.put()
 	}
 }
 
@@ -127,11 +199,53 @@ func (e *Encoder) Dict(items func()) { e.container(opEMPTY_DICT, opSETITEMS, ite
 // List pushes a list of the values items pushes.
 func (e *Encoder) List(items func()) { e.container(opEMPTY_LIST, opAPPENDS, items) }
 
+// DictOf pushes a dict of n items, item(i) pushing the i-th key and value:
+// in one batch as Dict does, or in a memo encoder as CPython's C pickler
+// writes a dict (a .metadata's storage_data has millions of items): one
+// item by SETITEM, more in MARK … SETITEMS batches of 1000 (and an empty
+// batch after a full last one).
+func (e *Encoder) DictOf(n int, item func(i int)) {
+	if e.memo == nil {
+		e.Dict(func() {
+			for i := range n {
+				item(i)
+			}
+		})
+		return
+	}
+	e.b = append(e.b, opEMPTY_DICT)
+	e.put()
+	switch n {
+	case 0:
+		return
+	case 1:
+		item(0)
+		e.b = append(e.b, opSETITEM)
+		return
+	}
+	for i := 0; ; {
+		e.b = append(e.b, opMARK)
+		k := 0
+		for ; i < n && k < batch; k++ {
+			item(i)
+			i++
+		}
+		e.b = append(e.b, opSETITEMS)
+		if k < batch {
+			return
+		}
+	}
+}
+
+// batch is how many items CPython's pickler adds to a container at once.
+const batch = 1000
+
 // container pushes an empty container and adds what items pushes in one
 // MARK … add batch; an empty one is the empty opcode alone, as pickle
 // writes it.
 func (e *Encoder) container(empty, add byte, items func()) {
 	e.b = append(e.b, empty)
+	e.put()
 	if items == nil {
 		return
 	}
@@ -150,6 +264,7 @@ func (e *Encoder) container(empty, add byte, items func()) {
 func (e *Encoder) Object(module, name string, state func()) {
 	e.Global(module, name)
 	e.b = append(e.b, opEMPTY_TUPLE, opNEWOBJ)
+	e.put()
 	state()
 	e.b = append(e.b, opBUILD)
 }
@@ -160,6 +275,7 @@ func (e *Encoder) Call(module, name string, n int, args func()) {
 	e.Global(module, name)
 	e.Tuple(n, args)
 	e.b = append(e.b, opREDUCE)
+	e.put()
 }
 
 // PersistentID pushes what the unpickler's persistent_load returns for the

@@ -1,6 +1,7 @@
 package pickle
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"testing"
 
@@ -105,4 +106,58 @@ func TestEncodeGlobalWithNewline(t *testing.T) {
 	v, err := DecodeBytes(b, Options{})
 	require.NoError(t, err)
 	assert.Equal(t, Global{Module: "a\nb", Name: "c\nd"}, v)
+}
+
+// A memo encoder writes what CPython's pickle.dumps(v, 4) writes (printed
+// by python3, its FRAME left out) for
+// {'a': (1, 2), 'b': ['a', 'a', ()], 'c': collections.OrderedDict}, and
+// gets a global written before.
+func TestMemoEncoder(t *testing.T) {
+	e := NewMemoEncoder()
+	e.Dict(func() {
+		e.Str("a")
+		e.IntTuple([]int64{1, 2})
+		e.Str("b")
+		e.List(func() {
+			e.Str("a")
+			e.Str("a")
+			e.Tuple(0, nil)
+		})
+		e.Str("c")
+		e.Global("collections", "OrderedDict")
+	})
+	b := e.Bytes()
+	assert.Equal(t, "80047d94288c0161944b014b0286948c0162945d94286801680129658c0163948c0b636f6c6c656374696f6e73948c0b4f72646572656444696374949394752e",
+		hex.EncodeToString(b))
+	v, err := DecodeBytes(b, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, `{"a": (1, 2), "b": ["a", "a", ()], "c": collections.OrderedDict}`, Repr(v))
+
+	e = NewMemoEncoder()
+	e.Tuple(2, func() {
+		e.Call("torch", "Size", 1, func() { e.IntTuple([]int64{3}) })
+		e.Global("torch", "Size")
+	})
+	// torch, Size, the global, (3,), ((3,),), the call, then a get of 2:
+	// pickle.dumps((torch.Size((3,)), torch.Size), 4), its FRAME left out.
+	assert.Equal(t, "80048c05746f726368948c0453697a65949394"+"4b038594"+"8594"+"5294"+"6802"+"8694"+"2e", hex.EncodeToString(e.Bytes()))
+}
+
+// A memo encoder's DictOf adds items in batches of 1000 as CPython does:
+// pickle.dumps({i: i for i in range(1001)}, 4), its FRAME left out, has
+// this sha256; a dict of one item is SETITEM, of none its EMPTY_DICT.
+func TestMemoEncoderBatches(t *testing.T) {
+	e := NewMemoEncoder()
+	e.DictOf(1001, func(i int) { e.Int(int64(i)); e.Int(int64(i)) })
+	b := e.Bytes()
+	sum := sha256.Sum256(b)
+	assert.Equal(t, "9eb456ea6aa55209cbecaa679ca2e454eb946c561c3e04ffec6cb32eb076d9e0", hex.EncodeToString(sum[:]), "%d bytes", len(b))
+	v, err := DecodeBytes(b, Options{})
+	require.NoError(t, err)
+	assert.Len(t, v.(*Dict).Items(), 1001)
+
+	e = NewMemoEncoder()
+	e.DictOf(1, func(int) { e.Int(1); e.None() })
+	e.DictOf(0, nil)
+	assert.Equal(t, "80047d944b014e737d942e", hex.EncodeToString(e.Bytes()))
 }

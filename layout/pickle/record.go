@@ -24,7 +24,10 @@ import (
 // an error of the VM could be about, it gives up, and the VM decodes the
 // object the general way from the same opcode, as it would without a
 // RecordSink. So a record changes nothing but speed: the memo, the limits
-// and every error stay the VM's (record_test.go checks both ways).
+// and every error stay the VM's (record_test.go checks both ways). The
+// machine is tried after a faster one that reads only the opcodes CPython
+// writes for such an object (recordfast.go), and leaves the recorder as
+// this one would.
 
 // Kind is the type of a record's field.
 type Kind uint8
@@ -174,7 +177,14 @@ const (
 type recorder struct {
 	sink    RecordSink
 	classes []recClass
-	data    []byte // the decoder's
+	// bySlot is RecordClass's answer by the memo entry a class was got
+	// from (BINGET, EMPTY_TUPLE, NEWOBJ: nearly every record), so that a
+	// record's class costs a pointer compare, not two strings'.
+	bySlot [recClasses]struct {
+		e   *slot
+		tag int
+	}
+	data []byte // the decoder's
 
 	p      int     // input position
 	vals   []rval  // the typed stack; vals[0] is the object, vals[1] its dict
@@ -249,6 +259,19 @@ type rfield struct {
 	v    rval
 }
 
+// wantsFrom is wants of the class in memo entry e.
+func (r *recorder) wantsFrom(e *slot, g Global) int {
+	for i := range r.bySlot {
+		if c := &r.bySlot[i]; c.e == e {
+			return c.tag
+		} else if c.e == nil {
+			c.e, c.tag = e, r.wants(g)
+			return c.tag
+		}
+	}
+	return r.wants(g)
+}
+
 func (r *recorder) wants(g Global) int {
 	for _, c := range r.classes {
 		if c.g.Module == g.Module && c.g.Name == g.Name {
@@ -264,7 +287,8 @@ func (r *recorder) wants(g Global) int {
 
 // record is NEWOBJ of callable with args when a RecordSink may take it as
 // a record. It reports whether it did; false leaves the decoder as it was.
-func (d *decoder) record(callable, args slot) (bool, error) {
+// from is the memo entry callable was got from, or nil.
+func (d *decoder) record(callable, args slot, from *slot) (bool, error) {
 	r := d.rec
 	g, ok := callable.v.(Global)
 	if !ok {
@@ -273,7 +297,12 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	if t, ok := args.v.(Tuple); !ok || len(t) != 0 {
 		return false, nil
 	}
-	tag := r.wants(g)
+	var tag int
+	if from != nil {
+		tag = r.wantsFrom(from, g)
+	} else {
+		tag = r.wants(g)
+	}
 	if tag == 0 {
 		return false, nil
 	}
@@ -284,11 +313,19 @@ func (d *decoder) record(callable, args slot) (bool, error) {
 	if args.shared {
 		r.cost = args.weight()
 	}
-	r.vals, r.marks, r.kept, r.placed = append(r.vals[:0], rval{kind: rObj}), r.marks[:0], r.kept[:0], r.placed[:0]
-	r.fields, r.ints, r.strs = r.fields[:0], r.ints[:0], r.strs[:0]
+	// The stack, marks and strs are recordState's, reset by recordFast
+	// (the fast path has none); kept and placed are made empty only when
+	// they are not: a slice written back costs a write barrier's check.
+	if len(r.kept) > 0 {
+		r.kept = r.kept[:0]
+	}
+	if len(r.placed) > 0 {
+		r.placed = r.placed[:0]
+	}
+	r.fields, r.ints = r.fields[:0], r.ints[:0]
 	clear(r.boxes) // keep nothing of the last record alive
 	r.boxes = r.boxes[:0]
-	build, ok := d.recordState()
+	build, ok := d.recordFast()
 	if !ok || addWeight(d.items, r.cost) > d.opts.MaxItems {
 		return false, nil
 	}

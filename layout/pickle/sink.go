@@ -112,8 +112,55 @@ func scanRefs(data []byte, opts Options) *refs {
 	pos := 0
 	for pos < len(data) {
 		op := data[pos]
-		pos++
+		// The opcodes of a .metadata's records first, each its own case:
+		// where the next opcode is then does not wait for a table load,
+		// and the branch predictor follows their repeating pattern.
+		switch op {
+		case opMEMOIZE:
+			if puts++; puts >= maxMemo {
+				return nil // the VM stops at the limit
+			}
+			pos++
+			continue
+		case opBININT1:
+			pos += 2
+			continue
+		case opBININT2:
+			pos += 3
+			continue
+		case opBININT:
+			pos += 5
+			continue
+		case opTUPLE1, opTUPLE2, opTUPLE3, opREDUCE, opNEWOBJ, opEMPTY_TUPLE, opEMPTY_DICT, opMARK,
+			opSETITEMS, opBUILD, opNONE:
+			pos++
+			continue
+		case opBINGET:
+			if pos+1 >= len(data) {
+				return nil
+			}
+			if n := uint32(data[pos+1]); n < puts {
+				r.set(n)
+			}
+			pos += 2
+			continue
+		}
 		k := scanKinds[op]
+		// Most other opcodes need no more than their width: skipped
+		// without reading the operand (one past the end is a truncated
+		// input, which ends the loop).
+		switch k.kind {
+		case scanRun:
+			pos += 1 + int(k.width)
+			continue
+		case scanMemoize:
+			if puts++; puts >= maxMemo {
+				return nil // the VM stops at the limit
+			}
+			pos++
+			continue
+		}
+		pos++
 		w := int(k.width)
 		if w > len(data)-pos {
 			return nil
@@ -129,7 +176,6 @@ func scanRefs(data []byte, opts Options) *refs {
 		}
 		pos += w
 		switch k.kind {
-		case scanRun:
 		case scanCounted:
 			if n > uint64(len(data)-pos) {
 				return nil
@@ -138,10 +184,6 @@ func scanRefs(data []byte, opts Options) *refs {
 		case scanGet:
 			if n < uint64(puts) {
 				r.set(uint32(n))
-			}
-		case scanMemoize:
-			if puts++; puts >= maxMemo {
-				return nil // the VM stops at the limit
 			}
 		case scanPut:
 			if n != uint64(puts) {

@@ -189,7 +189,7 @@ func (d *decoder) step() error {
 			if e, ok := d.refs.at(uint32(n)); ok && e.shared {
 				if _, ok := e.v.(Global); ok {
 					d.pos += 2
-					if took, err := d.record(*e, slot{v: emptyTuple, d: 1, w: 1}); took || err != nil {
+					if took, err := d.record(*e, slot{v: emptyTuple, d: 1, w: 1}, e); took || err != nil {
 						return err
 					}
 					d.pos -= 2
@@ -226,7 +226,7 @@ func (d *decoder) step() error {
 		return d.push(Global{Module: module, Name: name}, 0)
 	case opNEWOBJ:
 		if d.rec != nil && d.opPos != d.rec.declined {
-			if took, err := d.record(args[0], args[1]); took || err != nil {
+			if took, err := d.record(args[0], args[1], nil); took || err != nil {
 				return err
 			}
 		}

@@ -156,7 +156,7 @@ func (m *Metadata) decodeStateDict(v any, s *stream) error {
 		case ok && obj.Is(modMetadata, "BytesStorageMetadata"):
 			m.Items = append(m.Items, Item{FQN: fqn})
 		case ok && obj.Is(modMetadata, "TensorStorageMetadata"):
-			t, err := decodeTensor(field, obj, decodeChunkAt)
+			t, err := decodeTensor(field, obj, decodeChunkAt, true)
 			if err != nil {
 				return err
 			}
@@ -239,8 +239,9 @@ func decodeChunk(v any) (ChunkMetadata, error) {
 // decodeChunkAt decodes chunk i of a tensor's chunks list: decodeChunk.
 func decodeChunkAt(_ int, v any) (ChunkMetadata, error) { return decodeChunk(v) }
 
-// decodeTensor decodes a TensorStorageMetadata, its chunks with chunk.
-func decodeTensor(field string, obj *pickle.Object, chunk func(i int, v any) (ChunkMetadata, error)) (*TensorMetadata, error) {
+// decodeTensor decodes a TensorStorageMetadata, its chunks with chunk
+// (into Chunks, unless keep is false: the caller keeps them).
+func decodeTensor(field string, obj *pickle.Object, chunk func(i int, v any) (ChunkMetadata, error), keep bool) (*TensorMetadata, error) {
 	st, err := stateOf(field, obj)
 	if err != nil {
 		return nil, err
@@ -268,13 +269,17 @@ func decodeTensor(field string, obj *pickle.Object, chunk func(i int, v any) (Ch
 	if !ok {
 		return nil, fieldErr(sub, "expected list, got %s", pickle.TypeName(v))
 	}
-	t.Chunks = make([]ChunkMetadata, 0, len(l.Items))
+	if keep {
+		t.Chunks = make([]ChunkMetadata, 0, len(l.Items))
+	}
 	for i, cv := range l.Items {
 		c, err := chunk(i, cv)
 		if err != nil {
 			return nil, within(fmt.Sprintf("%s[%d]", sub, i), err)
 		}
-		t.Chunks = append(t.Chunks, c)
+		if keep {
+			t.Chunks = append(t.Chunks, c)
+		}
 	}
 	return t, nil
 }

@@ -40,10 +40,11 @@ type stream struct {
 	// late are storage entries that came before their tensor was named.
 	late []streamEntry
 
-	files   []string // relative paths, by storedChunk.file
-	fileIdx map[string]int32
-	xforms  [][]string // transform descriptor lists; 0 is none
-	xformIx map[string]uint32
+	files    []string // relative paths, by storedChunk.file
+	fileIdx  map[string]int32
+	lastFile int32      // the file of the last storage entry
+	xforms   [][]string // transform descriptor lists; 0 is none
+	xformIx  map[string]uint32
 
 	storageDict *pickle.Dict  // the dict the storage entries went into
 	last        *streamTensor // the tensor of the last storage entry
@@ -147,7 +148,7 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 		s.pendDims = append(append(s.pendDims, off...), sz...)
 		s.pendRank = append(s.pendRank, int32(len(off)))
 		s.records++
-		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
+		return s.slabs.chunk(s.pendBase + len(s.pendRank) - 1), true, nil
 	case recordIndex:
 		var idx Index
 		f, ok := r.Field("fqn")
@@ -216,17 +217,31 @@ func recordSize(r *pickle.Record, name string) ([]int64, bool) {
 	return f.Ints(), true
 }
 
-// refSlabs hand out the values BuiltRecord leaves for a storage entry's
-// key and value, and its offsets, a few thousand per allocation: one
-// allocation each was a third of decoding a .metadata. SetItem takes
-// them right away; a slab is garbage once its last one is.
+// refSlabs hand out the values BuiltRecord leaves for a chunk, and for a
+// storage entry's key and value and its offsets, a thousand per
+// allocation: one allocation each was a third of decoding a .metadata.
+// SetItem takes an entry's right away, a tensor its chunks'; a slab is
+// garbage once its last one is.
 type refSlabs struct {
+	chunks  []chunkRef
 	indexes []indexRef
 	infos   []infoRef
 	offs    []int64
 }
 
 const refSlab = 1024
+
+// chunk is a chunk's place among the pending ones, a pointer (an int in
+// an interface was an allocation per chunk).
+func (r *refSlabs) chunk(v int) *chunkRef {
+	if len(r.chunks) == 0 {
+		r.chunks = make([]chunkRef, refSlab)
+	}
+	p := &r.chunks[0]
+	r.chunks = r.chunks[1:]
+	*p = chunkRef(v)
+	return p
+}
 
 func (r *refSlabs) index() *indexRef {
 	if len(r.indexes) == 0 {
@@ -285,7 +300,7 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 		s.pendDims = append(append(s.pendDims, c.Offsets...), c.Sizes...)
 		s.pendRank = append(s.pendRank, int32(len(c.Offsets)))
 		s.built++
-		return chunkRef(s.pendBase + len(s.pendRank) - 1), true, nil
+		return s.slabs.chunk(s.pendBase + len(s.pendRank) - 1), true, nil
 	case recordIndex:
 		idx, err := decodeIndex(obj)
 		if err != nil {
@@ -305,33 +320,51 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 }
 
 // tensor decodes a TensorStorageMetadata whose chunks are the pending
-// ones, in order, and copies their dims into one array of its own.
+// ones, in order, and copies their dims into one array of its own: flat,
+// when every chunk has the tensor's rank (no ChunkMetadata is made), else
+// Chunks, slices of it.
 func (s *stream) tensor(obj *pickle.Object) (*streamTensor, error) {
 	var pos, n int
 	var dims []int64
+	// uniform: every pending chunk has one rank (then only their count
+	// and order are checked here).
+	uniform := !slices.ContainsFunc(s.pendRank, func(r int32) bool { return r != s.pendRank[0] })
 	claim := func(i int, v any) (ChunkMetadata, error) {
-		ref, ok := v.(chunkRef)
-		if !ok || int(ref) != s.pendBase+i || i >= len(s.pendRank) {
+		ref, ok := v.(*chunkRef)
+		if !ok || int(*ref) != s.pendBase+i || i >= len(s.pendRank) {
 			return ChunkMetadata{}, errStream
+		}
+		n++
+		if uniform {
+			return ChunkMetadata{}, nil
 		}
 		r := int(s.pendRank[i])
 		c := ChunkMetadata{Offsets: dims[pos : pos+r : pos+r], Sizes: dims[pos+r : pos+2*r : pos+2*r]}
 		pos += 2 * r
-		n++
 		return c, nil
 	}
 	// The dims of every pending chunk, copied once: the chunks claimed
 	// are the first ones, in order (claim checks).
 	dims = append(make([]int64, 0, len(s.pendDims)), s.pendDims...)
-	t, err := decodeTensor("", obj, claim)
+	t, err := decodeTensor("", obj, claim, !uniform)
 	if err != nil {
 		return nil, err
 	}
 	if n != len(s.pendRank) {
 		return nil, errStream // chunks built outside any tensor's list
 	}
-	if !slices.ContainsFunc(s.pendRank, func(r int32) bool { return int(r) != len(t.Size) }) {
-		t.flat, t.n, t.Chunks = dims, n, nil
+	switch {
+	case n == 0 || (uniform && int(s.pendRank[0]) == len(t.Size)):
+		t.flat, t.n = dims, n
+	case uniform:
+		// Chunks of another rank than the tensor's: kept as they are,
+		// for Validate to report.
+		r := int(s.pendRank[0])
+		t.Chunks = make([]ChunkMetadata, n)
+		for i := range t.Chunks {
+			b := dims[2*r*i : 2*r*(i+1) : 2*r*(i+1)]
+			t.Chunks[i] = ChunkMetadata{Offsets: b[:r:r], Sizes: b[r:]}
+		}
 	}
 	s.pendBase += n
 	s.pendDims, s.pendRank = s.pendDims[:0], s.pendRank[:0]
@@ -393,12 +426,19 @@ func (s *stream) put(idx Index, info StorageInfo) bool {
 }
 
 func (s *stream) file(rel string) int32 {
-	if i, ok := s.fileIdx[rel]; ok {
+	// Entries come rank after rank, tensor after tensor: the file after
+	// the last one's is tried before the map.
+	if i := s.lastFile + 1; i < int32(len(s.files)) && s.files[i] == rel {
+		s.lastFile = i
 		return i
 	}
-	i := int32(len(s.files))
-	s.files = append(s.files, rel)
-	s.fileIdx[rel] = i
+	i, ok := s.fileIdx[rel]
+	if !ok {
+		i = int32(len(s.files))
+		s.files = append(s.files, rel)
+		s.fileIdx[rel] = i
+	}
+	s.lastFile = i
 	return i
 }
 
@@ -425,7 +465,10 @@ func (st *streamTensor) find(offs []int64) []int32 {
 		for i := range st.order {
 			st.order[i] = int32(i)
 		}
-		slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(at(a), at(b)) })
+		cmp := func(a, b int32) int { return slices.Compare(at(a), at(b)) }
+		if !slices.IsSortedFunc(st.order, cmp) { // as the chunks of a split on dim 0 are
+			slices.SortStableFunc(st.order, cmp)
+		}
 	}
 	// Storage entries come in the chunks' order, mostly: try where the
 	// last one ended first (the first of a run of equal offsets).
@@ -471,9 +514,13 @@ func (s *stream) lookup(fqn string, i int) (StorageInfo, bool) {
 	if st == nil || i >= len(st.store) || st.store[i].file < 0 {
 		return StorageInfo{}, false
 	}
-	sc := st.store[i]
+	return s.info(st.store[i]), true
+}
+
+// info is the storage of a chunk stored somewhere.
+func (s *stream) info(sc storedChunk) StorageInfo {
 	return StorageInfo{RelativePath: s.files[sc.file], Offset: sc.off, Length: sc.length,
-		TransformDescriptors: s.xforms[sc.xform]}, true
+		TransformDescriptors: s.xforms[sc.xform]}
 }
 
 // decodeMetadataStream decodes data as decodeMetadataBytes does, through

@@ -19,30 +19,30 @@ import (
 // how a flat key unflattens anyway, since dcp_to_torch_save needs a path for
 // every key), then the entries that name no item. What PlannerErr reports
 // is not written back.
-func EncodeMetadata(w io.Writer, m *Metadata) error {
-	e := pickle.NewEncoder()
+func EncodeMetadata(w io.Writer, m *Metadata) error { return encodeMetadata(w, m, pickle.NewEncoder()) }
+
+// encodeMetadata is EncodeMetadata with e (a memo encoder: a file of the
+// shape torch writes, for tests and benchmarks).
+func encodeMetadata(w io.Writer, m *Metadata, e *pickle.Encoder) error {
 	e.Object(modMetadata, "Metadata", func() {
 		e.Dict(func() {
 			e.Str("state_dict_metadata")
-			e.Dict(func() {
-				for _, it := range m.Items {
-					e.Str(it.FQN)
-					if it.Tensor == nil {
-						e.Object(modMetadata, "BytesStorageMetadata", func() { e.Dict(nil) })
-					} else {
-						encodeTensor(e, it.Tensor)
-					}
+			e.DictOf(len(m.Items), func(i int) {
+				it := m.Items[i]
+				e.Str(it.FQN)
+				if it.Tensor == nil {
+					e.Object(modMetadata, "BytesStorageMetadata", func() { e.Dict(nil) })
+				} else {
+					encodeTensor(e, it.Tensor)
 				}
 			})
 			e.Str("planner_data")
 			encodePlanner(e, m)
 			e.Str("storage_data")
-			e.Dict(func() {
-				pos := chunkPositions(m)
-				for _, s := range m.Storage {
-					encodeIndex(e, s.Index, pos)
-					encodeStorageInfo(e, s.Info)
-				}
+			pos := chunkPositions(m)
+			e.DictOf(len(m.Storage), func(i int) {
+				encodeIndex(e, m.Storage[i].Index, pos)
+				encodeStorageInfo(e, m.Storage[i].Info)
 			})
 			if m.Version != "" {
 				e.Str("version")

@@ -170,6 +170,8 @@ type builder struct {
 	// each of a million chunks is one map lookup (FileSet.Get cleans the
 	// name and takes a lock).
 	files map[string]*ckpt.File
+	// stFiles are the same by the stream's file index (nil: not yet).
+	stFiles []*ckpt.File
 }
 
 // lookup is m.Lookup of chunk i of tensor fqn, at offset (i < 0, offset
@@ -218,14 +220,37 @@ func (b *builder) file(what func() string, info StorageInfo) (*ckpt.File, error)
 		}
 		b.files[info.RelativePath] = f
 	}
+	return f, b.within(what, f, info)
+}
+
+// fileAt is file for a storage entry of the stream whose file index is
+// i: a slice index, not a map lookup of its name, per chunk.
+func (b *builder) fileAt(what func() string, i int32, info StorageInfo) (*ckpt.File, error) {
+	if int(i) < len(b.stFiles) && b.stFiles[i] != nil {
+		f := b.stFiles[i]
+		return f, b.within(what, f, info)
+	}
+	f, err := b.file(what, info)
+	if err != nil {
+		return nil, err
+	}
+	if int(i) >= len(b.stFiles) {
+		b.stFiles = append(b.stFiles, make([]*ckpt.File, int(i)+1-len(b.stFiles))...)
+	}
+	b.stFiles[i] = f
+	return f, nil
+}
+
+// within checks that info's record lies within f.
+func (b *builder) within(what func() string, f *ckpt.File, info StorageInfo) error {
 	loc := func() string { return fmt.Sprintf("%s@%d+%d", f.Rel, info.Offset, info.Length) }
 	if info.Offset < 0 || info.Length < 0 {
-		return nil, invalidf("%s stored in %s: negative offset or length", what(), loc())
+		return invalidf("%s stored in %s: negative offset or length", what(), loc())
 	}
 	if info.Offset > f.Size() || info.Length > f.Size()-info.Offset {
-		return nil, invalidf("%s stored in %s past end of file (size %d)", what(), loc(), f.Size())
+		return invalidf("%s stored in %s past end of file (size %d)", what(), loc(), f.Size())
 	}
-	return f, nil
+	return nil
 }
 
 func (b *builder) object(fqn string) error {
@@ -266,10 +291,15 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 	if n > math.MaxInt32 {
 		return invalidf("tensor %q: %d chunks", fqn, n)
 	}
-	t.Chunks.Grow(n, len(tm.Size))
-	for i := range n {
-		off, size := tm.chunk(i)
-		t.Chunks.Add(off, size, nil)
+	if tm.flat != nil {
+		// The stream's array, in the form ckpt.Chunks keeps.
+		t.Chunks = ckpt.ChunksOf(n, len(tm.Size), tm.flat)
+	} else {
+		t.Chunks.Grow(n, len(tm.Size))
+		for i := range n {
+			off, size := tm.chunk(i)
+			t.Chunks.Add(off, size, nil)
+		}
 	}
 	// Tiling first: it also bounds every size used below.
 	if err := t.Validate(); err != nil {
@@ -285,17 +315,40 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		srcs = make([]recordSource, n)
 	}
 	rt := &recordTensor{name: fqn, dtype: tm.Properties.DType, elemSize: elem, tmpDir: b.opts.TempDir, files: b.c.Files, chunks: &t.Chunks}
+	var st *streamTensor // the stream's storage of fqn's chunks
+	if b.st != nil {
+		st = b.st.byFQN[fqn]
+	}
+	// One closure for every chunk's name in errors, made once: per chunk,
+	// it was an allocation each.
+	var offs []int64
+	what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(offs)) }
 	for i, ch := range t.Chunks.All() {
-		what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(ch.Offsets)) }
-		info, ok := b.lookup(fqn, i, ch.Offsets)
-		if !ok {
-			return invalidf("%s has no storage_data entry", what())
+		offs = ch.Offsets
+		var info StorageInfo
+		var f *ckpt.File
+		var err error
+		if b.st != nil {
+			var sc storedChunk
+			if st != nil && i < len(st.store) {
+				sc = st.store[i]
+			}
+			if st == nil || i >= len(st.store) || sc.file < 0 {
+				return invalidf("%s has no storage_data entry", what())
+			}
+			info = b.st.info(sc)
+			f, err = b.fileAt(what, sc.file, info)
+		} else {
+			var ok bool
+			if info, ok = b.lookup(fqn, i, ch.Offsets); !ok {
+				return invalidf("%s has no storage_data entry", what())
+			}
+			f, err = b.file(what, info)
 		}
-		zstd, err := transform(info.TransformDescriptors)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what(), err)
+		zstd, terr := transform(info.TransformDescriptors)
+		if terr != nil {
+			return fmt.Errorf("%s: %w", what(), terr)
 		}
-		f, err := b.file(what, info)
 		if err != nil {
 			return err
 		}
