@@ -102,7 +102,8 @@ def gen(work, name, script, *args):
         log(f"generating {name} ({script} {' '.join(args)}) ...")
         t = time.perf_counter()
         r = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", PY, os.path.join(HERE, script), out, *args], check=True,
-                           stderr=subprocess.PIPE, text=True, env={**os.environ, "USE_LIBUV": "0"})
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "USE_LIBUV": "0"})
+        log("  " + r.stdout.strip())
         u, sy, m = r.stderr.strip().splitlines()[-1].split()
         with open(stamp, "w") as f:
             json.dump(dict(script=script, args=args, wall_s=round(time.perf_counter() - t, 1),
@@ -352,6 +353,43 @@ def table(rows):
     return "\n".join(lines)
 
 
+def fit(rows, x, y):
+    """Least squares y = a + b·x over rows (a, b, R²), x and y functions of a row."""
+    pts = [(x(r), y(r)) for r in rows]
+    n = len(pts)
+    if n < 2:
+        return None
+    mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+    b = sxy / sxx
+    a = my - b * mx
+    ss = sum((p[1] - my) ** 2 for p in pts)
+    r2 = 1 - sum((p[1] - a - b * p[0]) ** 2 for p in pts) / ss if ss else 1.0
+    return a, b, r2
+
+
+def constants(rows):
+    """The DCP rows' cost per chunk, fitted: inspect CPU and the first ls's
+    mount CPU per chunk, counted bytes per view chunk, .metadata bytes per chunk."""
+    dcp = [r for r in rows if r["format"] == "dcp"]
+    out = []
+    for what, x, y, unit, scale in (
+            ("inspect CPU", lambda r: r["chunks"], lambda r: r["inspect_cpu_s"], "µs per chunk", 1e6),
+            ("first ls, mount CPU (first view)", lambda r: r["chunks"], lambda r: r["first_ls_cpu_s"][0],
+             "µs per chunk", 1e6),
+            ("counted per view", lambda r: r["view_chunks"], lambda r: r["counted_per_view_MiB"][-1] * 2**20,
+             "B per view chunk", 1),
+            ("inspect peak RSS", lambda r: r["chunks"], lambda r: r["inspect_peak_MiB"] * 2**20, "B per chunk", 1),
+            (".metadata", lambda r: r["chunks"], lambda r: r["metadata_MiB"] * 2**20, "B per chunk", 1)):
+        f = fit(dcp, x, y)
+        if f:
+            a, b, r2 = f
+            base = f"{a:.2f} s" if scale != 1 else f"{a / 2**20:.1f} MiB"
+            out.append(f"- {what}: {base} + {b * scale:.2f} {unit} (R² {r2:.4f}, {len(dcp)} rows)")
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -363,7 +401,13 @@ def main():
     ap.add_argument("--hfsharded-files", default="1024")
     ap.add_argument("--torch-max-mib", type=float, default=256,
                     help="torch's pickle.load of a DCP .metadata larger than this is skipped")
+    ap.add_argument("--table", help="print the table and constants of a saved JSON output, run nothing")
     a = ap.parse_args()
+    if a.table:
+        with open(a.table) as f:
+            rows = json.load(f)
+        print(table(rows) + "\n\n" + constants(rows))
+        return
     work = os.path.abspath(a.work)
     binary = os.path.abspath(a.bin)
     formats = a.formats.split(",")
@@ -379,7 +423,7 @@ def main():
         rows += [case_deepspeed(binary, work, int(w), stage) for w in a.deepspeed_ranks.split(",") for stage in (3, 2)]
     if "hfsharded" in formats:
         rows += [case_hfsharded(binary, work, int(w)) for w in a.hfsharded_files.split(",")]
-    log(table(rows))
+    log(table(rows) + "\n\n" + constants(rows))
     print(json.dumps(rows))
 
 
