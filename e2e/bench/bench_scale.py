@@ -112,10 +112,16 @@ def gen(work, name, script, *args):
         return out, json.load(f)
 
 
+class Refused(Exception):
+    """A command that exited non-zero: its last line of stderr."""
+
+
 def timed(cmd):
     """Wall and CPU (user + sys) seconds, peak RSS (MiB) and stdout of a command."""
     r = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, check=True)
+                       text=True)
+    if r.returncode != 0:
+        raise Refused(next((l for l in r.stderr.splitlines() if l.strip() and "exit status" not in l), "?").strip())
     secs, u, sy, kib = r.stderr.strip().splitlines()[-1].split()
     return float(secs), float(u) + float(sy), int(kib) / 1024, r.stdout
 
@@ -147,7 +153,10 @@ def inspect_row(binary, src):
     """ckptfs inspect of src: tensors, chunks (and those the view shows),
     wall, CPU, peak, CPU µs per chunk."""
     drop_caches()
-    secs, cpu_s, peak, js = timed([binary, "inspect", "--json", src])
+    try:
+        secs, cpu_s, peak, js = timed([binary, "inspect", "--json", src])
+    except Refused as e:
+        return dict(inspect_error=str(e))
     rep = json.loads(js)
     chunks = sum(t["chunks"] for t in rep["tensors"])
     in_view = {n for v in rep.get("view_tensors", []) for n in v["sources"]}
@@ -165,8 +174,10 @@ def baseline(out, script, *args, skip=None):
         return
     wall, _, peak, stdout = timed([PY, "-c", script, *args])
     secs = float(stdout.split()[-1])
-    out.update(torch_s=round(secs, 2), torch_wall_s=round(wall, 2), torch_peak_MiB=round(peak),
-               inspect_speedup=round(secs / out["inspect_s"], 1), inspect_memory_ratio=round(out["inspect_peak_MiB"] / peak, 3))
+    out.update(torch_s=round(secs, 2), torch_wall_s=round(wall, 2), torch_peak_MiB=round(peak))
+    if "inspect_s" in out:
+        out.update(inspect_speedup=round(secs / out["inspect_s"], 1),
+                   inspect_memory_ratio=round(out["inspect_peak_MiB"] / peak, 3))
 
 
 def first_ls(m, view, index="model.safetensors.index.json"):
@@ -186,6 +197,12 @@ def counted(m):
     return sorted(v.get("metadata_bytes", 0) for v in m.stats()["views"])
 
 
+def refused(name, out):
+    """A row whose checkpoint ckptfs refused: no mount (it refuses the same)."""
+    log(f"  {name}: refused: {json.dumps(out)}")
+    return out
+
+
 def case_dcp(binary, work, ranks, adam, torch_max_mib):
     name = f"dcp_w{ranks}{'_adam' if adam else ''}"
     src, g = gen(work, name, "gen_scale.py", "--ranks", str(ranks), *(["--adam"] if adam else []))
@@ -193,9 +210,11 @@ def case_dcp(binary, work, ranks, adam, torch_max_mib):
     mib = os.path.getsize(meta) / 2**20
     out = dict(format="dcp", ranks=ranks, optim=adam, gen_s=g["wall_s"], gen_peak_MiB=g["peak_MiB"],
                metadata_MiB=round(mib, 1), load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, src))
-    out["metadata_B_per_chunk"] = round(os.path.getsize(meta) / out["chunks"])
     baseline(out, PICKLE_LOAD, meta, skip=mib > torch_max_mib and
              f".metadata {mib:.0f} MiB > {torch_max_mib} MiB (W=512 with Adam, 216 MiB: 3.8 GiB, 27-122 s here)")
+    if "inspect_error" in out:
+        return refused(name, out)
+    out["metadata_B_per_chunk"] = round(os.path.getsize(meta) / out["chunks"])
 
     # Three copies in one mount: each view opened in turn (ls, first byte).
     base = copies(src, 3)
@@ -240,8 +259,10 @@ def case_megatron(binary, work, optim):
     out = dict(format="megatron-torch_dist MoE", ranks=1024, optim=optim, gen_s=g["wall_s"],
                metadata_MiB=round(os.path.getsize(meta) / 2**20, 1), load_avg=[round(x, 1) for x in os.getloadavg()],
                **inspect_row(binary, src))
-    out["metadata_B_per_chunk"] = round(os.path.getsize(meta) / out["chunks"])
     baseline(out, PICKLE_LOAD, meta)
+    if "inspect_error" in out:
+        return refused(name, out)
+    out["metadata_B_per_chunk"] = round(os.path.getsize(meta) / out["chunks"])
     mounted_view(binary, work, out, os.path.dirname(src), os.path.basename(src))
     log(f"  {name}: {json.dumps(out)}")
     return out
@@ -254,6 +275,8 @@ def case_legacy(binary, work):
     out = dict(format="megatron-legacy TP8xPP16", ranks=128, optim=False, gen_s=g["wall_s"],
                load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, it))
     baseline(out, TORCH_LOAD_FILES, it, "mp_rank_*/model_optim_rng.pt")
+    if "inspect_error" in out:
+        return refused(name, out)
     mounted_view(binary, work, out, src, "iter_0000001")
     log(f"  {name}: {json.dumps(out)}")
     return out
@@ -270,6 +293,8 @@ def case_deepspeed(binary, work, ranks, stage):
     out = dict(format=f"deepspeed-zero{stage}", ranks=ranks, optim=True, gen_s=g["wall_s"],
                load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, step))
     baseline(out, TORCH_LOAD_FILES, step, "*_states.pt")
+    if "inspect_error" in out:
+        return refused(f"ds_zero{stage}_w{ranks}", out)
     mnt = os.path.join(work, "mnt")
     drop_caches()
     m = Mount(binary, src, mnt)
@@ -318,6 +343,8 @@ def case_hfsharded(binary, work, files):
     out = dict(format="hf-sharded", ranks=files, optim=False, gen_s=g["wall_s"],
                load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, src))
     baseline(out, HF_READ_METADATA, src)
+    if "inspect_error" in out:
+        return refused(f"hfsharded_w{files}", out)
     mounted_view(binary, work, out, os.path.dirname(src), os.path.basename(src))
     log(f"  hf-sharded {files} files: {json.dumps(out)}")
     return out
@@ -334,6 +361,10 @@ def table(rows):
             "| mount peak |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
+        if "inspect_error" in r:
+            lines.append(f"| {r['format']} | {r['ranks']} | {'yes' if r['optim'] else 'no'} | – "
+                         f"| {r.get('metadata_MiB', '–')} MiB | refused: `{r['inspect_error']}` |" + " – |" * 6)
+            continue
         if "torch_s" in r:
             torch_ = f"{r['torch_s']} s / {r['torch_peak_MiB']} MiB ({r['inspect_speedup']}x)"
         else:
@@ -372,7 +403,7 @@ def fit(rows, x, y):
 def constants(rows):
     """The DCP rows' cost per chunk, fitted: inspect CPU and the first ls's
     mount CPU per chunk, counted bytes per view chunk, .metadata bytes per chunk."""
-    dcp = [r for r in rows if r["format"] == "dcp"]
+    dcp = [r for r in rows if r["format"] == "dcp" and "inspect_error" not in r]
     out = []
     for what, x, y, unit, scale in (
             ("inspect CPU", lambda r: r["chunks"], lambda r: r["inspect_cpu_s"], "µs per chunk", 1e6),
