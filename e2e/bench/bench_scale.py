@@ -237,8 +237,9 @@ def case_dcp(binary, work, ranks, adam, torch_max_mib):
     return out
 
 
-def mounted_view(binary, work, out, root, view, index="model.safetensors.index.json"):
-    """A mount of root: first ls of root/view, first byte, counted bytes, peak."""
+def mounted_view(binary, work, out, root, view, index="model.safetensors.index.json", check=None):
+    """A mount of root: first ls of root/view, first byte, counted bytes,
+    peak; then check(view directory), if given, while it is mounted."""
     mnt = os.path.join(work, "mnt")
     drop_caches()
     m = Mount(binary, root, mnt)
@@ -249,8 +250,80 @@ def mounted_view(binary, work, out, root, view, index="model.safetensors.index.j
                    counted_per_view_MiB=[round(b / 2**20, 1) for b in c],
                    counted_B_per_view_chunk=round(c[-1] / max(out["view_chunks"], 1)) if c else None,
                    mount_peak_MiB=round(m.peak_rss_mib()))
+        if check:
+            check(os.path.join(mnt, view))
     finally:
         m.close()
+
+
+def legacy_expected(it):
+    """The view of a Megatron legacy checkpoint (the megatron-gpt mapping's
+    HF Llama names) built by torch from its rank files: TP slices
+    concatenated (column-parallel on dim 0, row-parallel on dim 1,
+    linear_fc1 as [gate_r; up_r] per rank), the fused QKV split per query
+    group, the padded vocabulary cut, each stage's layers numbered on."""
+    import glob
+
+    import torch
+
+    files = {}
+    for f in glob.glob(os.path.join(it, "mp_rank_*", "model_optim_rng.pt")):
+        tp, pp = map(int, os.path.basename(os.path.dirname(f))[len("mp_rank_"):].split("_"))
+        files[tp, pp] = torch.load(f, map_location="cpu", weights_only=False)
+    args = files[0, 0]["args"]
+    tp, pp, layers = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.num_layers
+    per, d, hpg = layers // pp, args.kv_channels, args.num_attention_heads // args.num_query_groups
+
+    def cat(stage, name, dim):
+        return torch.cat([files[r, stage]["model"][name] for r in range(tp)], dim)
+
+    out = {"model.embed_tokens.weight": cat(0, "embedding.word_embeddings.weight", 0)[:args.vocab_size],
+           "lm_head.weight": cat(pp - 1, "output_layer.weight", 0)[:args.vocab_size],
+           "model.norm.weight": files[0, pp - 1]["model"]["decoder.final_layernorm.weight"]}
+    for layer in range(layers):
+        s, p, h = layer // per, f"decoder.layers.{layer % per}.", f"model.layers.{layer}."
+        m0 = files[0, s]["model"]
+        qkv = cat(s, p + "self_attention.linear_qkv.weight", 0).view(args.num_query_groups, (hpg + 2) * d, -1)
+        fc1 = [files[r, s]["model"][p + "mlp.linear_fc1.weight"] for r in range(tp)]
+        out.update({
+            h + "input_layernorm.weight": m0[p + "input_layernorm.weight"],
+            h + "post_attention_layernorm.weight": m0[p + "pre_mlp_layernorm.weight"],
+            h + "self_attn.q_proj.weight": qkv[:, :hpg * d].reshape(-1, args.hidden_size),
+            h + "self_attn.k_proj.weight": qkv[:, hpg * d:(hpg + 1) * d].reshape(-1, args.hidden_size),
+            h + "self_attn.v_proj.weight": qkv[:, (hpg + 1) * d:].reshape(-1, args.hidden_size),
+            h + "self_attn.o_proj.weight": cat(s, p + "self_attention.linear_proj.weight", 1),
+            h + "mlp.gate_proj.weight": torch.cat([t[:len(t) // 2] for t in fc1]),
+            h + "mlp.up_proj.weight": torch.cat([t[len(t) // 2:] for t in fc1]),
+            h + "mlp.down_proj.weight": cat(s, p + "mlp.linear_fc2.weight", 1)})
+    return out
+
+
+def check_view(view, expected):
+    """Every tensor of the view's safetensors files equals expected's, bit
+    for bit, and the names are the same; returns the bytes compared."""
+    import torch
+    from safetensors import safe_open
+
+    seen, n, bad = set(), 0, None
+    for f in sorted(os.listdir(view)):
+        if not f.endswith(".safetensors") or bad:
+            continue
+        with safe_open(os.path.join(view, f), "pt") as st:
+            for k in st.keys():
+                got, want = st.get_tensor(k), expected.get(k)
+                if want is None or got.dtype != want.dtype or got.shape != want.shape or not torch.equal(
+                        got.view(torch.uint8), want.contiguous().view(torch.uint8)):
+                    bad = f"{view}/{f}: {k}: differs from the tensor torch built from the rank files"
+                    break
+                seen.add(k)
+                n += got.numel() * got.element_size()
+        got = want = None  # nothing of the view held: the mount must unmount
+    if bad:
+        raise SystemExit(bad)
+    if seen != set(expected):
+        raise SystemExit(f"{view}: view names differ from torch's: missing {sorted(set(expected) - seen)[:5]}, "
+                         f"extra {sorted(seen - set(expected))[:5]}")
+    return n
 
 
 def case_megatron(binary, work, optim):
@@ -278,7 +351,14 @@ def case_legacy(binary, work):
     baseline(out, TORCH_LOAD_FILES, it, "mp_rank_*/model_optim_rng.pt")
     if "inspect_error" in out:
         return refused(name, out)
-    mounted_view(binary, work, out, src, "iter_0000001")
+    expected = legacy_expected(it)
+
+    def check(view):
+        t = time.perf_counter()
+        out["bytes_checked"] = check_view(view, expected)
+        out["read_check_s"] = round(time.perf_counter() - t, 2)
+
+    mounted_view(binary, work, out, src, "iter_0000001", check=check)
     log(f"  {name}: {json.dumps(out)}")
     return out
 
@@ -393,6 +473,8 @@ def fit(rows, x, y):
         return None
     mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
     sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if sxx == 0:  # one size only
+        return None
     sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
     b = sxy / sxx
     a = my - b * mx
