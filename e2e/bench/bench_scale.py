@@ -13,9 +13,9 @@ stale one.
 - dcp: torch DCP of W FSDP ranks (gen_scale.py: Llama-405B shapes, dim-0
   shards, sparse shard files), with and without Adam state; three copies of
   each in one mount, opened in turn. torch's pickle.load of the .metadata
-  is run where the file is at most --torch-max-mib (300: it takes 17.8
-  bytes of memory per byte of .metadata and up to 0.56 s per MiB here, so
-  larger ones approach 8 GB or 3 min: the row says skipped).
+  is run where the file is at most --torch-max-mib (its memory and time
+  grow with the file: larger ones approach 8 GB or 3 min on the bench VM,
+  BENCHMARKS.md run Y-scale; the row says skipped).
 - megatron: Megatron-Core torch_dist of a MoE from 1024 ranks
   (gen_megatron_moe_scale.py, with and without optimizer state; pickle.load
   of its .metadata).
@@ -26,7 +26,9 @@ stale one.
 - hfsharded: safetensors of W files (gen_hfsharded_scale.py: sparse;
   HuggingFaceStorageReader.read_metadata).
 - legacy: Megatron-LM legacy TP 8 x PP 16 (gen_megatron_legacy_scale.py:
-  128 model_optim_rng.pt; torch.load of every rank file).
+  128 model_optim_rng.pt; torch.load of every rank file; every view tensor
+  read through the mount and compared bit for bit with the one torch
+  builds from the rank files).
 
     python e2e/bench/bench_scale.py --bin bin/ckptfs --work .bench [--ranks 64,256,1024,2048] [--adam both|yes|no]
         [--formats dcp,megatron,deepspeed,hfsharded,legacy] [--deepspeed-ranks 512] [--hfsharded-files 1024]

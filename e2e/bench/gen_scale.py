@@ -14,11 +14,12 @@ The .metadata is the bytes pickle.dump writes for torch's own Metadata
 (TensorStorageMetadata, ChunkStorageMetadata, MetadataIndex, _StorageInfo)
 as dcp.save pickles it; as in a real save, the objects of each rank's write
 results are distinct (they were gathered), and a rank's relative_path is one
-string. Built as objects (--slow: build()), W = 512 with Adam took 4 min and
-4 GB, W = 2048 would take ~16 GB; so by default the pickle stream is written
-tensor by tensor (Stream: the opcodes, memo, batches and frames of pickle's
-C pickler at protocol 4), in memory of the order of W + tensors. The two are
-byte-identical (e2e/test_bench_gen.py compares them at several sizes).
+string. Built as objects (--slow: build()), the memory grows with the chunks
+(gigabytes from W = 512 with Adam: BENCHMARKS.md, run Y-scale); so by
+default the pickle stream is written tensor by tensor (Stream: the opcodes,
+memo, batches and frames of pickle's C pickler at protocol 4), in memory of
+the order of W + tensors. The two are byte-identical (e2e/test_bench_gen.py
+compares them at several sizes).
 
     python e2e/bench/gen_scale.py OUT --ranks 512 [--adam] [--layers 126] [--slow]
 """
