@@ -17,7 +17,7 @@ results are distinct (they were gathered), and a rank's relative_path is one
 string. Built as objects (--slow: build()), the memory grows with the chunks
 (gigabytes from W = 512 with Adam: BENCHMARKS.md, run Y-scale); so by
 default the pickle stream is written tensor by tensor (Stream: the opcodes,
-memo, batches and frames of pickle's C pickler at protocol 4), in memory of
+memo, batches and frames of pickle's C pickler at the default protocol), in memory of
 the order of W + tensors. The two are byte-identical (e2e/test_bench_gen.py
 compares them at several sizes).
 
@@ -156,6 +156,10 @@ def build(a):
     return w.metadata(), w.sizes
 
 
+# dcp.save pickles with the default protocol; 4 and 5 write these objects
+# with the same opcodes.
+PROTOCOL = pickle.DEFAULT_PROTOCOL
+assert PROTOCOL in (4, 5), PROTOCOL
 FRAME = 64 * 1024  # pickle's _FRAME_SIZE_TARGET
 BATCH = 1000  # pickle's _BATCHSIZE
 
@@ -185,7 +189,7 @@ def str_op(s):
 
 
 class Stream:
-    """The bytes of pickle.dump(obj, f) (the C pickler, protocol 4), for the
+    """The bytes of pickle.dump(obj, f) (the C pickler, protocol 4 or 5), for the
     objects dcp.save pickles, written as they are described. Every save()
     of the pickler begins with b(): there it ends a frame of 64 KiB or more.
     Objects are memoized in the order the pickler memoizes them; memo keys
@@ -197,7 +201,7 @@ class Stream:
         self.buf = bytearray()
         self.n = 0
         self.memo = {}
-        f.write(b"\x80\x04")
+        f.write(b"\x80" + bytes((PROTOCOL,)))
 
     def b(self):
         if len(self.buf) >= FRAME:
