@@ -46,7 +46,10 @@ type Options struct {
 	// MaxStack bounds the number of values on the stack, marks included
 	// (default 1<<20).
 	MaxStack int
-	// MaxMemo bounds the number of memo entries (default 1<<26).
+	// MaxMemo bounds the number of memo entries kept (default 1<<26).
+	// With a Sink, an entry the pickle never gets again is not kept and
+	// not counted: torch's .metadata memoizes ~15 objects per chunk and
+	// gets a few of them back, so its puts pass 1<<26 from ~4 M chunks.
 	MaxMemo int
 	// Sink, when set, takes objects and dict items as they complete
 	// (sink.go), and the memo keeps only what the pickle gets again.
@@ -439,9 +442,8 @@ func (d *decoder) memoPut(idx uint32, s slot) error {
 		if int64(idx) != int64(d.memoLen()) {
 			return d.fail("memo index %d out of order", idx)
 		}
-		if d.memoLen() >= d.opts.MaxMemo {
-			return d.limit("more than %d memo entries", d.opts.MaxMemo)
-		}
+		// scanRefs bounded what is kept by MaxMemo and the puts by the
+		// index's width: an entry never gotten again is only counted.
 		d.pruned++ // counted here, kept (or not) in refs
 		e, ok := d.refs.at(idx)
 		if !ok {

@@ -368,7 +368,7 @@ func (d *decoder) recordState() (build int, ok bool) {
 			}
 		case opMEMOIZE:
 			// Most entries are never read back: counted, and that is all.
-			if idx := d.memoLen() + r.puts; idx < d.opts.MaxMemo && len(r.vals) > r.base() && !d.refs.has(uint32(idx)) {
+			if idx := d.memoLen() + r.puts; len(r.vals) > r.base() && !d.refs.has(uint32(idx)) {
 				r.puts++
 				continue
 			}
@@ -547,7 +547,7 @@ func (d *decoder) recPut(op byte) bool {
 			return false
 		}
 	}
-	if idx >= uint64(d.opts.MaxMemo) || len(r.vals) <= r.base() {
+	if len(r.vals) <= r.base() {
 		return false
 	}
 	r.puts++

@@ -73,8 +73,10 @@ func TestRecordFastShapes(t *testing.T) {
 		{"a call of an int", rec4(a + "K\x01K\x01\x85\x94\x85\x94R\x94"), Options{}, 0, false},
 		{"a get of an entry not put", rec4(a + "h\x30"), Options{}, 0, false},
 		{"truncated", rec4(a + "K\x01")[:44], Options{}, 0, false},
-		{"memo at the limit", rec4(a + "K\x01"), Options{MaxMemo: 10}, 0, false},
-		{"memo just enough", rec4(a + "K\x01"), Options{MaxMemo: 11}, 1, true},
+		// MaxMemo counts the entries kept: with a sink, those gotten again.
+		{"memo past the limit, none got again", rec4(a + "K\x01"), Options{MaxMemo: 1}, 1, true},
+		{"memo gets at the limit", rec4(a+size("K\x01", 0x85), b+"K\x02"), Options{MaxMemo: 2}, 2, true},
+		{"memo gets past the limit", rec4(a+size("K\x01", 0x85), b+"K\x02"), Options{MaxMemo: 1}, 0, false},
 		{"items short", rec4(a + "K\x01"), Options{MaxItems: 3}, 1, false},
 		{"a long string", rec4(a + "\x8c\x05abcde\x94"), Options{MaxStringLen: 4}, 0, false},
 	} {

@@ -263,7 +263,9 @@ func TestRecordShapes(t *testing.T) {
 		// The list's APPENDS is the 5th item: the record is taken, and the VM fails after it.
 		{"items one short", recPickle("X\x01\x00\x00\x00aK\x01"), Options{MaxItems: 4}, true},
 		{"items short inside the record", recPickle("X\x01\x00\x00\x00aK\x01"), Options{MaxItems: 3}, false},
-		{"memo at the limit", "\x80\x02cm\nC\n)\x81q\x00}q\x01(X\x01\x00\x00\x00aq\x02K\x01ub.", Options{MaxMemo: 2}, false},
+		// With a sink, MaxMemo counts the entries gotten again (none here).
+		{"memo puts past the limit", "\x80\x02cm\nC\n)\x81q\x00}q\x01(X\x01\x00\x00\x00aq\x02K\x01ub.", Options{MaxMemo: 2}, true},
+		{"memo gets past the limit", "\x80\x02cm\nC\n)\x81q\x00}q\x01(X\x01\x00\x00\x00aq\x02K\x01ubh\x00h\x01h\x02l.", Options{MaxMemo: 2}, false},
 		{"stack too small for a record", recPickle("X\x01\x00\x00\x00aK\x01"), Options{MaxStack: recStack}, false},
 		{"depth too small for a record", recPickle("X\x01\x00\x00\x00aK\x01"), Options{MaxDepth: 3}, false},
 		{"a long string", recPickle("X\x01\x00\x00\x00aX\x08\x00\x00\x00abcdefgh"), Options{MaxStringLen: 4}, false},

@@ -133,7 +133,7 @@ func (d *decoder) fastState() (build int, ok bool) {
 // fastMemoize reads a MEMOIZE at p of memo entry next, one the pickle
 // never gets.
 func (d *decoder) fastMemoize(p, next int) (int, int, bool) {
-	if p >= len(d.data) || d.data[p] != opMEMOIZE || next >= d.opts.MaxMemo || d.refs.has(uint32(next)) {
+	if p >= len(d.data) || d.data[p] != opMEMOIZE || d.refs.has(uint32(next)) {
 		return p, next, false
 	}
 	return p + 1, next + 1, true

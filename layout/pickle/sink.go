@@ -81,15 +81,24 @@ func (r *refs) has(i uint32) bool {
 	return w < len(r.bits) && r.bits[w]&(1<<(i%64)) != 0
 }
 
-// index makes rank and kept once the bits are known.
-func (r *refs) index() {
-	r.rank = make([]uint32, len(r.bits))
+// index makes rank and kept once the bits are known, or reports false when
+// more than maxKept entries are gotten again.
+func (r *refs) index(maxKept int) bool {
 	n := 0
+	for _, b := range r.bits {
+		n += bits.OnesCount64(b)
+	}
+	if n > maxKept {
+		return false
+	}
+	r.rank = make([]uint32, len(r.bits))
+	n = 0
 	for w, b := range r.bits {
 		r.rank[w] = uint32(n)
 		n += bits.OnesCount64(b)
 	}
 	r.kept = make([]slot, n)
+	return true
 }
 
 func (r *refs) set(i uint32) {
@@ -108,7 +117,9 @@ func (r *refs) set(i uint32) {
 func scanRefs(data []byte, opts Options) *refs {
 	r := &refs{}
 	var puts uint32 // entries put so far: the next index
-	maxMemo := uint32(min(opts.MaxMemo, math.MaxUint32))
+	// An entry that is not gotten again costs nothing, so only the memo
+	// index's width bounds the puts; MaxMemo bounds the entries kept.
+	const maxPuts = math.MaxUint32
 	pos := 0
 	for pos < len(data) {
 		op := data[pos]
@@ -117,8 +128,8 @@ func scanRefs(data []byte, opts Options) *refs {
 		// and the branch predictor follows their repeating pattern.
 		switch op {
 		case opMEMOIZE:
-			if puts++; puts >= maxMemo {
-				return nil // the VM stops at the limit
+			if puts++; puts >= maxPuts {
+				return nil
 			}
 			pos++
 			continue
@@ -154,8 +165,8 @@ func scanRefs(data []byte, opts Options) *refs {
 			pos += 1 + int(k.width)
 			continue
 		case scanMemoize:
-			if puts++; puts >= maxMemo {
-				return nil // the VM stops at the limit
+			if puts++; puts >= maxPuts {
+				return nil
 			}
 			pos++
 			continue
@@ -189,7 +200,7 @@ func scanRefs(data []byte, opts Options) *refs {
 			if n != uint64(puts) {
 				return nil
 			}
-			if puts++; puts >= maxMemo {
+			if puts++; puts >= maxPuts {
 				return nil
 			}
 		case scanFloat:
@@ -203,7 +214,9 @@ func scanRefs(data []byte, opts Options) *refs {
 				pos += i + 1
 			}
 		case scanStop:
-			r.index()
+			if !r.index(opts.MaxMemo) {
+				return nil // the VM keeps every entry, and stops at the limit
+			}
 			return r
 		default:
 			return nil
