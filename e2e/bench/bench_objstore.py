@@ -47,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench import Mount, drop_caches, files, gen, go_build, interleaved, log, read_all, size_of  # noqa: E402
+from bench import Mount, drop_caches, files, gen, go_build, interleaved, log, proc_cpu_seconds, read_all, size_of  # noqa: E402
 import bench_clients  # noqa: E402
 
 SHM = "/dev/shm/ckptfs-bench-objstore"
@@ -329,7 +329,12 @@ def main():
                         return bench_clients.run_client(kind, os.path.join(mnt, "llama"), want, py=cpy)
                     secs, n = access.count(load) if s == "s3" else (load(), None)
                     fig = mount_figures(m, files(os.path.join(mnt, "llama"), "*.safetensors"))
-                    fig.update(mount_start_s=round(start_s, 3), server_requests=n)
+                    c = m.stats()["cache"]
+                    # Where a load's bytes came from: blocks filled (more than the view's when a block
+                    # read ahead is dropped before it is read, and fetched again), and the mount's CPU.
+                    fig.update(mount_start_s=round(start_s, 3), server_requests=n, mount_cpu_s=proc_cpu_seconds(m.proc.pid),
+                               cache={k: c[k] for k in ("fills", "hits", "misses", "read_ahead_issued", "read_ahead_hits",
+                                                        "read_ahead_dropped", "sets_rejected", "keys_evicted")})
                     extra.setdefault(name, []).append(fig)
                     return secs
                 finally:
