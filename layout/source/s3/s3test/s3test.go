@@ -72,6 +72,9 @@ func Start(t *testing.T) *Server {
 // SIGCONT resumes it).
 func (s *Server) Signal(t testing.TB, sig syscall.Signal) { s.proc.Signal(t, sig) }
 
+// Process is the server's process, to freeze or kill.
+func (s *Server) Process() *objstoretest.Process { return s.proc }
+
 // Bucket creates a bucket.
 func (s *Server) Bucket(t testing.TB, name string) {
 	t.Helper()

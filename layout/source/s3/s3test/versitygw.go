@@ -40,7 +40,7 @@ type GatewayOptions struct {
 // stopped at the end of the test, and sets the AWS_* environment (its root
 // credentials, AWS_ENDPOINT_URL, no config files) as Start does. Signal
 // and Kill act on its process.
-func StartGateway(t *testing.T, o GatewayOptions) *Server {
+func StartGateway(t testing.TB, o GatewayOptions) *Server {
 	t.Helper()
 	bin := GatewayBinary(t)
 	if o.Region == "" {
@@ -65,7 +65,7 @@ func StartGateway(t *testing.T, o GatewayOptions) *Server {
 }
 
 // start runs the gateway on a free port and waits for it to answer.
-func (s *Server) start(t *testing.T, bin string) {
+func (s *Server) start(t testing.TB, bin string) {
 	t.Helper()
 	port := objstoretest.FreePort(t)
 	cmd := exec.Command(bin, "--access", GatewayAccessKey, "--secret", GatewaySecretKey, "--region", s.region,
