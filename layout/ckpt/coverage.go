@@ -7,7 +7,8 @@ import (
 )
 
 // Chunk coverage: do a tensor's chunks tile its shape, every element in
-// exactly one chunk?
+// exactly one chunk? (Validate answers the commonest case, rows of the first
+// dimension in order, in one pass before coming here.)
 //
 // Count how many chunks hold each element, minus one for the tensor itself:
 // the chunks tile the shape exactly when that count f is zero everywhere.
