@@ -146,6 +146,12 @@ func (cs *Chunks) At(i int) Chunk {
 	if i < 0 || i >= cs.n {
 		panic("ckpt: chunk index out of range")
 	}
+	off, sizes := cs.box(i)
+	return Chunk{Offsets: off, Sizes: sizes, Source: cs.Source(i)}
+}
+
+// box returns chunk i's offsets and sizes (read-only), without its source.
+func (cs *Chunks) box(i int) (offsets, sizes []int64) {
 	var o0, o1, s1 int
 	if cs.ends == nil {
 		o0 = 2 * i * cs.rank
@@ -156,7 +162,7 @@ func (cs *Chunks) At(i int) Chunk {
 		}
 		o1, s1 = int(cs.ends[2*i]), int(cs.ends[2*i+1])
 	}
-	return Chunk{Offsets: cs.geom[o0:o1:o1], Sizes: cs.geom[o1:s1:s1], Source: cs.Source(i)}
+	return cs.geom[o0:o1:o1], cs.geom[o1:s1:s1]
 }
 
 // Source returns chunk i's source.

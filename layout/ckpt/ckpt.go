@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -189,6 +190,10 @@ type Tensor struct {
 	Shape []int64
 	// Chunks tile Shape exactly: no holes, no overlaps (checked by Validate).
 	Chunks Chunks
+
+	// valid holds a *validMark, set by Validate (valid.go); an atomic.Value
+	// so that a tensor can still be copied, its mark with it.
+	valid atomic.Value
 }
 
 // Chunk is one box of a global tensor stored contiguously in C order (a
@@ -292,9 +297,16 @@ func (t *Tensor) ShardedDims() []int {
 // is in bounds and every element is in exactly one chunk (no overlap, no
 // hole). Empty chunks (a zero size) are allowed anywhere, as torch writes
 // them. An error names the first element covered twice, and two chunks that
-// hold it, or the first element no chunk holds. The check takes O(n log n)
-// for n chunks (see coverage.go).
-func (t *Tensor) Validate() error {
+// hold it, or the first element no chunk holds. Chunks that split the tensor
+// along its first dimension only, in order (FSDP's), are proved to tile it
+// in one pass; any other layout takes O(n log n) for n chunks (see
+// coverage.go). A tensor that passes is marked so that CheckValid need not
+// check it again while it is unchanged.
+func (t *Tensor) Validate() error { return t.validate(true) }
+
+// validate is Validate, with the one-pass proof for rows when fast is set
+// (tests compare the verdicts without it).
+func (t *Tensor) validate(fast bool) error {
 	total, err := NumElements(t.Shape)
 	if err != nil {
 		return fmt.Errorf("tensor %q: %w", t.Name, err)
@@ -305,20 +317,50 @@ func (t *Tensor) Validate() error {
 	if total > (1<<62)/int64(t.DType.Size()) {
 		return fmt.Errorf("%w: tensor %q: byte size of shape %v overflows", ErrInvalid, t.Name, t.Shape)
 	}
-	var sum int64 // saturates: only messages use it
-	nonEmpty := make([]int, 0, t.Chunks.Len())
-	for i, c := range t.Chunks.All() {
-		if len(c.Offsets) != len(t.Shape) || len(c.Sizes) != len(t.Shape) {
+	// One pass checks every chunk's bounds and whether the non-empty chunks
+	// are rows of the first dimension, each starting where the one before
+	// ended: then they tile the shape when the last ends at its end.
+	rows := fast && len(t.Shape) > 0
+	var next int64 // along dimension 0, where the next non-empty chunk must start
+	for i := range t.Chunks.Len() {
+		off, sizes := t.Chunks.box(i)
+		if len(off) != len(t.Shape) || len(sizes) != len(t.Shape) {
 			return fmt.Errorf("%w: tensor %q: chunk %d has rank %d/%d, tensor has rank %d",
-				ErrInvalid, t.Name, i, len(c.Offsets), len(c.Sizes), len(t.Shape))
+				ErrInvalid, t.Name, i, len(off), len(sizes), len(t.Shape))
 		}
-		for d := range t.Shape {
-			if c.Offsets[d] < 0 || c.Sizes[d] < 0 || c.Offsets[d] > t.Shape[d] || c.Sizes[d] > t.Shape[d]-c.Offsets[d] {
+		empty, full := false, true
+		for d, s := range t.Shape {
+			if off[d] < 0 || sizes[d] < 0 || off[d] > s || sizes[d] > s-off[d] {
 				return fmt.Errorf("%w: tensor %q: chunk %d (offsets %v sizes %v) is outside shape %v",
-					ErrInvalid, t.Name, i, c.Offsets, c.Sizes, t.Shape)
+					ErrInvalid, t.Name, i, off, sizes, t.Shape)
+			}
+			empty = empty || sizes[d] == 0
+			full = full && (d == 0 || off[d] == 0 && sizes[d] == s)
+		}
+		if rows && !empty {
+			if rows = full && off[0] == next; rows {
+				next += sizes[0] // in bounds: at most t.Shape[0]
 			}
 		}
-		n, _ := NumElements(c.Sizes)
+	}
+	if rows && next == t.Shape[0] {
+		t.markValid()
+		return nil
+	}
+	if err := t.coverage(total); err != nil {
+		return err
+	}
+	t.markValid()
+	return nil
+}
+
+// coverage is Validate's general check, on chunks known to be in bounds.
+func (t *Tensor) coverage(total int64) error {
+	var sum int64 // saturates: only messages use it
+	nonEmpty := make([]int, 0, t.Chunks.Len())
+	for i := range t.Chunks.Len() {
+		_, sizes := t.Chunks.box(i)
+		n, _ := NumElements(sizes)
 		if n > 0 {
 			nonEmpty = append(nonEmpty, i)
 		}

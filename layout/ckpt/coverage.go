@@ -7,7 +7,8 @@ import (
 )
 
 // Chunk coverage: do a tensor's chunks tile its shape, every element in
-// exactly one chunk?
+// exactly one chunk? (Validate answers the commonest case, rows of the first
+// dimension in order, in one pass before coming here.)
 //
 // Count how many chunks hold each element, minus one for the tensor itself:
 // the chunks tile the shape exactly when that count f is zero everywhere.
@@ -41,7 +42,7 @@ func uncovered(shape []int64, chunks *Chunks, idx []int) (elem []int64, count in
 	var dims []int // the dimensions some chunk splits
 	for d := range shape {
 		for _, i := range idx {
-			if ch := chunks.At(i); ch.Offsets[d] != 0 || ch.Sizes[d] != shape[d] {
+			if off, sizes := chunks.box(i); off[d] != 0 || sizes[d] != shape[d] {
 				dims = append(dims, d)
 				break
 			}
@@ -54,8 +55,8 @@ func uncovered(shape []int64, chunks *Chunks, idx []int) (elem []int64, count in
 	items := make([]signedBox, 0, len(idx)+1)
 	for n, i := range idx {
 		for _, d := range dims {
-			ch := chunks.At(i)
-			c.box = append(c.box, ch.Offsets[d], ch.Offsets[d]+ch.Sizes[d])
+			off, sizes := chunks.box(i)
+			c.box = append(c.box, off[d], off[d]+sizes[d])
 		}
 		items = append(items, signedBox{box: int32(n), w: 1})
 	}
@@ -161,10 +162,10 @@ func (c *coverage) first(items []signedBox, k int) ([]int64, int64, error) {
 func holding(chunks *Chunks, idx []int, elem []int64) (a, b int) {
 	found := make([]int, 0, 2)
 	for _, i := range idx {
-		ch := chunks.At(i)
+		off, sizes := chunks.box(i)
 		in := true
 		for d, x := range elem {
-			if x < ch.Offsets[d] || x >= ch.Offsets[d]+ch.Sizes[d] {
+			if x < off[d] || x >= off[d]+sizes[d] {
 				in = false
 				break
 			}

@@ -203,7 +203,8 @@ func damage(rng *rand.Rand, shape []int64, chunks []Chunk) []Chunk {
 
 // TestValidateAgainstBruteForce checks Validate on random tilings, intact and
 // damaged, and on random boxes, against counting every element: valid exactly when every element
-// is held once, and the element an error names is the first that is not.
+// is held once, and the element an error names is the first that is not; and
+// against the general check alone (no one pass for rows).
 func TestValidateAgainstBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	for iter := 0; iter < 3000; iter++ {
@@ -237,6 +238,7 @@ func TestValidateAgainstBruteForce(t *testing.T) {
 			return true
 		})
 		err := tn.Validate()
+		require.Equal(t, errString(tn.validate(false)), errString(err), "one pass and general check differ: %s", desc)
 		if first == nil {
 			require.NoError(t, err, desc)
 			require.False(t, pairwiseOverlap(chunks), desc)

@@ -60,6 +60,9 @@ func FuzzValidateCoverage(f *testing.F) {
 			return true
 		})
 		err := tn.Validate()
+		if general := errString(tn.validate(false)); general != errString(err) {
+			t.Fatalf("shape %v chunks %v: one pass says %v, the general check %q", tn.Shape, tn.Chunks.Values(), err, general)
+		}
 		switch {
 		case first == nil && err != nil:
 			t.Fatalf("shape %v chunks %v tile, but: %v", tn.Shape, tn.Chunks.Values(), err)

@@ -24,7 +24,7 @@ func (c *Checkpoint) ResidentBytes() int64 {
 	}
 	n := int64(unsafe.Sizeof(*c))
 	for _, t := range c.Tensors {
-		n += int64(unsafe.Sizeof(*t)) + int64(len(t.Name)) + pathBytes(t.Path) + 8*int64(len(t.Shape))
+		n += int64(unsafe.Sizeof(*t)) + int64(len(t.Name)) + pathBytes(t.Path) + 8*int64(len(t.Shape)) + t.validBytes()
 		n += t.Chunks.residentBytes()
 		for i := range t.Chunks.Len() {
 			src := t.Chunks.Source(i)

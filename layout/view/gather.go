@@ -35,8 +35,10 @@ type chunkGeometry struct {
 	at  []int64 // the chunk's offsets, for messages
 }
 
+// newGeometry checks that t's chunks tile it, which its format's reader
+// checked already unless t was built or changed since (CheckValid).
 func newGeometry(t *ckpt.Tensor) (*geometry, error) {
-	if err := t.Validate(); err != nil {
+	if err := t.CheckValid(); err != nil {
 		return nil, err
 	}
 	return &geometry{tensor: t, bytes: t.ByteSize()}, nil

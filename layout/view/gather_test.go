@@ -137,6 +137,41 @@ func TestGatherRejectsBadTilings(t *testing.T) {
 	}
 }
 
+// A tensor its reader validated is not checked again by the view unless it
+// changed since; changed, it is, and a view of it is refused.
+func TestGatherChecksTensorsChangedAfterValidation(t *testing.T) {
+	src := &treetest.MemSource{Data: make([]byte, 1024)}
+	rows := func() *ckpt.Tensor {
+		return &ckpt.Tensor{Name: "w", DType: safetensors.F32, Shape: []int64{4, 4}, Chunks: ckpt.MakeChunks(
+			ckpt.Chunk{Offsets: []int64{0, 0}, Sizes: []int64{2, 4}, Source: src},
+			ckpt.Chunk{Offsets: []int64{2, 0}, Sizes: []int64{2, 4}, Source: src})}
+	}
+	for name, change := range map[string]func(tn *ckpt.Tensor){
+		"chunk added":     func(tn *ckpt.Tensor) { tn.Chunks.Add([]int64{1, 0}, []int64{1, 4}, src) },
+		"shape grown":     func(tn *ckpt.Tensor) { tn.Shape[0] = 5 },
+		"chunks replaced": func(tn *ckpt.Tensor) { tn.Chunks = ckpt.MakeChunks(tn.Chunks.At(0)) },
+		"dtype unknown":   func(tn *ckpt.Tensor) { tn.DType = "X3" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			tn := rows()
+			require.NoError(t, tn.Validate())
+			_, err := newGeometry(tn)
+			require.NoError(t, err)
+			change(tn)
+			_, err = newGeometry(tn)
+			require.ErrorIs(t, err, ckpt.ErrInvalid)
+
+			// The same through a plan of a checkpoint of it.
+			tn = rows()
+			require.NoError(t, tn.Validate())
+			change(tn)
+			_, err = Plan(treetest.NewCheckpoint(t, t.TempDir(), tn), Options{NoMapping: true})
+			require.ErrorIs(t, err, ckpt.ErrInvalid)
+			require.ErrorContains(t, err, `"w"`)
+		})
+	}
+}
+
 func BenchmarkGather(b *testing.B) {
 	for _, cuts := range [][][]int64{{{256, 512, 768}, nil}, {nil, {256, 512, 768}}} {
 		rng := rand.New(rand.NewSource(3))
