@@ -17,35 +17,36 @@ import (
 // blocks, out of order. One GET each is two requests per record and more
 // per block. So the object's first large read, and a read at or shortly
 // after its frontier (where its last large read or stream ended), starts a
-// stream there: one
-// ranged GET of Limits.MinRequest bytes (more for a larger read), whose body
-// is read into pieces as it arrives. Reads inside a stream (small ones
-// included) are served from its pieces as soon as their bytes are in,
-// waiting for them otherwise; the block cache's read-ahead, reading past a
-// stream's end, starts the next. A read elsewhere is a plain ranged GET (a small one through a
-// window) and, when large, moves the frontier.
+// stream there: one ranged GET of Limits.MinRequest bytes (more for a
+// larger read), whose body is read into pieces as it arrives. Reads inside
+// a stream (small ones included) are served from its pieces as soon as
+// their bytes are in, waiting for them otherwise; the block cache's
+// read-ahead, reading past a stream's end, starts the next. A read
+// elsewhere is a plain ranged GET (a small one through a window) and, when
+// large, moves the frontier.
 //
 // Memory: the pieces held are bounded by Limits.AheadMemory across the
 // tree, a stream's by a minStreams-th of it (so that the objects read in
 // turn each have their next bytes in): a stream whose next piece finds no
-// room stops reading its body until pieces are given back, unless a reader waits on it (then it goes
-// over by that piece, up to maxStreams pieces). A piece is given back once reads took all of it but
-// a window's worth (bytes no reader asks for) and went on past it. A
-// stream untouched while the tree started staleAfter × maxStreams others
-// may be dropped (its request canceled) to make room; a read that finds
-// the tree at maxStreams and none stale is a plain GET. Piece buffers are
-// reused.
+// room stops reading its body until pieces are given back, unless a reader
+// waits on it (then it goes over by that piece, maxStreams pieces at most
+// across the tree). A piece is given back once reads took all of it but a
+// window's worth (bytes no reader asks for) and went on past it. A stream
+// untouched while the tree started staleAfter × maxStreams others may be
+// dropped (its request canceled) to make room; a read that finds the tree
+// at maxStreams and none stale is a plain GET. Piece buffers are reused.
 //
 // Errors: a stream's attempt cut short is resumed from where its body
 // stopped, with the same pin and checks (file.readTo); a stream that failed
 // for good fails the reads waiting past what it delivered with its error
 // (a changed object: ErrChanged; never bytes of two versions), and the
-// object's frontier is forgotten, so that later reads are plain ones.
+// object's frontier is set past reach, so that later reads are plain ones
+// until a large one sets it again.
 type aheads struct {
 	request, memory int64
 
 	mu    sync.Mutex
-	used  int64         // GUARDED_BY(mu); bytes reserved by streams and not given back
+	used  int64         // GUARDED_BY(mu); bytes of the streams' piece buffers, not given back
 	lru   list.List     // GUARDED_BY(mu); *stream, the most recently used first
 	tick  uint64        // GUARDED_BY(mu); streams started so far
 	free  [][]byte      // GUARDED_BY(mu); piece buffers for the next pieces
@@ -69,19 +70,21 @@ const (
 type stream struct {
 	f          *file
 	start, end int64
+	ctx        context.Context // its request's: canceled when dropped, or with the tree's
 	cancel     context.CancelFunc
 	elem       *list.Element // GUARDED_BY(aheads.mu); nil once dropped
 
 	// GUARDED_BY(aheads.mu):
 	pieces  [][]byte // by index from start; nil: not in yet, or given back
 	gone    []bool   // pieces given back
-	taken   []int64  // bytes of each piece large reads took
+	taken   []int64  // bytes of each piece reads took
 	arrived int64    // bytes [start, arrived) are in
 	held    int64    // bytes of its piece buffers not given back
 	refs    int      // readers copying from it
 	waiters int      // readers waiting for its bytes
 	touched uint64   // aheads.tick when last read
 	done    bool     // the request ended
+	paused  bool     // its body waits for memory
 	err     error    // why, when it failed
 	retired [][]byte // buffers given back while refs > 0
 	wake    chan struct{}
@@ -215,7 +218,7 @@ func (a *aheads) start(f *file, start, want int64) *stream {
 	k := (end - start + pieceSize - 1) / pieceSize
 	a.tick++
 	ctx, cancel := context.WithCancel(f.t.requestCtx())
-	s := &stream{f: f, start: start, end: end, cancel: cancel, a: a, arrived: start, curAt: start,
+	s := &stream{f: f, start: start, end: end, ctx: ctx, cancel: cancel, a: a, arrived: start, curAt: start,
 		pieces: make([][]byte, k), gone: make([]bool, k), taken: make([]int64, k),
 		touched: a.tick, wake: make(chan struct{})}
 	s.elem = a.lru.PushFront(s)
@@ -249,7 +252,7 @@ func (a *aheads) dropStale() bool {
 // over by this piece (a reader is never left waiting on memory that only
 // later reads would give back; the piece is given back once read), and
 // beyond maxStreams pieces over, streams no reader holds are dropped, least
-// recently used first. false once s is dropped.
+// recently used first. false once s is dropped or its request canceled.
 func (a *aheads) buffer(s *stream) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -278,9 +281,17 @@ func (a *aheads) buffer(s *stream) bool {
 			break
 		}
 		room := a.room
+		s.paused = true
 		a.mu.Unlock()
-		<-room
+		select {
+		case <-room:
+		case <-s.ctx.Done(): // the tree closed or drained: the request ends
+			a.mu.Lock()
+			s.paused = false
+			return false
+		}
 		a.mu.Lock()
+		s.paused = false
 	}
 	s.held += pieceSize
 	a.used += pieceSize
