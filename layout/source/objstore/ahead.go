@@ -15,8 +15,8 @@ import (
 // torch.save record (small reads), then the record's data, then the next
 // record's directory, and the block cache's fills of consecutive view
 // blocks, out of order. One GET each is two requests per record and more
-// per block. So the object's first large read, and a read at or shortly
-// after its frontier (where its last large read or stream ended), starts a
+// per block. So the object's first read of data (firstRead), and a read at
+// or shortly after its frontier (where its last large read or stream ended), starts a
 // stream there: one ranged GET of Limits.MinRequest bytes (more for a
 // larger read), whose body is read into pieces as it arrives. Reads inside
 // a stream (small ones included) are served from its pieces as soon as
@@ -63,6 +63,12 @@ const (
 	// pieceSize is the unit a stream's body is read in, handed to readers
 	// and given back.
 	pieceSize = 1 << 20
+	// An object's first read starts a stream when it is at least
+	// firstRead bytes (or a request): a read of data, not of a header (a
+	// safetensors header, tens of KiB, is read at each open of an
+	// HF-sharded view, one object after another, and a stream for each
+	// would fetch megabytes for kilobytes).
+	firstRead = 1 << 20
 )
 
 // stream is bytes [start, end) of an object: one request, its body read
@@ -168,7 +174,7 @@ func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead 
 			return s, 0
 		}
 	}
-	if from := f.next; from < 0 && large || from >= 0 && off >= from && off-from < a.request {
+	if from := f.next; from < 0 && n >= min(a.request, firstRead) || from >= 0 && off >= from && off-from < a.request {
 		if from < 0 {
 			from = off
 		}
