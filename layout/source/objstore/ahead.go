@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 )
 
 // A view's reads of one shard object come in record order, a few at a
@@ -69,6 +70,10 @@ const (
 	// HF-sharded view, one object after another, and a stream for each
 	// would fetch megabytes for kilobytes).
 	firstRead = 1 << 20
+	// failMemory is how long a stream's failure fails the reads that go
+	// past what it delivered, as the block cache serves a failed fill's
+	// error again (cache's failMemory).
+	failMemory = time.Second
 )
 
 // stream is bytes [start, end) of an object: one request, its body read
@@ -81,19 +86,20 @@ type stream struct {
 	elem       *list.Element // GUARDED_BY(aheads.mu); nil once dropped
 
 	// GUARDED_BY(aheads.mu):
-	pieces  [][]byte // by index from start; nil: not in yet, or given back
-	gone    []bool   // pieces given back
-	taken   []int64  // bytes of each piece reads took
-	arrived int64    // bytes [start, arrived) are in
-	held    int64    // bytes of its piece buffers not given back
-	refs    int      // readers copying from it
-	waiters int      // readers waiting for its bytes
-	touched uint64   // aheads.tick when last read
-	done    bool     // the request ended
-	paused  bool     // its body waits for memory
-	err     error    // why, when it failed
-	retired [][]byte // buffers given back while refs > 0
-	wake    chan struct{}
+	pieces   [][]byte // by index from start; nil: not in yet, or given back
+	gone     []bool   // pieces given back
+	taken    []int64  // bytes of each piece reads took
+	arrived  int64    // bytes [start, arrived) are in
+	held     int64    // bytes of its piece buffers not given back
+	refs     int      // readers copying from it
+	waiters  int      // readers waiting for its bytes
+	touched  uint64   // aheads.tick when last read
+	done     bool     // the request ended
+	paused   bool     // its body waits for memory
+	err      error    // why, when it failed
+	failedAt time.Time
+	retired  [][]byte // buffers given back while refs > 0
+	wake     chan struct{}
 
 	// The body being read, owned by fetch's goroutine: the piece it goes
 	// into (set and cleared with aheads.mu held), where that starts and how
@@ -422,14 +428,25 @@ func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, erro
 		parts = append(parts, s.pieces[i][from:to])
 		at += to - from
 	}
+	// A read that goes past what a failed stream delivered fails with it
+	// for failMemory: the store just failed that range, and asking again
+	// would make the read wait for a second request's failure too. Later
+	// reads ask again.
+	var failed error
+	if s.done && end == s.arrived && end < off+int64(len(p)) && end < s.end && time.Since(s.failedAt) < failMemory {
+		failed = s.err
+	}
 	a.mu.Unlock()
 	n := 0
 	for _, part := range parts {
 		n += copy(p[n:], part)
 	}
 	a.release(s, off, int64(n), large)
-	if n == 0 {
+	switch {
+	case n == 0:
 		return 0, errGone
+	case failed != nil && n == int(end-off):
+		return n, failed
 	}
 	return n, nil
 }
@@ -495,7 +512,7 @@ func (a *aheads) fetch(ctx context.Context, s *stream) {
 			}
 		}
 		if err != nil {
-			s.err = err
+			s.err, s.failedAt = err, time.Now()
 			if s.f.next >= s.arrived {
 				s.f.next = afterFailure
 			}

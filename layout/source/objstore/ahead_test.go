@@ -289,8 +289,16 @@ func TestAheadChangedMidStream(t *testing.T) {
 	_, err := f.ReadAt(p, 0) // starts the stream; the body is cut at 3 MiB
 	require.NoError(t, err)
 	require.Equal(t, old[:1<<20], p)
+	checkHeld(t, tree.ahead) // the stream failed
+	before := m.count.Requests.Load()
 	for off := int64(1 << 20); off < size; off += 1 << 20 {
 		n, err := f.ReadAt(p, off)
+		if off < cut && cut < off+int64(len(p)) {
+			// Past what the failed stream delivered: its error, not a
+			// second request.
+			assert.Equal(t, before, m.count.Requests.Load(), "at %d", off)
+			assert.Equal(t, int(cut-off), n, "at %d", off)
+		}
 		if off+int64(len(p)) <= cut {
 			require.NoError(t, err, "at %d", off)
 		} else {
