@@ -137,8 +137,12 @@ def reference(s3, tmp_path, name="big"):
 def test_server_stopped_mid_read(s3, tmp_path, mount):
     ref = reference(s3, tmp_path)
     # One attempt of 3 s, no backoff: a failed read takes 3 s, twice that
-    # if asked again.
-    m = mount("s3://ckpts/run", "--read-timeout", "3s", "--max-attempts", "1", "--block-size", "1MiB", "--prefetch", "0")
+    # if asked again. Each block its own request (no streams): streams may
+    # have fetched the whole view before the stop, and then no read after it
+    # reaches the store (objstore's TestAheadChangedMidStream checks that a
+    # read past a failed stream fails with it, asking no second time).
+    m = mount("s3://ckpts/run", "--read-timeout", "3s", "--max-attempts", "1", "--block-size", "1MiB", "--prefetch", "0",
+              "--fetch-ahead=false")
     view = m.mnt / "big" / "model.safetensors"
     want = (ref / "model.safetensors").read_bytes()
     with open(view, "rb", buffering=0) as f:
@@ -309,7 +313,10 @@ def test_object_replaced_while_mounted(s3, tmp_path, mount):
         c.copy_object(Bucket="ckpts", Key="run2/" + o["Key"][4:], CopySource={"Bucket": "ckpts", "Key": o["Key"]})
     ref = reference(s3, tmp_path)
     want = (ref / "model.safetensors").read_bytes()
-    m = mount("s3://ckpts/run2", "--block-size", "1MiB", "--prefetch", "0")
+    # Each read its own request (no streams), so that the reads after the
+    # replacement ask the store again (objstore's TestAheadChangedMidStream
+    # has a stream's).
+    m = mount("s3://ckpts/run2", "--block-size", "1MiB", "--prefetch", "0", "--fetch-ahead=false")
     view = m.mnt / "big" / "model.safetensors"
     with open(view, "rb", buffering=0) as f:
         head = f.read(1 << 20)
@@ -358,7 +365,9 @@ def wait_for(cond, what, timeout=10):
 def test_unmount_with_stalled_store_is_prompt(s3, tmp_path, mount):
     """Read-ahead requests hanging on a store that stopped answering do not
     hold the exit for their timeouts (30 s per attempt, here)."""
-    m = mount("s3://ckpts/run", "--block-size", "1MiB", "--prefetch", "8")
+    # The block cache's read-ahead, each block its own request (no streams,
+    # which would have fetched the blocks before the stop).
+    m = mount("s3://ckpts/run", "--block-size", "1MiB", "--prefetch", "8", "--fetch-ahead=false")
     fd = os.open(m.mnt / "big" / "model.safetensors", os.O_RDONLY)
     try:
         # No kernel read-ahead: only ckptfs's own is in flight at the stop.

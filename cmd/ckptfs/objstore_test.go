@@ -48,11 +48,12 @@ func TestObjectStoreViews(t *testing.T) {
 		t.Run(tc.scheme, func(t *testing.T) {
 			tc.upload(t)
 			url := tc.scheme + "://ckpts/run"
-			// Objects read in order are fetched ahead in requests of a
-			// block (cache.ForObjectStoreAhead): 8 of 16 MiB in a 512 MiB
-			// cache (--fetch-ahead); the other mount does not (the default).
-			big := mountAt(t, url, "--cache-size", "512MiB", "--fetch-ahead")
-			mnt := mountAt(t, url, "--cache-dir", t.TempDir())
+			// Objects read in order are streamed (the default,
+			// readpath.For): requests of 64 MiB in a 512 MiB cache; the
+			// other mount makes a request per block and extent
+			// (--fetch-ahead=false).
+			big := mountAt(t, url, "--cache-size", "512MiB")
+			mnt := mountAt(t, url, "--cache-dir", t.TempDir(), "--fetch-ahead=false")
 			mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mnt))
 			require.NoError(t, err)
 			require.Len(t, mounts, 1)

@@ -24,6 +24,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/open"
 	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/safetensors"
+	"github.com/ckptfs/ckptfs/vfs/readpath"
 )
 
 // viewFlags are the flags that shape a view, shared by mount, inspect and export.
@@ -109,11 +110,13 @@ func (v *viewFlags) options() view.Options {
 
 // openView opens the checkpoint in src (a local directory or an s3:// URL),
 // confined to root (src itself when root is ""), and plans its view.
-func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) (*layout.Checkpoint, *view.View, error) {
+func openView(src, root string, vf viewFlags, sf *sourceFlags, policy readpath.Policy) (*layout.Checkpoint, *view.View, error) {
 	if err := sf.check(src); err != nil {
 		return nil, nil, err
 	}
-	c, err := layout.OpenAtWith(context.Background(), src, root, sf.options(blockSize), view.OpenOptions(vf.options()))
+	o := sf.options(policy.Cache.BlockSize)
+	o.SetAhead(policy.MinRequest, policy.AheadMemory)
+	c, err := layout.OpenAtWith(context.Background(), src, root, o, view.OpenOptions(vf.options()))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,6 +127,14 @@ func openView(src, root string, vf viewFlags, sf *sourceFlags, blockSize int64) 
 	return c, v, nil
 }
 
+// exportPolicy is how inspect and export read src (readpath.For): the
+// blocks export reads, on workers (0: the policy's), and an object's
+// streams.
+func exportPolicy(src string, workers int) readpath.Policy {
+	return readpath.For(readpath.Source{Remote: open.IsRemote(src), Export: true, FetchAhead: true,
+		Cache: cache.Options{Workers: workers}, WorkersGiven: workers > 0})
+}
+
 // closeView releases what openView opened.
 func closeView(c *layout.Checkpoint, v *view.View) {
 	if v != nil {
@@ -132,10 +143,6 @@ func closeView(c *layout.Checkpoint, v *view.View) {
 		c.Close()
 	}
 }
-
-// exportBlockSize is the unit export reads a local source in (an s3://
-// one: cache.ObjectStoreBlockSize, also the block of its disk cache).
-const exportBlockSize = 8 << 20
 
 const rootHelp = "read nothing outside `DIR` (default: SRC itself); symlinks in SRC may point anywhere inside it, e.g. an HF hub cache whose snapshots/ link into blobs/ (for s3:// SRC, an s3:// prefix above it)"
 
@@ -167,7 +174,7 @@ func newInspectCmd() *cobra.Command {
 }
 
 func runInspect(stdout io.Writer, src, root string, vf viewFlags, sf *sourceFlags, asJSON bool) error {
-	c, v, planErr := openView(src, root, vf, sf, cache.ObjectStoreBlockSize)
+	c, v, planErr := openView(src, root, vf, sf, exportPolicy(src, 0))
 	if c == nil {
 		return planErr
 	}
@@ -286,8 +293,8 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 			if err := checkLimits(cmd.Flags()); err != nil {
 				return err
 			}
-			if open.IsRemote(args[0]) && !cmd.Flags().Changed("workers") {
-				workers = cache.ObjectStoreWorkers
+			if !cmd.Flags().Changed("workers") {
+				workers = 0 // the policy's
 			}
 			return runExport(cmd.ErrOrStderr(), args[0], root, args[1], vf, &sf, quiet, workers)
 		},
@@ -295,7 +302,7 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 	vf.register(cmd.Flags())
 	sf.register(cmd.Flags(), true)
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress bar")
-	cmd.Flags().IntVar(&workers, "workers", 4, fmt.Sprintf("blocks read in parallel (%d for object store sources)", cache.ObjectStoreWorkers))
+	cmd.Flags().IntVar(&workers, "workers", 4, "blocks read in parallel (object store sources: 4 a core, 8 to 32)")
 	cmd.Flags().StringVar(&root, "root", "", rootHelp)
 	completeDirs(cmd, "hf-config", "root")
 	cmd.ValidArgsFunction = dirArgs
@@ -303,11 +310,8 @@ OUT appears only when complete (written to a temporary directory, then renamed).
 }
 
 func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *sourceFlags, quiet bool, workers int) error {
-	blockSize := int64(exportBlockSize)
-	if open.IsRemote(src) {
-		blockSize = cache.ObjectStoreBlockSize
-	}
-	c, v, err := openView(src, root, vf, sf, blockSize)
+	policy := exportPolicy(src, workers)
+	c, v, err := openView(src, root, vf, sf, policy)
 	defer closeView(c, v)
 	if err != nil {
 		return err
@@ -315,7 +319,7 @@ func runExport(stderr io.Writer, src, root, out string, vf viewFlags, sf *source
 	if v.Note != "" {
 		return errors.New(v.Note)
 	}
-	opts := export.Options{Workers: workers, BlockSize: blockSize}
+	opts := export.Options{Workers: policy.Cache.Workers, BlockSize: policy.Cache.BlockSize}
 	var bar *progressBar
 	if !quiet && isTerminal(stderr) {
 		bar = newProgressBar(stderr, v.TotalSize())

@@ -1,29 +1,43 @@
 package readpath
 
 import (
+	"runtime"
 	"time"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/ckptfs/ckptfs/cache"
 )
 
-// Source describes what a mount reads, as its flags give it, for For.
+// Source describes what a mount (or an inspect or export) reads, as its
+// flags and the host give it, for For.
 type Source struct {
 	// Remote is an object store (s3://, gs://, az://); else a local
 	// directory.
 	Remote bool
+	// Export is the policy of inspect and export, which read a view once,
+	// in order, with no block cache: Policy.Cache.BlockSize and Workers are
+	// then the blocks export reads and how many at once (Workers given:
+	// WorkersGiven).
+	Export       bool
+	WorkersGiven bool
 	// Cache is the block cache the flags ask for (Size, BlockSize,
 	// ReadAhead, ...); BlockSizeGiven and ReadAheadGiven say the user set
 	// those, and an object store keeps them.
 	Cache                          cache.Options
 	BlockSizeGiven, ReadAheadGiven bool
-	// FetchAhead fetches each object read in order ahead, in requests of
-	// a block (remote only; cache.Options.ForObjectStoreAhead).
+	// FetchAhead streams each object read in order (remote only): see
+	// Policy.MinRequest.
 	FetchAhead bool
 	// Budget is the longest a request for n bytes to the store takes to
 	// fail, its retries included (open.Limits.Budget); remote only.
 	Budget func(n int64) time.Duration
 	// AsyncDIO is --async-dio when given; nil: For picks.
 	AsyncDIO *bool
+	// Cores and Memory are the host's: its CPUs (0: runtime.NumCPU) and
+	// its memory in bytes (0: the kernel's MemTotal; < 0: not known).
+	Cores  int
+	Memory int64
 }
 
 // Policy is how a mount moves a view's bytes, picked in one place from its
@@ -31,8 +45,11 @@ type Source struct {
 // read's deadline, and the process's memory limit (MemoryLimit).
 type Policy struct {
 	Cache cache.Options
-	// MinRequest and AheadMemory are the read-ahead of each object read
-	// in order (objstore.Limits), taken out of the cache's size; 0: none.
+	// MinRequest and AheadMemory are the streams of each object read in
+	// order (objstore.Limits): a read at an object's frontier is one
+	// request of MinRequest bytes, its body kept for the reads that follow,
+	// within AheadMemory across the mount, taken out of the cache's size;
+	// 0: every read is its own request.
 	MinRequest, AheadMemory int64
 	// ReadDeadline bounds each read served through the cache; 0: none.
 	ReadDeadline time.Duration
@@ -44,29 +61,128 @@ type Policy struct {
 	AsyncDIO bool
 }
 
-// For picks the policy of a mount of s. A local source keeps the cache the
-// flags give (read straight from the shards with Options.DirectReads). An
-// object store's cache has larger blocks, more of them in flight, and the
-// read-ahead per object when FetchAhead; a read waits for one block's
-// request, its retries included, at most. O_DIRECT reads are async for a
-// local source (AsyncDIO).
+// Defaults for a source whose every block is a request with tens of
+// milliseconds of latency (an object store): larger blocks, more of them
+// in flight, and few, large requests.
+const (
+	ObjectStoreBlockSize = 16 << 20 // faster than 8 MiB against a boto3 download (BENCHMARKS.md, s3://)
+	ObjectStorePrefetch  = 8
+	// Blocks in flight: workersPerCore a core (requests mostly wait on
+	// the store), within [minWorkers, maxWorkers].
+	workersPerCore, minWorkers, maxWorkers = 4, 8, 32
+	// A stream's request: an eighth of the cache, within
+	// [ObjectStoreBlockSize/2, maxRequest]; the memory its bodies are read
+	// into as they arrive: half a request for each of two streams a core,
+	// at least minStreams (one per shard object of a 4-rank checkpoint),
+	// within a quarter of the cache (BENCHMARKS.md, run Y-objectstore).
+	maxRequest = 64 << 20
+	minStreams = 4
+	maxStreams = 16
+	// exportBlockSize is the unit export reads a local source in.
+	exportBlockSize = 8 << 20
+	exportWorkers   = 4
+)
+
+// For picks the policy of a mount of s (or of an inspect or export:
+// Source.Export). A local source keeps the cache the flags give (read
+// straight from the shards with Options.DirectReads). An object store's
+// cache has larger blocks, more of them in flight (by cores), and, with
+// FetchAhead, streams per object read in order (by cache size and cores);
+// a read waits for one request, its retries included, at most. O_DIRECT
+// reads are async for a local source (AsyncDIO).
 func For(s Source) Policy {
+	cores := s.Cores
+	if cores <= 0 {
+		cores = runtime.NumCPU()
+	}
+	if s.Memory == 0 {
+		s.Memory = memTotal()
+	}
 	p := Policy{Cache: s.Cache, AsyncDIO: !s.Remote}
 	if s.AsyncDIO != nil {
 		p.AsyncDIO = *s.AsyncDIO
 	}
+	if s.Export {
+		p.AsyncDIO = false
+		if !s.BlockSizeGiven || p.Cache.BlockSize <= 0 {
+			p.Cache.BlockSize = exportBlockSize
+		}
+		if !s.WorkersGiven || p.Cache.Workers <= 0 {
+			p.Cache.Workers = exportWorkers
+		}
+	}
 	if !s.Remote {
 		return p
 	}
+	c := s.Cache
+	if c.Size <= 0 {
+		c.Size = cache.DefaultSize
+	}
 	if s.FetchAhead {
-		p.Cache, p.MinRequest, p.AheadMemory = s.Cache.ForObjectStoreAhead(s.BlockSizeGiven, s.ReadAheadGiven)
-	} else {
-		p.Cache = s.Cache.ForObjectStore(s.BlockSizeGiven, s.ReadAheadGiven)
+		p.MinRequest = min(maxRequest, max(ObjectStoreBlockSize/2, c.Size/8))
+		streams := int64(min(maxStreams, max(minStreams, 2*cores)))
+		memory := min(streams*p.MinRequest/2, c.Size/4)
+		if s.Memory > 0 {
+			memory = min(memory, s.Memory/16)
+		}
+		if memory < p.MinRequest {
+			p.MinRequest = memory
+		}
+		if p.MinRequest >= 4<<20 {
+			p.AheadMemory = memory
+			c.Size -= memory
+		} else {
+			p.MinRequest = 0
+		}
+	}
+	p.Cache = fitObjectStore(c, s.BlockSizeGiven, s.ReadAheadGiven, cores)
+	if s.Export {
+		p.Cache.Size = s.Cache.Size
+		if s.WorkersGiven && s.Cache.Workers > 0 {
+			p.Cache.Workers = s.Cache.Workers
+		}
 	}
 	if s.Budget != nil {
-		p.ReadDeadline = s.Budget(p.Cache.BlockSize)
+		p.ReadDeadline = s.Budget(max(p.Cache.BlockSize, p.MinRequest))
 	}
 	return p
+}
+
+// fitObjectStore fits o, whose Size is set, to an object store source.
+// The cache keeps a quarter of its blocks as the staging ring and a
+// quarter for fills; read-ahead workers leave ristretto at least another
+// quarter. The staging ring keeps each block read ahead until it is read,
+// and read-ahead runs only as far ahead as the ring can keep (BENCHMARKS.md,
+// s3://, and package cache's doc). Fewer blocks in flight cost less than
+// smaller blocks (more requests): only a cache under 8 blocks gets 8 MiB
+// ones. The BlockSize and ReadAhead the user gave (keepBlock,
+// keepReadAhead) are kept; Workers is set by cores.
+func fitObjectStore(o cache.Options, keepBlock, keepReadAhead bool, cores int) cache.Options {
+	if !keepBlock || o.BlockSize <= 0 {
+		o.BlockSize = ObjectStoreBlockSize
+		if o.Size < 8*ObjectStoreBlockSize {
+			o.BlockSize = ObjectStoreBlockSize / 2
+		}
+	}
+	n := int(o.Size / o.BlockSize)
+	o.Workers = max(1, min(maxWorkers, max(minWorkers, workersPerCore*cores), n/4))
+	if !keepReadAhead {
+		o.ReadAhead = min(ObjectStorePrefetch, o.Workers)
+	}
+	return o
+}
+
+// memTotal is the kernel's MemTotal in bytes, -1 if not known.
+func memTotal() int64 {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return -1
+	}
+	mi, err := fs.Meminfo()
+	if err != nil || mi.MemTotalBytes == nil {
+		return -1
+	}
+	return int64(*mi.MemTotalBytes)
 }
 
 // MemoryHeadroom is what a mount process may use beyond its block cache,

@@ -15,10 +15,11 @@
 // streams a view file into them once a loader reaches its tensors.
 //
 // Policy: what a mount's bytes move with (the block cache's block size,
-// workers and read-ahead, what an object store's reads fetch ahead, each
-// read's deadline, the process's memory limit) is picked in one place, For
-// (policy.go), from a description of the source; the command only parses
-// its flags into a Source.
+// workers and read-ahead, the size and memory of an object store's streamed
+// requests, each read's deadline, the process's memory limit), and the
+// blocks and workers of inspect and export, are picked in one place, For
+// (policy.go), from a description of the source and the host (cores,
+// memory); the command only parses its flags into a Source.
 package readpath
 
 import (

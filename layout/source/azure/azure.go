@@ -231,8 +231,7 @@ func deref(s *string) string {
 }
 
 // Read is one ranged GET of len(p) bytes at off, If-Match the opened ETag.
-func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int64) (int, error) {
-	n := int64(len(p))
+func (s *store) Read(ctx context.Context, obj objstore.Object, w io.Writer, off, n int64) (int64, error) {
 	timeout := s.limits.AttemptTimeout(n)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -254,7 +253,7 @@ func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int
 	case got.Size != n:
 		return 0, &objstore.ChangedError{Cause: fmt.Sprintf("asked for %d bytes at %d, got Content-Length %d", n, off, got.Size)}
 	}
-	got, err := io.ReadFull(resp.Body, p)
+	got, err := objstore.CopyBody(w, resp.Body, n)
 	if err != nil {
 		return got, s.readError(ctx, err, obj, timeout)
 	}

@@ -180,12 +180,11 @@ func (s *store) List(ctx context.Context, prefix string, delim bool, limit int, 
 // decompressive transcoding: the size is the stored object's). The read is
 // the whole attempt, under its deadline; a transient failure or a cut body
 // is an AttemptError, resumed by the tree.
-func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int64) (int, error) {
+func (s *store) Read(ctx context.Context, obj objstore.Object, w io.Writer, off, n int64) (int64, error) {
 	gen, err := strconv.ParseInt(obj.Version, 10, 64)
 	if err != nil {
 		return 0, &objstore.ChangedError{Cause: fmt.Sprintf("generation %q is no number", obj.Version)}
 	}
-	n := int64(len(p))
 	timeout := s.limits.AttemptTimeout(n)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -201,7 +200,7 @@ func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int
 		return 0, &objstore.ChangedError{Cause: fmt.Sprintf("asked for %d bytes at %d of %d, got %d at %d of %d",
 			n, off, obj.Size, r.Remain(), r.Attrs.StartOffset, r.Attrs.Size)}
 	}
-	got, err := io.ReadFull(r, p)
+	got, err := objstore.CopyBody(w, r, n)
 	if err != nil {
 		return got, readError(ctx, err, gen, timeout)
 	}

@@ -2,198 +2,482 @@ package objstore
 
 import (
 	"container/list"
+	"context"
+	"errors"
+	"io"
+	"math"
 	"slices"
 	"sync"
+	"time"
 )
 
 // A view's reads of one shard object come in record order, a few at a
-// time: the zip directory at the end of a torch.save record (small reads),
-// then the record's data, then the next record's directory, 4 MiB further on
-// for a layer's chunk. One GET each is two requests per record, and a block
-// straddling two records of an object two more. So a read that starts at
-// or shortly after where the object's last read ended (its frontier) is
-// fetched from that frontier to at least Limits.MinRequest bytes further, in
-// one GET, and what that holds beyond the read is kept as a span that the
-// next reads (small ones included) are served from. A read elsewhere is a
-// plain ranged GET (a small one through a window) and moves the frontier.
+// time and several objects at once: the zip directory at the end of a
+// torch.save record (small reads), then the record's data, then the next
+// record's directory, and the block cache's fills of consecutive view
+// blocks, out of order. One GET each is two requests per record and more
+// per block. So the object's first read of data (firstRead), and a read at
+// or shortly after its frontier (where its last large read or stream ended), starts a
+// stream there: one ranged GET of Limits.MinRequest bytes (more for a
+// larger read), whose body is read into pieces as it arrives. Reads inside
+// a stream (small ones included) are served from its pieces as soon as
+// their bytes are in, waiting for them otherwise; the block cache's
+// read-ahead, reading past a stream's end, starts the next. A read
+// elsewhere is a plain ranged GET (a small one through a window) and, when
+// large, moves the frontier.
 //
-// Spans are bounded by Limits.AheadMemory across the tree, their buffers
-// reused. A span large reads have taken is dropped at once; one left unused while the tree fetched staleAfter × (AheadMemory /
-// MinRequest) other spans may be dropped to make room; a read that finds
-// no room is a plain GET. A read whose bytes a span being fetched will hold
-// waits for it instead of asking the store again; a span that failed is
-// dropped, and its readers get its error.
+// Memory: the pieces held are bounded by Limits.AheadMemory across the
+// tree, a stream's by a minStreams-th of it (so that the objects read in
+// turn each have their next bytes in): a stream whose next piece finds no
+// room stops reading its body until pieces are given back, unless a reader
+// waits on it (then it goes over by that piece, maxStreams pieces at most
+// across the tree). A piece is given back once reads took all of it but a
+// window's worth (bytes no reader asks for) and went on past it. A stream
+// untouched while the tree started staleAfter × maxStreams others may be
+// dropped (its request canceled) to make room; a read that finds the tree
+// at maxStreams and none stale is a plain GET. Piece buffers are reused.
+//
+// Errors: a stream's attempt cut short is resumed from where its body
+// stopped, with the same pin and checks (file.readTo); a stream that failed
+// for good fails the reads waiting past what it delivered with its error
+// (a changed object: ErrChanged; never bytes of two versions), and the
+// object's frontier is set past reach, so that later reads are plain ones
+// until a large one sets it again.
 type aheads struct {
-	minRequest, memory int64
+	request, memory int64
 
 	mu    sync.Mutex
-	used  int64     // GUARDED_BY(mu); bytes of the spans' buffers, held or still copied from
-	lru   list.List // GUARDED_BY(mu); *span, the most recently used first
-	tick  uint64    // GUARDED_BY(mu); spans fetched so far
-	free  [][]byte  // GUARDED_BY(mu); buffers of dropped spans, for the next ones
-	freeN int64     // GUARDED_BY(mu); their bytes
+	used  int64         // GUARDED_BY(mu); bytes of the streams' piece buffers, not given back
+	lru   list.List     // GUARDED_BY(mu); *stream, the most recently used first
+	tick  uint64        // GUARDED_BY(mu); streams started so far
+	free  [][]byte      // GUARDED_BY(mu); piece buffers for the next pieces
+	freeN int64         // GUARDED_BY(mu); their bytes
+	room  chan struct{} // GUARDED_BY(mu); closed when pieces are given back
 }
 
-// staleAfter: see aheads.
-const staleAfter = 4
+const (
+	// staleAfter: see aheads.
+	staleAfter = 4
+	// minStreams is the streams the memory is shared by at least: the
+	// shard objects of a 4-rank checkpoint, read in turn.
+	minStreams = 4
+	// pieceSize is the unit a stream's body is read in, handed to readers
+	// and given back.
+	pieceSize = 1 << 20
+	// An object's first read starts a stream when it is at least
+	// firstRead bytes (or a request): a read of data, not of a header (a
+	// safetensors header, tens of KiB, is read at each open of an
+	// HF-sharded view, one object after another, and a stream for each
+	// would fetch megabytes for kilobytes).
+	firstRead = 1 << 20
+	// failMemory is how long a stream's failure fails the reads that go
+	// past what it delivered, as the block cache serves a failed fill's
+	// error again (cache's failMemory).
+	failMemory = time.Second
+)
 
-// span is bytes [start, end) of an object, fetched (or being fetched) ahead.
-type span struct {
+// stream is bytes [start, end) of an object: one request, its body read
+// into pieces as it arrives.
+type stream struct {
 	f          *file
 	start, end int64
+	ctx        context.Context // its request's: canceled when dropped, or with the tree's
+	cancel     context.CancelFunc
 	elem       *list.Element // GUARDED_BY(aheads.mu); nil once dropped
-	read       int64         // GUARDED_BY(aheads.mu); bytes large reads took from it
-	refs       int           // GUARDED_BY(aheads.mu); readers copying from it
-	touched    uint64        // GUARDED_BY(aheads.mu); aheads.tick when last read
-	recycled   bool          // GUARDED_BY(aheads.mu); its buffer went back (recycle)
 
-	ready chan struct{} // closed once buf or err is set
-	buf   []byte
-	err   error
+	// GUARDED_BY(aheads.mu):
+	pieces   [][]byte // by index from start; nil: not in yet, or given back
+	gone     []bool   // pieces given back
+	taken    []int64  // bytes of each piece reads took
+	arrived  int64    // bytes [start, arrived) are in
+	held     int64    // bytes of its piece buffers not given back
+	refs     int      // readers copying from it
+	waiters  int      // readers waiting for its bytes
+	touched  uint64   // aheads.tick when last read
+	done     bool     // the request ended
+	paused   bool     // its body waits for memory
+	err      error    // why, when it failed
+	failedAt time.Time
+	retired  [][]byte // buffers given back while refs > 0
+	wake     chan struct{}
+
+	// The body being read, owned by fetch's goroutine: the piece it goes
+	// into (set and cleared with aheads.mu held), where that starts and how
+	// far it is filled.
+	cur   []byte
+	curAt int64
+	curN  int
+	a     *aheads
 }
 
 func newAheads(l Limits) *aheads {
-	return &aheads{minRequest: l.MinRequest, memory: l.AheadMemory}
+	return &aheads{request: l.MinRequest, memory: l.AheadMemory, room: make(chan struct{})}
 }
 
-// read serves p at off from spans, fetching a new one when the read follows
+// afterFailure is the frontier of an object whose stream failed: no
+// stream starts until a plain large read sets it again.
+const afterFailure = math.MaxInt64
+
+// errGone is a stream that no longer holds the bytes asked for: the read
+// looks again (another stream, or a plain GET).
+var errGone = errors.New("objstore: stream gone")
+
+// read serves p at off from streams, starting one when the read follows
 // the object's frontier; ok is false when it did not take the read (then it
 // is a plain one, which the caller reads).
 func (a *aheads) read(f *file, p []byte, off int64) (n int, ok bool, err error) {
-	if a.minRequest <= 0 || a.memory < a.minRequest {
+	if a.request <= 0 || a.memory < a.request {
 		return 0, false, nil
 	}
 	large := len(p) > smallRead
-	for n < len(p) {
+	for tries := 0; n < len(p); {
 		at := off + int64(n)
-		s, fresh := a.spanFor(f, at, int64(len(p)-n), large)
-		if s == nil {
-			if n == 0 {
+		s, ahead := a.streamFor(f, at, int64(len(p)-n), large)
+		if s == nil || tries > 2 {
+			if s != nil {
+				a.release(s, at, 0, false)
+			}
+			if n == 0 && ahead == 0 {
 				return 0, false, nil
 			}
-			m, err := f.read(p[n:], at) // the rest of a read that began in a span
-			return n + m, true, err
-		}
-		if fresh {
-			if t := a.following(f, s); t != nil {
-				go func() { a.fill(t); a.release(t, 0, false) }()
+			// The rest of a read that began in a stream, or the part of one
+			// before the stream that holds the rest.
+			k := len(p) - n
+			if ahead > 0 && tries <= 2 {
+				k = int(ahead)
 			}
-			a.fill(s)
+			m, err := f.read(p[n:n+k], at)
+			n += m
+			if err != nil || n == len(p) {
+				return n, true, err
+			}
+			continue
 		}
-		<-s.ready
-		if s.err != nil {
-			a.release(s, 0, false)
-			return n, true, s.err
-		}
-		k := copy(p[n:], s.buf[at-s.start:])
+		k, err := a.copyFrom(s, p[n:], at, large)
 		n += k
-		a.release(s, int64(k), large)
+		switch {
+		case errors.Is(err, errGone):
+			tries++
+		case err != nil:
+			return n, true, err
+		}
 	}
 	return n, true, nil
 }
 
-// spanFor returns the span holding off, or a new one (fresh: the caller
-// fetches it) when the read of n bytes at off follows the frontier of f;
-// nil when the read is a plain one. The caller releases the span.
-func (a *aheads) spanFor(f *file, off, n int64, large bool) (s *span, fresh bool) {
+// streamFor returns the stream holding off, or a new one when the read of
+// n bytes at off follows the frontier of f (its request sent); nil when the
+// read is a plain one: then ahead > 0 when a stream holds the read's bytes
+// from off+ahead on. The caller releases the stream.
+func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, s := range f.spans {
-		if s.start <= off && off < s.end {
+	for _, s := range f.streams {
+		if s.holds(off) {
 			a.lru.MoveToFront(s.elem)
 			s.refs++
 			s.touched = a.tick
-			return s, false
+			return s, 0
 		}
 	}
-	next := f.next
-	if next >= 0 && off >= next && off-next < a.minRequest {
-		if s = a.newSpan(f, next); s != nil {
-			return s, true
+	if from := f.next; from < 0 && n >= min(a.request, firstRead) || from >= 0 && off >= from && off-from < a.request {
+		if from < 0 {
+			from = off
+		}
+		if s := a.start(f, from, off+n); s != nil {
+			s.refs++
+			return s, 0
+		}
+	}
+	for _, s := range f.streams {
+		if off < s.start && s.start < off+n && s.holds(s.start) && (ahead == 0 || s.start-off < ahead) {
+			ahead = s.start - off
 		}
 	}
 	// A plain read. A large one is where the object's reader is now,
-	// unless spans lie beyond it (a block read after the next ones):
-	// the frontier stays after them, so that spans never overlap. A small
-	// read (a record's directory) says nothing of where a reader is.
-	if large && !slices.ContainsFunc(f.spans, func(s *span) bool { return s.end > off }) {
-		f.next = off + n
+	// unless streams lie beyond it: the frontier stays after them, so that
+	// streams never overlap. A small read (a record's directory) says
+	// nothing of where a reader is.
+	if large {
+		beyond := false
+		for _, s := range f.streams {
+			beyond = beyond || s.end > off
+		}
+		if !beyond {
+			f.next = off + n
+		}
 	}
-	return nil, false
+	return nil, ahead
 }
 
-// newSpan is a span of f from start, the object's new frontier, when there
-// is room for it. Every span takes a buffer of MinRequest bytes (one size:
-// buffers are reused), the last of an object fewer of them.
-func (a *aheads) newSpan(f *file, start int64) *span {
-	buf, ok := a.room()
-	if !ok {
+// holds reports whether s has, or will have, the byte at off.
+func (s *stream) holds(off int64) bool {
+	if off < s.start || off >= s.end || s.done && off >= s.arrived {
+		return false
+	}
+	i := (off - s.start) / pieceSize
+	return !s.gone[i]
+}
+
+// start sends a stream of f from start to at least MinRequest bytes and
+// past want, when the tree has fewer than maxStreams (dropping a stale one
+// if need be); the object's frontier moves to its end.
+func (a *aheads) start(f *file, start, want int64) *stream {
+	end := min(f.info.Size, max(start+a.request, want))
+	if end <= start || a.lru.Len() >= a.maxStreams() && !a.dropStale() {
 		return nil
 	}
-	end := min(f.info.Size, start+a.minRequest)
+	k := (end - start + pieceSize - 1) / pieceSize
 	a.tick++
-	s := &span{f: f, start: start, end: end, buf: buf, ready: make(chan struct{}), refs: 1, touched: a.tick}
+	ctx, cancel := context.WithCancel(f.t.requestCtx())
+	s := &stream{f: f, start: start, end: end, ctx: ctx, cancel: cancel, a: a, arrived: start, curAt: start,
+		pieces: make([][]byte, k), gone: make([]bool, k), taken: make([]int64, k),
+		touched: a.tick, wake: make(chan struct{})}
 	s.elem = a.lru.PushFront(s)
-	a.used += a.minRequest
-	f.spans = append(f.spans, s)
+	f.streams = append(f.streams, s)
 	f.next = end
+	go a.fetch(ctx, s)
 	return s
 }
 
-// following is a span after s, fetched at once when there is room, so
-// that an object read in order has two requests in flight.
-func (a *aheads) following(f *file, s *span) *span {
+// maxStreams bounds the streams of a tree, each a connection: four for
+// each request's worth of memory (the one being read and the next, of two
+// objects read in turn, each paused while the memory is full), four more.
+func (a *aheads) maxStreams() int { return int(4*max(1, a.memory/a.request)) + 4 }
+
+// dropStale drops the least recently used stream that no reader holds or
+// waits on and that went unread while the tree started staleAfter ×
+// maxStreams others; false if there is none.
+func (a *aheads) dropStale() bool {
+	stale := uint64(staleAfter * a.maxStreams())
+	for e := a.lru.Back(); e != nil; e = e.Prev() {
+		if s := e.Value.(*stream); s.refs == 0 && s.waiters == 0 && a.tick-s.touched >= stale {
+			a.drop(s)
+			return true
+		}
+	}
+	return false
+}
+
+// buffer sets the next piece buffer of s, within AheadMemory: it waits
+// while the pieces held fill it, unless a reader waits on s: then s goes
+// over by this piece (a reader is never left waiting on memory that only
+// later reads would give back; the piece is given back once read), and
+// beyond maxStreams pieces over, streams no reader holds are dropped, least
+// recently used first. false once s is dropped or its request canceled.
+func (a *aheads) buffer(s *stream) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if f.next != s.end || s.end >= f.info.Size {
-		return nil
+	for {
+		if s.elem == nil {
+			return false
+		}
+		for a.used+a.freeN+pieceSize > a.memory && len(a.free) == 0 && a.dropStale() {
+		}
+		for k := len(a.free); k > 0 && a.used+a.freeN+pieceSize > a.memory; k-- {
+			a.freeN -= int64(cap(a.free[k-1]))
+			a.free[k-1], a.free = nil, a.free[:k-1]
+		}
+		if s.held+pieceSize <= a.memory/minStreams && (len(a.free) > 0 || a.used+a.freeN+pieceSize <= a.memory) {
+			break
+		}
+		if s.waiters > 0 {
+			over := a.memory + int64(a.maxStreams())*pieceSize
+			for e := a.lru.Back(); e != nil && a.used+pieceSize > over; {
+				prev := e.Prev()
+				if t := e.Value.(*stream); t != s && t.refs == 0 && t.waiters == 0 {
+					a.drop(t)
+				}
+				e = prev
+			}
+			break
+		}
+		room := a.room
+		s.paused = true
+		a.mu.Unlock()
+		select {
+		case <-room:
+		case <-s.ctx.Done(): // the tree closed or drained: the request ends
+			a.mu.Lock()
+			s.paused = false
+			return false
+		}
+		a.mu.Lock()
+		s.paused = false
 	}
-	return a.newSpan(f, s.end)
-}
-
-// room makes room for one more span: it takes a kept buffer (nil: none is
-// kept) and drops stale spans that have arrived, least recently used
-// first, then kept buffers; false if there is not enough.
-func (a *aheads) room() ([]byte, bool) {
-	var buf []byte
+	s.held += pieceSize
+	a.used += pieceSize
+	s.curN = 0
 	if k := len(a.free); k > 0 {
-		buf, a.free = a.free[k-1], a.free[:k-1]
-		a.freeN -= int64(cap(buf))
+		s.cur, a.free[k-1], a.free = a.free[k-1][:pieceSize], nil, a.free[:k-1]
+		a.freeN -= pieceSize
+		return true
 	}
-	full := func() bool { return a.used+a.freeN+a.minRequest > a.memory }
-	stale := uint64(staleAfter * (a.memory / a.minRequest))
-	for e := a.lru.Back(); e != nil && full(); {
-		prev := e.Prev()
-		if s := e.Value.(*span); s.arrived() && a.tick-s.touched >= stale {
-			a.drop(s)
-		}
-		e = prev
-	}
-	for k := len(a.free); k > 0 && full(); k-- {
-		a.freeN -= int64(cap(a.free[k-1]))
-		a.free[k-1], a.free = nil, a.free[:k-1]
-	}
-	if full() {
-		if buf != nil {
-			a.free = append(a.free, buf)
-			a.freeN += int64(cap(buf))
-		}
-		return nil, false
-	}
-	return buf, true
+	s.cur = make([]byte, pieceSize)
+	return true
 }
 
-// drop forgets s; its buffer is reused once no reader copies from it.
-func (a *aheads) drop(s *span) {
+// roomMade wakes the streams waiting for memory. Called with mu held.
+func (a *aheads) roomMade() {
+	close(a.room)
+	a.room = make(chan struct{})
+}
+
+// drop forgets s: its request is canceled, its pieces given back.
+func (a *aheads) drop(s *stream) {
 	if s.elem == nil {
 		return
 	}
+	s.cancel()
 	a.lru.Remove(s.elem)
 	s.elem = nil
-	for i, t := range s.f.spans {
+	f := s.f
+	for i, t := range f.streams {
 		if t == s {
-			s.f.spans = append(s.f.spans[:i], s.f.spans[i+1:]...)
+			f.streams = append(f.streams[:i], f.streams[i+1:]...)
 			break
+		}
+	}
+	for i := range s.pieces {
+		a.giveBack(s, i)
+	}
+	s.broadcast()
+}
+
+// giveBack returns piece i of s; its buffer is reused once no reader
+// copies from s (the piece being written is fetch's to give back).
+func (a *aheads) giveBack(s *stream, i int) {
+	if s.gone[i] {
+		return
+	}
+	s.gone[i] = true
+	if b := s.pieces[i]; b != nil {
+		s.pieces[i] = nil
+		if s.cur == nil || &b[0] != &s.cur[0] {
+			s.held -= pieceSize
+			a.used -= pieceSize
+			s.retired = append(s.retired, b)
+		}
+	}
+	if s.refs == 0 {
+		a.recycle(s)
+	}
+	a.roomMade()
+}
+
+// recycle keeps the buffers s gave back, within memory.
+func (a *aheads) recycle(s *stream) {
+	for _, b := range s.retired {
+		if a.used+a.freeN+int64(cap(b)) <= a.memory {
+			a.free = append(a.free, b[:0])
+			a.freeN += int64(cap(b))
+		}
+	}
+	s.retired = nil
+}
+
+// readPast reports whether a stream of f starting at off was read from.
+// Called with aheads.mu held.
+func (f *file) readPast(off int64) bool {
+	for _, t := range f.streams {
+		if t.start == off {
+			return t.taken[0] > 0
+		}
+	}
+	return false
+}
+
+func (s *stream) pieceEnd(i int) int64 { return min(s.end, s.start+int64(i+1)*pieceSize) }
+
+func (s *stream) broadcast() {
+	close(s.wake)
+	s.wake = make(chan struct{})
+}
+
+// copyFrom copies into p the bytes of s from off that are in, waiting for
+// the first of them; it releases s.
+func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, error) {
+	a.mu.Lock()
+	for s.arrived <= off && !s.done && s.elem != nil {
+		wake := s.wake
+		s.waiters++
+		a.roomMade() // a stream waiting for memory may go over for this reader
+		a.mu.Unlock()
+		<-wake
+		a.mu.Lock()
+		s.waiters--
+	}
+	if s.arrived <= off || s.elem == nil {
+		err := s.err
+		a.mu.Unlock()
+		a.release(s, off, 0, false)
+		if err == nil {
+			err = errGone
+		}
+		return 0, err
+	}
+	var parts [][]byte
+	end := min(off+int64(len(p)), s.arrived)
+	for at := off; at < end; {
+		i := int((at - s.start) / pieceSize)
+		if s.gone[i] {
+			break
+		}
+		from := at - (s.start + int64(i)*pieceSize)
+		to := min(end, s.pieceEnd(i)) - (s.start + int64(i)*pieceSize)
+		parts = append(parts, s.pieces[i][from:to])
+		at += to - from
+	}
+	// A read that goes past what a failed stream delivered fails with it
+	// for failMemory: the store just failed that range, and asking again
+	// would make the read wait for a second request's failure too. Later
+	// reads ask again.
+	var failed error
+	if s.done && end == s.arrived && end < off+int64(len(p)) && end < s.end && time.Since(s.failedAt) < failMemory {
+		failed = s.err
+	}
+	a.mu.Unlock()
+	n := 0
+	for _, part := range parts {
+		n += copy(p[n:], part)
+	}
+	a.release(s, off, int64(n), large)
+	switch {
+	case n == 0:
+		return 0, errGone
+	case failed != nil && n == int(end-off):
+		return n, failed
+	}
+	return n, nil
+}
+
+// release ends a reader's copy of n bytes at off from s: a large read's
+// bytes count towards giving pieces back (see aheads), and a read past the
+// middle of s starts the stream after it.
+func (a *aheads) release(s *stream, off, n int64, large bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s.refs--
+	if n > 0 && s.elem != nil {
+		first, last := int((off-s.start)/pieceSize), int((off+n-1-s.start)/pieceSize)
+		for i := first; i <= last; i++ {
+			lo, hi := max(off, s.start+int64(i)*pieceSize), min(off+n, s.pieceEnd(i))
+			s.taken[i] += hi - lo
+		}
+		// A piece read but for a window's worth (bytes no reader asks for:
+		// a zip entry's padding, files of a record the view does not read)
+		// is given back once reads went on past it, to the next piece or
+		// the stream after this one.
+		for i := range s.pieces {
+			if s.gone[i] || s.pieceEnd(i) > s.arrived || s.taken[i]+windowSize < s.pieceEnd(i)-(s.start+int64(i)*pieceSize) {
+				continue
+			}
+			if i+1 < len(s.pieces) && s.taken[i+1] > 0 || i+1 == len(s.pieces) && s.f.readPast(s.end) {
+				a.giveBack(s, i)
+			}
+		}
+		if s.done && !slices.Contains(s.gone, false) {
+			a.drop(s)
 		}
 	}
 	if s.refs == 0 {
@@ -201,67 +485,99 @@ func (a *aheads) drop(s *span) {
 	}
 }
 
-// recycle keeps the buffer of a dropped span that no reader holds, once.
-func (a *aheads) recycle(s *span) {
-	if s.recycled {
-		return
-	}
-	s.recycled = true
-	a.used -= a.minRequest
-	if s.buf != nil && a.used+a.freeN+int64(cap(s.buf)) <= a.memory {
-		a.free = append(a.free, s.buf[:0])
-		a.freeN += int64(cap(s.buf))
-	}
-	s.buf = nil
-}
-
-// release ends a reader's copy of n bytes from s. Once large reads took
-// all of it but what a window holds (the record directories between the
-// data, which small reads took), nothing in it will be asked for again:
-// reads of a view's blocks come in any order, so it is their sum that
-// says so, not how far the last one went.
-func (a *aheads) release(s *span, n int64, large bool) {
+// fetch sends the request of s and reads its body into pieces (ReadFrom).
+func (a *aheads) fetch(ctx context.Context, s *stream) {
+	_, err := s.f.readTo(ctx, s, s.start, s.end-s.start)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s.refs--
-	if large {
-		s.read += n
-		if s.read+windowSize >= s.end-s.start {
-			a.drop(s)
+	if s.cur != nil { // a piece begun: kept if handed over, else fetch's to give back
+		if s.elem == nil || s.curN == 0 {
+			s.held -= pieceSize
+			a.used -= pieceSize
+			if a.used+a.freeN+pieceSize <= a.memory {
+				a.free = append(a.free, s.cur[:0])
+				a.freeN += pieceSize
+			}
+			a.roomMade()
+		}
+		s.cur = nil
+	}
+	s.done = true
+	s.cancel()
+	if s.elem != nil {
+		// Bytes never to arrive are given back.
+		for i := range s.pieces {
+			if s.start+int64(i)*pieceSize >= s.arrived {
+				a.giveBack(s, i)
+			}
+		}
+		if err != nil {
+			s.err, s.failedAt = err, time.Now()
+			if s.f.next >= s.arrived {
+				s.f.next = afterFailure
+			}
 		}
 	}
-	if s.elem == nil && s.refs == 0 && s.arrived() {
-		a.recycle(s)
-	}
+	s.broadcast()
 }
 
-func (s *span) arrived() bool {
-	select {
-	case <-s.ready:
-		return true
-	default:
-		return false
+// ReadFrom reads a response body into pieces, handing each over as it is
+// filled (or as far as it got when the body ends early): called by
+// Store.Read through CopyBody, once per attempt, in fetch's goroutine.
+func (s *stream) ReadFrom(r io.Reader) (int64, error) {
+	a := s.a
+	var total int64
+	for s.curAt < s.end {
+		if s.cur == nil && !a.buffer(s) {
+			return total, context.Canceled
+		}
+		want := int(min(s.end, s.curAt+pieceSize) - s.curAt)
+		k, err := io.ReadFull(r, s.cur[s.curN:want])
+		s.curN += k
+		total += int64(k)
+		if k > 0 {
+			a.mu.Lock()
+			if s.elem == nil {
+				a.mu.Unlock()
+				return total, context.Canceled
+			}
+			s.publish()
+			if s.curN == want {
+				s.cur, s.curAt = nil, s.curAt+int64(want)
+			}
+			a.mu.Unlock()
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return total, nil // CopyBody tells a short body
+		}
+		if err != nil {
+			return total, err
+		}
 	}
+	return total, nil
 }
 
-// fill fetches s; a failed span is dropped, so the next read asks again.
-func (a *aheads) fill(s *span) {
-	buf := s.buf
-	if buf == nil {
-		buf = make([]byte, a.minRequest)
+// Write is ReadFrom for a store that writes.
+func (s *stream) Write(b []byte) (int, error) {
+	n, err := s.ReadFrom(&onceReader{b: b})
+	return int(n), err
+}
+
+type onceReader struct{ b []byte }
+
+func (r *onceReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
 	}
-	buf = buf[:s.end-s.start]
-	n, err := s.f.read(buf, s.start)
-	if err == nil && n < len(buf) {
-		err = &AttemptError{Cause: "short read"} // f.read returns all or an error
-	}
-	a.mu.Lock()
-	s.buf = buf
-	if err != nil {
-		s.err = err
-		a.drop(s)
-		s.f.next = -1
-	}
-	close(s.ready)
-	a.mu.Unlock()
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// publish hands the filled part of the current piece to readers. Called
+// with aheads.mu held.
+func (s *stream) publish() {
+	s.pieces[(s.curAt-s.start)/pieceSize] = s.cur
+	s.arrived = s.curAt + int64(s.curN)
+	s.broadcast()
 }

@@ -1,6 +1,7 @@
 package objstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,9 +18,9 @@ type file struct {
 	url  string
 	info source.Info
 
-	// The object's read-ahead (ahead.go), guarded by t.ahead.mu.
-	next  int64   // where the last large read ended: the frontier; -1 none yet
-	spans []*span // fetched ahead, held
+	// The object's streams (ahead.go), guarded by t.ahead.mu.
+	next    int64     // where the last large read or stream ended: the frontier; -1 none yet
+	streams []*stream // fetched or being fetched ahead, held
 }
 
 func (f *file) Info() source.Info { return f.info }
@@ -58,24 +59,33 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (f *file) read(p []byte, off int64) (int, error) {
-	done := 0
-	ctx := f.t.requestCtx()
+	n, err := f.readTo(f.t.requestCtx(), &sliceWriter{p: p}, off, int64(len(p)))
+	return int(n), err
+}
+
+// readTo writes the n bytes at off to w, in one request unless an attempt
+// ends early: the next attempt asks for the rest, with the same pin and
+// checks.
+func (f *file) readTo(ctx context.Context, w io.Writer, off, n int64) (int64, error) {
+	var done int64
 	for attempt := 1; ; attempt++ {
-		n, err := f.t.store.Read(ctx, f.obj, p[done:], off+int64(done))
-		if n < 0 || n > len(p)-done {
-			n, err = 0, &ChangedError{fmt.Sprintf("the store answered %d bytes to a read of %d", n, len(p)-done)}
+		m, err := f.t.store.Read(ctx, f.obj, w, off+done, n-done)
+		if m < 0 || m > n-done {
+			m, err = 0, &ChangedError{fmt.Sprintf("the store answered %d bytes to a read of %d", m, n-done)}
 		}
-		f.t.count.Bytes.Add(int64(n))
-		done += n
-		if err == nil && done < len(p) {
-			err = &AttemptError{fmt.Sprintf("the response ended after %d of %d bytes", n, len(p)-done+n)}
+		f.t.count.Bytes.Add(m)
+		done += m
+		if err == nil && done < n {
+			err = &AttemptError{fmt.Sprintf("the response ended after %d of %d bytes", m, n-done+m)}
 		}
 		if err == nil {
 			return done, nil
 		}
 		var cut *AttemptError
 		if !errors.As(err, &cut) || attempt >= f.t.limits.MaxAttempts || ctx.Err() != nil {
-			f.t.count.Errors.Add(1)
+			if ctx.Err() == nil { // not a request ended on purpose: a stream dropped, the tree closed
+				f.t.count.Errors.Add(1)
+			}
 			return done, f.readError(err)
 		}
 		f.t.count.Retries.Add(1)
@@ -84,6 +94,31 @@ func (f *file) read(p []byte, off int64) (int, error) {
 		case <-ctx.Done():
 		}
 	}
+}
+
+// sliceWriter is a Store.Read's destination in memory: the body is read
+// straight into p.
+type sliceWriter struct {
+	p []byte
+	n int
+}
+
+func (w *sliceWriter) Write(b []byte) (int, error) {
+	k := copy(w.p[w.n:], b)
+	w.n += k
+	if k < len(b) {
+		return k, io.ErrShortWrite
+	}
+	return k, nil
+}
+
+func (w *sliceWriter) ReadFrom(r io.Reader) (int64, error) {
+	k, err := io.ReadFull(r, w.p[w.n:])
+	w.n += k
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		err = nil // the caller counts what it got
+	}
+	return int64(k), err
 }
 
 // readError names the object in a read's error.

@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -66,12 +67,24 @@ type Store interface {
 	// ("" for the first): delimited by "/" when delim is set. limit > 0
 	// asks for at most that many keys.
 	List(ctx context.Context, prefix string, delim bool, limit int, token string) (Page, error)
-	// Read fills p with the bytes at off of obj as of obj.Version, in one
-	// attempt, returning how many it read. A response of another version,
-	// range or size is a *ChangedError, as is a version gone; an attempt
-	// that ended early (a cut body, its deadline, a transient failure) is
-	// an *AttemptError, which the tree resumes.
-	Read(ctx context.Context, obj Object, p []byte, off int64) (int, error)
+	// Read writes the n bytes at off of obj as of obj.Version to w, in one
+	// attempt (one ranged request, its body copied with CopyBody, so that
+	// w reads it in as it streams), returning how many it wrote. A response
+	// of another version, range or size is a *ChangedError, as is a
+	// version gone; an attempt that ended early (a cut body, its deadline,
+	// a transient failure) is an *AttemptError, which the tree resumes.
+	Read(ctx context.Context, obj Object, w io.Writer, off, n int64) (int64, error)
+}
+
+// CopyBody copies the n bytes of a response body to w (with w's ReadFrom
+// when it has one: no buffer in between); a body that ends early is
+// io.ErrUnexpectedEOF.
+func CopyBody(w io.Writer, body io.Reader, n int64) (int64, error) {
+	got, err := io.CopyN(w, body, n)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return got, err
 }
 
 // ErrNotFound is what a Store returns for a key with no object.

@@ -131,9 +131,9 @@ func (t *Tree) Path(name string) string {
 	return t.loc.URL(name)
 }
 
-// Stat describes name: from the listing of its directory when that was
-// listed before (listed again once older than ListTTL: one request answers
-// for every file of a checkpoint, where checking each would be a HEAD per
+// Stat describes name: from the listing of its directory, listed when it
+// fits in a page (again once older than ListTTL: one request answers for
+// every file of a checkpoint, where checking each would be a HEAD per
 // shard at every open), else with a HEAD of its key and, when that finds no
 // object, a one-key listing of it as a prefix.
 func (t *Tree) Stat(name string) (source.Info, error) {
@@ -143,12 +143,18 @@ func (t *Tree) Stat(name string) (source.Info, error) {
 	}
 	if name != "." {
 		dir := path.Dir(name)
-		if ents, fresh, known := t.cached(dir); known {
-			if !fresh {
-				if ents, err = t.ReadDir(dir); err != nil {
-					return source.Info{}, err
-				}
+		if _, fresh, _ := t.cached(dir); !fresh {
+			// One listing page answers for every name of a directory (the
+			// files of a checkpoint) where a HEAD answers for one: a
+			// directory that fits in a page is listed, and kept. A larger
+			// one, or a store that refuses the listing, is asked by HEAD;
+			// a store that does not answer fails the Stat.
+			_, err, _ := t.lists.Do("\x00"+dir, func() (any, error) { return t.list(dir, true) })
+			if source.IsUnavailable(err) {
+				return source.Info{}, t.fail("stat", name, err)
 			}
+		}
+		if ents, fresh, _ := t.cached(dir); fresh {
 			base := path.Base(name)
 			i := sort.Search(len(ents), func(i int) bool { return ents[i].Name >= base })
 			if i < len(ents) && ents[i].Name == base {
@@ -198,7 +204,7 @@ func (t *Tree) ReadDir(name string) ([]source.Info, error) {
 	if ents, fresh, _ := t.cached(name); fresh {
 		return ents, nil
 	}
-	v, err, _ := t.lists.Do(name, func() (any, error) { return t.list(name) })
+	v, err, _ := t.lists.Do(name, func() (any, error) { return t.list(name, false) })
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +215,10 @@ func (t *Tree) ReadDir(name string) ([]source.Info, error) {
 // with a continuation would hold ReadDir forever.
 const maxPages = 1 << 20
 
-func (t *Tree) list(name string) ([]source.Info, error) {
+// list lists the directory name and keeps the listing; onePage keeps only
+// a listing of one page with names in it (else nil, and the store's error
+// if it failed, uncounted).
+func (t *Tree) list(name string, onePage bool) ([]source.Info, error) {
 	prefix := t.loc.DirPrefix(name)
 	byName := map[string]source.Info{}
 	ctx := t.lookupCtx()
@@ -219,6 +228,9 @@ func (t *Tree) list(name string) ([]source.Info, error) {
 			return nil, t.fail("readdir", name, errors.New("the listing never ends"))
 		}
 		page, err := t.store.List(ctx, prefix, true, 0, token)
+		if err != nil && onePage {
+			return nil, err // not counted: the caller may ask otherwise
+		}
 		if err != nil {
 			return nil, t.fail("readdir", name, err)
 		}
@@ -240,7 +252,13 @@ func (t *Tree) list(name string) ([]source.Info, error) {
 		if page.Next == "" || page.Next == token {
 			break
 		}
+		if onePage {
+			return nil, nil
+		}
 		token = page.Next
+	}
+	if len(byName) == 0 && onePage {
+		return nil, nil // no directory, or an empty one: not kept, so ReadDir tells which
 	}
 	if len(byName) == 0 && name != "." {
 		// An empty listing is no directory at all (object stores have no

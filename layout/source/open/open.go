@@ -53,8 +53,7 @@ type Options struct {
 }
 
 // SetAhead sets the read-ahead of every store's objects read in order
-// (objstore.Limits.MinRequest and AheadMemory; cache.ForObjectStoreAhead
-// sizes them).
+// (objstore.Limits.MinRequest and AheadMemory; readpath.For sizes them).
 func (o *Options) SetAhead(minRequest, memory int64) {
 	o.S3.MinRequest, o.S3.AheadMemory = minRequest, memory
 	o.GCS.Limits.MinRequest, o.GCS.Limits.AheadMemory = minRequest, memory

@@ -3,6 +3,7 @@ package s3_test
 import (
 	"context"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -77,7 +78,9 @@ func TestRequesterPays(t *testing.T) {
 		proxy := s3test.StartProxy(t, g.Endpoint)
 		tree, err := s3.Open(context.Background(), "s3://pays/ckpt", s3.Options{Endpoint: proxy.URL, RequesterPays: pays})
 		require.NoError(t, err)
-		_, err = tree.Stat("shard") // a HEAD: nothing listed the directory yet
+		_, err = tree.Stat("none/shard") // a HEAD: an empty listing is not kept
+		require.ErrorIs(t, err, fs.ErrNotExist)
+		_, err = tree.Stat("shard")
 		require.NoError(t, err)
 		_, err = tree.ReadDir(".")
 		require.NoError(t, err)

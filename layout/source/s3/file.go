@@ -13,11 +13,11 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
-// Read is one ranged GET of len(p) bytes at off, If-Match the opened ETag.
-// The SDK retries a request that fails before its body; a body cut short
-// or past its deadline is an *objstore.AttemptError, resumed by the tree.
-func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int64) (int, error) {
-	n := int64(len(p))
+// Read is one ranged GET of n bytes at off, If-Match the opened ETag,
+// its body copied to w. The SDK retries a request that fails before its
+// body; a body cut short or past its deadline is an
+// *objstore.AttemptError, resumed by the tree.
+func (s *store) Read(ctx context.Context, obj objstore.Object, w io.Writer, off, n int64) (int64, error) {
 	out, err := s.client.GetObject(withAttemptBytes(ctx, n), &awss3.GetObjectInput{
 		Bucket:  &s.bucket,
 		Key:     &obj.Key,
@@ -31,7 +31,7 @@ func (s *store) Read(ctx context.Context, obj objstore.Object, p []byte, off int
 	if err := verify(out, obj, off, n); err != nil {
 		return 0, err
 	}
-	got, err := io.ReadFull(out.Body, p)
+	got, err := objstore.CopyBody(w, out.Body, n)
 	switch {
 	case err == nil:
 		return got, nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"syscall"
@@ -32,7 +33,8 @@ type Store interface {
 }
 
 // Run runs the cases every store passes: listings as directories, hostile
-// keys confined, byte-exact ranged reads, a replaced or deleted object
+// keys confined, byte-exact ranged reads, an object read in order in few
+// requests (streams), a replaced or deleted object
 // failing with ErrChanged and never its new bytes, a missing name ENOENT,
 // and a killed or frozen server failing a read with EIO within the bound.
 // start makes an empty bucket on a server the cases share, or, when own is
@@ -138,6 +140,42 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 			assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")
 		})
 	}
+
+	// An object read in order in blocks, as the block cache fills them:
+	// N blocks in requests of k blocks cost at most ceil(N/k)+1 requests
+	// (the first read, under a stream's least, is its own), each byte
+	// fetched once, byte-exact.
+	t.Run("streamed sequential read", func(t *testing.T) {
+		const size, block, req = 24<<20 + 4321, 1 << 20, 8 << 20
+		s := start(t, false)
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(i*13 + i>>11)
+		}
+		put(t, s, "ckpt/shard", data)
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MinRequest: req, AheadMemory: 4 * req})
+		require.NoError(t, err)
+		defer tree.Close()
+		f, err := tree.Open("shard")
+		require.NoError(t, err)
+		before := tree.Stats()
+		buf := make([]byte, block)
+		for off := 0; off < size; off += block {
+			n, err := f.ReadAt(buf, int64(off))
+			if n < block {
+				require.ErrorIs(t, err, io.EOF)
+			} else {
+				require.NoError(t, err)
+			}
+			require.True(t, bytes.Equal(data[off:off+n], buf[:n]), "block at %d", off)
+		}
+		require.Eventually(t, func() bool { return tree.Stats().BytesFetched-before.BytesFetched >= size },
+			30*time.Second, 10*time.Millisecond, "bytes counted as the requests end")
+		st := tree.Stats()
+		blocks, k := (size+block-1)/block, req/block
+		assert.LessOrEqual(t, st.Requests-before.Requests, int64((blocks+k-1)/k+1), "requests")
+		assert.Equal(t, int64(size), st.BytesFetched-before.BytesFetched, "bytes fetched")
+	})
 
 	t.Run("missing", func(t *testing.T) {
 		s := start(t, false)
