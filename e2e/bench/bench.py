@@ -150,15 +150,24 @@ class Mount:
 
 
 def gen(work, name, script, *args):
-    """Generate a checkpoint once (kept across runs under work/src)."""
+    """Generate a checkpoint once (kept across runs under work/src); one kept
+    from other arguments (its stamp names them) is generated again."""
     out = os.path.join(work, "src", name)
     stamp = out + ".done"
-    if not os.path.exists(stamp):
+    args = [str(x) for x in args]
+    made_by = json.dumps([script, *args])
+    try:
+        with open(stamp) as f:
+            fresh = f.read() == made_by
+    except OSError:
+        fresh = False
+    if not fresh:
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         log(f"generating {name} ...")
         subprocess.run([PY, os.path.join(HERE, script), out, *args], check=True, env={**os.environ, "USE_LIBUV": "0"})
-        open(stamp, "w").close()
+        with open(stamp, "w") as f:
+            f.write(made_by)
     return out
 
 
