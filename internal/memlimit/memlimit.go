@@ -8,15 +8,18 @@
 package memlimit
 
 import (
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 )
 
 var (
-	mu      sync.Mutex
-	bound   int64 // GUARDED_BY(mu); 0: none set
-	outside int64 // GUARDED_BY(mu)
-	opening int   // GUARDED_BY(mu): opens under way that turned GOGC on
+	mu       sync.Mutex
+	bound    int64 // GUARDED_BY(mu); 0: none set
+	outside  int64 // GUARDED_BY(mu)
+	opening  int   // GUARDED_BY(mu): opens under way that turned GOGC on
+	watching bool  // GUARDED_BY(mu): watchGC is armed
 )
 
 // openingGC is the collector's percent while a checkpoint is opened.
@@ -28,6 +31,10 @@ func Set(b int64) {
 	defer mu.Unlock()
 	bound = b
 	apply()
+	if b > 0 && !watching {
+		watching = true
+		watchGC()
+	}
 }
 
 // Outside counts n bytes mapped outside the Go heap until release is
@@ -48,13 +55,48 @@ func Outside(n int64) (release func()) {
 	}
 }
 
-// apply sets the limit, never below half the bound: several large files
-// mapped at once would otherwise leave the heap a limit it cannot keep,
-// and the collector would run without pause.
+// apply sets the limit: the bound less what is mapped, never below half
+// the bound, nor below the live heap and a quarter more. Below either, the
+// heap would have a limit it cannot keep (several large files mapped at
+// once; a decode whose live data alone passes the limit, as a 786 MiB
+// .metadata's does), and the collector would run without pause, at the
+// half of the CPU the runtime caps it to: such an open took 2-3x its CPU.
 func apply() {
 	if bound > 0 {
-		debug.SetMemoryLimit(max(bound-outside, bound/2))
+		live := liveHeap()
+		debug.SetMemoryLimit(max(bound-outside, bound/2, live+live/4))
 	}
+}
+
+// liveHeap is the heap the last collection found live.
+func liveHeap() int64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(min(s[0].Value.Uint64(), 1<<62))
+}
+
+// gcTick is an object made to be collected: its finalizer runs after the
+// collection that found it unreachable. It holds a pointer so that it is
+// not one of the tiny allocations that share a block, and whose finalizers
+// wait for their neighbours.
+type gcTick struct{ _ *int }
+
+// watchGC applies the limit again after each collection, when the live
+// heap it depends on is known, until the bound is unset.
+func watchGC() {
+	runtime.SetFinalizer(new(gcTick), func(*gcTick) {
+		mu.Lock()
+		defer mu.Unlock()
+		if bound == 0 {
+			watching = false
+			return
+		}
+		apply()
+		watchGC()
+	})
 }
 
 // Opening makes the collector proportional (GOGC 100) until release is

@@ -1,10 +1,13 @@
 package memlimit
 
 import (
+	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func limit() int64 { return debug.SetMemoryLimit(-1) }
@@ -58,4 +61,28 @@ func TestOpeningCollectsWhileHeld(t *testing.T) {
 	assert.Equal(t, 50, gcPercent())
 	c()
 	assert.Equal(t, 50, gcPercent())
+}
+
+// A live heap above the bound raises the limit to it and a quarter more
+// after the next collection, instead of the collector running without
+// pause; once the heap is freed, the limit is the bound again.
+func TestLimitFollowsALiveHeapAboveTheBound(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	const bound = 16 << 20
+	Set(bound)
+	defer Set(0)
+	keep := make([]byte, 64<<20)
+	for i := range keep {
+		keep[i] = 1
+	}
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return limit() >= 80<<20
+	}, 10*time.Second, 10*time.Millisecond, "limit %d with 64 MiB live", limit())
+	runtime.KeepAlive(keep)
+	keep = nil
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return limit() == bound
+	}, 10*time.Second, 10*time.Millisecond, "limit %d with the heap freed", limit())
 }
