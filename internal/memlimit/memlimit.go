@@ -1,8 +1,9 @@
 // Package memlimit makes the Go memory limit a bound on more than the Go
 // heap: a mount's bound (block cache, metadata budget, headroom) less the
 // memory it maps outside the heap while that is mapped (a DCP .metadata
-// being decoded), so that the collector keeps the whole within the bound.
-// A mount collects at that limit only (GOGC off), except while it opens a
+// being decoded), so that the collector keeps the whole within the bound;
+// where live data alone passes that, the limit follows it (apply). A mount
+// collects at that limit only (GOGC off), except while it opens a
 // checkpoint (Opening). Until Set is called (inspect, tests) it leaves the
 // limit and the collector alone.
 package memlimit
