@@ -84,18 +84,14 @@ func (r *refs) has(i uint32) bool {
 // index makes rank and kept once the bits are known, or reports false when
 // more than maxKept entries are gotten again.
 func (r *refs) index(maxKept int) bool {
+	r.rank = make([]uint32, len(r.bits))
 	n := 0
-	for _, b := range r.bits {
+	for w, b := range r.bits {
+		r.rank[w] = uint32(n)
 		n += bits.OnesCount64(b)
 	}
 	if n > maxKept {
 		return false
-	}
-	r.rank = make([]uint32, len(r.bits))
-	n = 0
-	for w, b := range r.bits {
-		r.rank[w] = uint32(n)
-		n += bits.OnesCount64(b)
 	}
 	r.kept = make([]slot, n)
 	return true
