@@ -62,6 +62,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 
+sys.path.insert(0, HERE)
+from gencache import gen  # noqa: E402,F401  (the sections' and bench_*.py's generate-once)
+
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
@@ -147,28 +150,6 @@ class Mount:
     def close(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
-
-
-def gen(work, name, script, *args):
-    """Generate a checkpoint once (kept across runs under work/src); one kept
-    from other arguments (its stamp names them) is generated again."""
-    out = os.path.join(work, "src", name)
-    stamp = out + ".done"
-    args = [str(x) for x in args]
-    made_by = json.dumps([script, *args])
-    try:
-        with open(stamp) as f:
-            fresh = f.read() == made_by
-    except OSError:
-        fresh = False
-    if not fresh:
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        log(f"generating {name} ...")
-        subprocess.run([PY, os.path.join(HERE, script), out, *args], check=True, env={**os.environ, "USE_LIBUV": "0"})
-        with open(stamp, "w") as f:
-            f.write(made_by)
-    return out
 
 
 # from_pretrained may leave weights mapped and unread until first use, so
