@@ -44,7 +44,8 @@ mount before each timed run. Sections:
           generation takes 3 min and the mount minutes here), Megatron torch_dist MoE of 1024
           ranks, Megatron legacy TP8xPP16, DeepSpeed ZeRO-3/2 of 512 ranks, HF-sharded of 1024
           files; torch DCP with real bytes saved by dcp.save from 256 ranks, every view byte read
-          cold and each tensor compared bit for bit with the originals
+          cold and each tensor compared bit for bit with the originals; dcp.save's own .metadata of
+          the dcp rows' model at 64 ranks beside the generator's
 
 Every section's checkpoints are generated once under WORK/src (gencache.py: keyed by the
 generator's arguments and sources, atomic).
@@ -759,7 +760,7 @@ def main():
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,objectstore,large,scale")
     ap.add_argument("--scale-ranks", default="64,256,1024", help="the scale section's DCP world sizes (up to 2048)")
-    ap.add_argument("--scale-formats", default="dcp,megatron,legacy,deepspeed,hfsharded,bytes",
+    ap.add_argument("--scale-formats", default="dcp,megatron,legacy,deepspeed,hfsharded,bytes,dcpsave",
                     help="the scale section's formats")
     ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
                     help="the large section's model (tiny: to try the section out)")

@@ -30,14 +30,18 @@ changed generator writes anew and removes the stale one.
   cold through a mount (MB/s) and each tensor compared bit for bit with the
   originals, computed in the run; torch's dcp.load of the checkpoint (its
   tensors checked against the same originals) as the baseline.
+- dcpsave: the .metadata dcp.save itself writes for the dcp rows' model
+  at --dcpsave-ranks (64) ranks (gen_scale_dcpsave.py: threaded ranks,
+  meta tensors, no bytes written), opened as the dcp rows are, with
+  gen_scale.py's stream of the same shapes beside it in the row.
 - legacy: Megatron-LM legacy TP 8 x PP 16 (gen_megatron_legacy_scale.py:
   128 model_optim_rng.pt; torch.load of every rank file; every view tensor
   read through the mount and compared bit for bit with the one torch
   builds from the rank files).
 
     python e2e/bench/bench_scale.py --bin bin/ckptfs --work .bench [--ranks 64,256,1024,2048] [--adam both|yes|no]
-        [--formats dcp,megatron,deepspeed,hfsharded,legacy,bytes] [--deepspeed-ranks 512] [--hfsharded-files 1024]
-        [--bytes-ranks 256]
+        [--formats dcp,megatron,deepspeed,hfsharded,legacy,bytes,dcpsave] [--deepspeed-ranks 512] [--hfsharded-files 1024]
+        [--bytes-ranks 256] [--dcpsave-ranks 64]
         [--torch-max-mib 300]
 
 Prints the rows as JSON on stdout and as a markdown table on stderr.
@@ -512,6 +516,32 @@ def case_bytes(binary, work, ranks):
     return out
 
 
+def case_dcpsave(binary, work, ranks):
+    """The .metadata dcp.save itself writes for gen_scale.py's model at W
+    ranks (gen_scale_dcpsave.py: threaded ranks, meta tensors, no bytes),
+    opened as the dcp rows are, beside gen_scale.py's stream of the same
+    shapes (its bytes and inspect CPU in the same row): how far the
+    generator the other rows use is from what torch writes."""
+    name = f"dcpsave_w{ranks}"
+    src = gen(work, name, "gen_scale_dcpsave.py", "--ranks", str(ranks))
+    g = made(src)
+    meta = os.path.join(src, ".metadata")
+    out = dict(format="dcp, dcp.save's own .metadata", ranks=ranks, optim=False, gen_s=g["wall_s"],
+               gen_peak_MiB=g["peak_MiB"], metadata_MiB=round(os.path.getsize(meta) / 2**20, 1),
+               load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, src))
+    baseline(out, PICKLE_LOAD, meta)
+    if "inspect_error" in out:
+        return refused(name, out)
+    out["metadata_B_per_chunk"] = round(os.path.getsize(meta) / out["chunks"])
+    ours = gen(work, f"dcp_w{ranks}", "gen_scale.py", "--ranks", str(ranks))
+    mine = inspect_row(binary, ours)
+    out.update(gen_scale_chunks=mine.get("chunks"), gen_scale_inspect_cpu_s=mine.get("inspect_cpu_s"),
+               gen_scale_metadata_MiB=round(os.path.getsize(os.path.join(ours, ".metadata")) / 2**20, 1))
+    mounted_view(binary, work, out, os.path.dirname(src), os.path.basename(src))
+    log(f"  {name}: {json.dumps(out)}")
+    return out
+
+
 def first(v):
     return v[0] if isinstance(v, list) else v
 
@@ -543,6 +573,12 @@ def table(rows):
             f"| {r['inspect_us_per_chunk']} | {torch_} | {ls} | {first(r.get('first_byte_s', '–'))} s "
             f"| {per_view[-1] if per_view else '–'} MiB ({r.get('counted_B_per_view_chunk')}) "
             f"| {r.get('mount_peak_MiB', '–')} MiB |")
+    pairs = [r for r in rows if "gen_scale_metadata_MiB" in r]
+    if pairs:
+        lines += ["", "| W | chunks: dcp.save / gen_scale | .metadata: dcp.save / gen_scale | inspect CPU: dcp.save / gen_scale |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['ranks']} | {r['chunks']} / {r['gen_scale_chunks']} | {r['metadata_MiB']} / "
+                  f"{r['gen_scale_metadata_MiB']} MiB | {r['inspect_cpu_s']} / {r['gen_scale_inspect_cpu_s']} s |" for r in pairs]
     checked = [r for r in rows if "view_bytes" in r]
     if checked:
         lines += ["", "| format | W | view bytes read, each tensor compared | cold read: s / MB/s | shards' cold read(2): s / MB/s (the view's speed, × the shards') | compare s "
@@ -600,10 +636,11 @@ def main():
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--ranks", default="64,256,1024,2048", help="the DCP world sizes")
     ap.add_argument("--adam", default="both", choices=["both", "yes", "no"])
-    ap.add_argument("--formats", default="dcp,megatron,deepspeed,hfsharded,legacy,bytes")
+    ap.add_argument("--formats", default="dcp,megatron,deepspeed,hfsharded,legacy,bytes,dcpsave")
     ap.add_argument("--deepspeed-ranks", default="512")
     ap.add_argument("--hfsharded-files", default="1024")
     ap.add_argument("--bytes-ranks", default="256", help="the world sizes of the DCP with real bytes")
+    ap.add_argument("--dcpsave-ranks", default="64", help="the world sizes of dcp.save's own .metadata")
     ap.add_argument("--torch-max-mib", type=float, default=300,
                     help="torch's pickle.load of a DCP .metadata larger than this is skipped")
     ap.add_argument("--table", help="print the table and constants of a saved JSON output, run nothing")
@@ -630,6 +667,8 @@ def main():
         rows += [case_hfsharded(binary, work, int(w)) for w in a.hfsharded_files.split(",")]
     if "bytes" in formats:
         rows += [case_bytes(binary, work, int(w)) for w in a.bytes_ranks.split(",")]
+    if "dcpsave" in formats:
+        rows += [case_dcpsave(binary, work, int(w)) for w in a.dcpsave_ranks.split(",")]
     log(table(rows) + "\n\n" + constants(rows))
     print(json.dumps(rows))
 

@@ -43,13 +43,15 @@ def tensors(a):
     return out
 
 
-def save(out, full, ranks):
-    """dcp.save of full's tensors sharded on dim 0 over ranks threads."""
+def threaded_save(out, ranks, state_of, storage_writer=None):
+    """dcp.save by ranks threads on torch's threaded process group, rank r
+    saving state_of(r, mesh); storage_writer(out), if given, is each
+    rank's writer (else dcp.save's FileSystemWriter)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
-    from torch.testing._internal.distributed.multi_threaded_pg import _install_threaded_pg, _uninstall_threaded_pg
+    from torch.testing._internal.distributed.multi_threaded_pg import (ProcessLocalGroup, _install_threaded_pg,
+                                                                        _uninstall_threaded_pg)
 
     errors = []
 
@@ -57,19 +59,15 @@ def save(out, full, ranks):
         try:
             dist.init_process_group("threaded", rank=rank, world_size=ranks, store=store)
             try:
-                mesh = init_device_mesh("cpu", (ranks,))
-                state = {}
-                for name, t in full.items():
-                    local = t.chunk(ranks)  # FSDP2's Shard(0): torch.chunk
-                    local = local[rank] if rank < len(local) else t[t.shape[0]:]
-                    state[name] = DTensor.from_local(local.clone(), mesh, [Shard(0)], run_check=False,
-                                                     shape=t.shape, stride=t.stride())
-                dcp.save(state, checkpoint_id=out)
+                state = state_of(rank, init_device_mesh("cpu", (ranks,)))
+                if storage_writer:
+                    dcp.save(state, storage_writer=storage_writer(out))
+                else:
+                    dcp.save(state, checkpoint_id=out)
             finally:
                 dist.destroy_process_group()
         except BaseException as e:  # noqa: BLE001 (reported by the main thread)
             errors.append((rank, repr(e)))
-            from torch.testing._internal.distributed.multi_threaded_pg import ProcessLocalGroup
             ProcessLocalGroup.exception_handle(e)  # wake the other ranks
 
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -86,6 +84,23 @@ def save(out, full, ranks):
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
     if errors:
         raise SystemExit(f"dcp.save failed on {len(errors)} ranks, first: rank {errors[0][0]}: {errors[0][1]}")
+
+
+def shard0(t, rank, ranks, mesh):
+    """Rank's piece of t as FSDP2 holds it: a DTensor of Shard(0), its
+    rows torch.chunk's (none past the last chunk)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    parts = t.chunk(ranks)
+    local = parts[rank] if rank < len(parts) else t[t.shape[0]:]
+    if local.device.type != "meta":
+        local = local.clone()
+    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=t.shape, stride=t.stride())
+
+
+def save(out, full, ranks):
+    """dcp.save of full's tensors sharded on dim 0 over ranks threads."""
+    threaded_save(out, ranks, lambda rank, mesh: {name: shard0(t, rank, ranks, mesh) for name, t in full.items()})
 
 
 def args(argv=None):
