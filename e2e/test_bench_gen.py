@@ -157,3 +157,15 @@ def test_gencache_removes_bench_gen_layout(gens):
     os.makedirs(src / "ck-other")  # not gencache's: kept
     a = gen()
     assert sorted(os.listdir(src)) == sorted([os.path.basename(a), os.path.basename(a) + ".json", "ck-other"])
+
+
+def test_gencache_keys_the_bench_generators_sources():
+    """The real generators' keys cover the modules they import: a change to
+    gen_scale.py regenerates the checkpoints of every generator built on it."""
+    def names(script):
+        return sorted(os.path.relpath(p, ROOT / "e2e") for p in gencache.sources(script))
+
+    assert names("gen_scale_dcpsave.py") == ["bench/gen_scale.py", "bench/gen_scale_bytes.py",
+                                             "bench/gen_scale_dcpsave.py"]
+    assert names("gen_llama.py") == ["bench/gen_llama.py", "models.py"]
+    assert names("gen_scale.py") == ["bench/gen_scale.py"]
