@@ -75,6 +75,7 @@ with open(os.environ["RUNS"], "a") as f:
 os.makedirs(out)
 with open(os.path.join(out, "data"), "w") as f:
     f.write(helper.VALUE + " " + " ".join(sys.argv[2:]))
+print("generated", out)  # to stderr: a bench's stdout is its results
 if "--die" in sys.argv:
     os.kill(os.getpid(), 9)  # killed mid-write: a half checkpoint in the temporary
 """
@@ -100,9 +101,11 @@ def gens(tmp_path, monkeypatch):
     return gen, lambda: runs.read_text().splitlines(), work / "src", lambda f, t: (d / f).write_text(t)
 
 
-def test_gencache_generates_once(gens):
+def test_gencache_generates_once(gens, capfd):
     gen, runs, src, _ = gens
     a = gen("--n", 1)
+    out, err = capfd.readouterr()
+    assert out == "" and "generated" in err, "the generator wrote to the bench's stdout"
     assert open(os.path.join(a, "data")).read() == "one --n 1"
     assert gen("--n", 1) == a and runs() == ["--n 1"]
     m = gencache.made(a)

@@ -120,7 +120,9 @@ def gen(work, name, script, *args, env=None):
     tmp = f"{out}.tmp-{os.getpid()}"
     log(f"generating {name} ({script} {' '.join(args)}) ...")
     t = time.perf_counter()
-    p = subprocess.Popen([sys.executable, os.path.join(HERE, script), tmp, *args],
+    # The generator's stdout goes to stderr: a bench's stdout is its
+    # results (bench_scale.py prints its rows there as JSON).
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, script), tmp, *args], stdout=2,
                          env={**os.environ, "USE_LIBUV": "0", **(env or {})})
     try:
         _, status, ru = os.wait4(p.pid, 0)
