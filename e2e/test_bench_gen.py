@@ -11,6 +11,7 @@ import argparse
 import io
 import os
 import pickle
+import shutil
 import sys
 
 import pytest
@@ -106,35 +107,45 @@ def test_gencache_generates_once(gens, capfd):
     a = gen("--n", 1)
     out, err = capfd.readouterr()
     assert out == "" and "generated" in err, "the generator wrote to the bench's stdout"
+    assert a == str(src / "ck"), "sections find a checkpoint at WORK/src/NAME"
     assert open(os.path.join(a, "data")).read() == "one --n 1"
     assert gen("--n", 1) == a and runs() == ["--n 1"]
     m = gencache.made(a)
     assert m["args"] == ["--n", "1"] and m["script"] == "gen.py"
     assert m["wall_s"] >= 0 and m["cpu_s"] >= 0 and m["peak_MiB"] > 0
-    assert sorted(os.listdir(src)) == sorted([os.path.basename(a), os.path.basename(a) + ".json"])
+    assert sorted(os.listdir(src)) == ["ck", "ck.json"]
+
+
+def stale_copies(src):
+    """What bench_scale's copies() keeps beside a checkpoint."""
+    os.makedirs(src / "ck.x3" / "c0")
+    (src / "ck.x3.done").write_text("")
 
 
 def test_gencache_argument_change_regenerates(gens):
     gen, runs, src, _ = gens
     a = gen("--n", 1)
+    k = gencache.made(a)["key"]
+    stale_copies(src)
     b = gen("--n", 2)
-    assert b != a and runs() == ["--n 1", "--n 2"]
+    assert b == a and runs() == ["--n 1", "--n 2"] and gencache.made(b)["key"] != k
     assert open(os.path.join(b, "data")).read() == "one --n 2"
-    assert not os.path.exists(a) and not os.path.exists(a + ".json"), "the replaced checkpoint is kept"
+    assert sorted(os.listdir(src)) == ["ck", "ck.json"], "copies of the replaced checkpoint are kept"
 
 
 @pytest.mark.parametrize("changed", ["gen.py", "helper.py"])
 def test_gencache_source_change_regenerates(gens, changed):
     gen, runs, src, write = gens
     a = gen("--n", 1)
+    stale_copies(src)
     if changed == "helper.py":  # a module the generator imports
         write("helper.py", 'VALUE = "two"\n')
     else:
         write("gen.py", GEN + "# changed\n")
     b = gen("--n", 1)
-    assert b != a and len(runs()) == 2
+    assert b == a and len(runs()) == 2
     assert open(os.path.join(b, "data")).read() == ("two" if changed == "helper.py" else "one") + " --n 1"
-    assert sorted(os.listdir(src)) == sorted([os.path.basename(b), os.path.basename(b) + ".json"])
+    assert sorted(os.listdir(src)) == ["ck", "ck.json"]
 
 
 def test_gencache_interrupted_generation_is_never_reused(gens):
@@ -150,16 +161,21 @@ def test_gencache_interrupted_generation_is_never_reused(gens):
     os.makedirs(a + ".tmp-99999")
     b = gen("--n", 1)
     assert b == a and runs() == ["--die", "--n 1", "--n 1"]
-    assert sorted(os.listdir(src)) == sorted([os.path.basename(a), os.path.basename(a) + ".json"])
+    assert sorted(os.listdir(src)) == ["ck", "ck.json"]
+    shutil.rmtree(a)  # a stamp whose checkpoint is gone
+    assert gen("--n", 1) == a and len(runs()) == 4 and os.path.exists(os.path.join(a, "data"))
 
 
-def test_gencache_removes_bench_gen_layout(gens):
-    gen, _, src, _ = gens
-    os.makedirs(src / "ck")
+def test_gencache_replaces_the_older_layouts(gens):
+    gen, runs, src, _ = gens
+    os.makedirs(src / "ck")  # bench.gen's: NAME and NAME.done
     (src / "ck.done").write_text('["gen.py"]')
-    os.makedirs(src / "ck-other")  # not gencache's: kept
+    os.makedirs(src / "ck-0123456789ab.x3")  # bench_scale.gen's: NAME-KEY, its stamp and copies
+    (src / "ck-0123456789ab.done").write_text("{}")
+    os.makedirs(src / "ck-other")  # not a kept checkpoint of ck: left
     a = gen()
-    assert sorted(os.listdir(src)) == sorted([os.path.basename(a), os.path.basename(a) + ".json", "ck-other"])
+    assert runs() == [""] and os.path.exists(os.path.join(a, "data"))
+    assert sorted(os.listdir(src)) == ["ck", "ck-other", "ck.json"]
 
 
 def test_gencache_keys_the_bench_generators_sources():

@@ -2,18 +2,20 @@
 bench sections keep across runs under WORK/src.
 
 gen(work, name, script, *args) runs `python e2e/bench/SCRIPT OUT *args` and
-returns OUT = WORK/src/NAME-KEY, KEY a hash of the script's name, its
-arguments and the source of the script and of every module of e2e/bench or
-e2e it imports (transitively): a run with the same generator and arguments
-reuses the checkpoint; a changed argument or source writes it anew, and
-removes the kept ones of NAME it replaces (with their copies NAME-KEY.xN).
+returns OUT = WORK/src/NAME (a fixed path: sections mount WORK/src and
+read the view NAME, and bench_clients.py reads WORK/src/llama). Its stamp
+WORK/src/NAME.json names KEY, a hash of the script's name, its arguments
+and the source of the script and of every module of e2e/bench or e2e it
+imports (transitively): a run with the same generator and arguments reuses
+the checkpoint; a changed argument or source writes it anew, removing the
+old one and its copies (NAME.xN).
 
-Generation is atomic: the script writes into NAME-KEY.tmp-PID, renamed to
-NAME-KEY when it exits 0, and only then is the stamp NAME-KEY.json written
-(the script, arguments, wall and CPU seconds, peak RSS of the generator and
-its children). A checkpoint without its stamp (a generator killed, a disk
-full) is never reused: the next gen() removes it and generates again.
-made(OUT) returns the stamp.
+Generation is atomic: the script writes into NAME.tmp-PID, renamed to NAME
+when it exits 0, and only then is the stamp written (the script,
+arguments, KEY, wall and CPU seconds, peak RSS of the generator and its
+children). A checkpoint without its stamp, or whose stamp names another
+KEY (a generator killed, a disk full, an older generator) is never reused:
+gen() removes it and generates again. made(OUT) returns the stamp.
 """
 
 import ast
@@ -68,7 +70,7 @@ def sources(script):
 
 
 def key(script, args):
-    """The hash naming a checkpoint: the script's name, its arguments and
+    """A checkpoint's KEY: a hash of the script's name, its arguments and
     the bytes of its sources."""
     h = hashlib.sha256(json.dumps([script, *args]).encode())
     for p in sources(script):
@@ -85,18 +87,14 @@ def _remove(p):
         os.remove(p)
 
 
-def _stale(root, name, keep):
-    """Remove what gen() kept of name other than keep: other keys, their
-    copies and stamps, interrupted temporaries (and the checkpoint bench.gen
-    kept as WORK/src/NAME with its NAME.done, before this module)."""
-    mine = re.compile(re.escape(name) + r"-[0-9a-f]{%d}(\.x\d+(\.done)?|\.json(\.tmp)?|\.tmp-\d+)?$" % KEY_LEN)
-    entries = os.listdir(root)
-    for e in entries:
-        if e != keep and mine.match(e):
+def _stale(root, name):
+    """Remove what is kept of name: the checkpoint, its stamp, copies and
+    interrupted temporaries, and the layouts before this module
+    (bench.gen's NAME.done, bench_scale.gen's NAME-KEY)."""
+    mine = re.compile(re.escape(name) + r"(-[0-9a-f]{%d})?(\.x\d+(\.done)?|\.json(\.tmp)?|\.tmp-\d+|\.done)?$" % KEY_LEN)
+    for e in os.listdir(root):
+        if mine.match(e):
             _remove(os.path.join(root, e))
-    if name + ".done" in entries:
-        _remove(os.path.join(root, name))
-        _remove(os.path.join(root, name + ".done"))
 
 
 def made(out):
@@ -111,12 +109,14 @@ def gen(work, name, script, *args, env=None):
     args = [str(a) for a in args]
     k = key(script, args)
     root = os.path.join(work, "src")
-    base = f"{name}-{k}"
-    out = os.path.join(root, base)
-    if os.path.isfile(out + ".json") and os.path.isdir(out):
-        return out
+    out = os.path.join(root, name)
+    try:
+        if made(out)["key"] == k and os.path.isdir(out):
+            return out
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     os.makedirs(root, exist_ok=True)
-    _stale(root, name, keep=None)
+    _stale(root, name)
     tmp = f"{out}.tmp-{os.getpid()}"
     log(f"generating {name} ({script} {' '.join(args)}) ...")
     t = time.perf_counter()
