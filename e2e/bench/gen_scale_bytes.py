@@ -8,9 +8,10 @@ without W interpreters (256 gloo processes do not fit this VM).
 
 The tensors are a Llama of tiny dims (HF names, bf16): tensor k of
 llama_tensors() is tensors(a)[k], from a generator seeded with k, so the
-bench computes the originals again in its own run. With 256 ranks most
-rows are one per rank and the k/v projections and norms leave ranks with
-empty chunks, as FSDP2 does.
+bench computes the originals again in its own run. With 256 ranks a
+rank holds a row or a few of each tensor; the k/v projections (128 rows)
+leave half the ranks empty pieces, and so do rows that do not divide
+(dcp.save keeps one empty chunk per tensor: BENCHMARKS.md, run Z-scale).
 
     python e2e/bench/gen_scale_bytes.py OUT [--ranks 256] [--layers 4] [--hidden 512] ...
 """
