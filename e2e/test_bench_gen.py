@@ -133,6 +133,14 @@ def test_gencache_argument_change_regenerates(gens):
     assert sorted(os.listdir(src)) == ["ck", "ck.json"], "copies of the replaced checkpoint are kept"
 
 
+def test_gencache_comment_or_docstring_change_reuses(gens):
+    gen, runs, src, write = gens
+    a = gen("--n", 1)
+    write("gen.py", '"""A generator."""\n' + GEN + "# a comment\n")
+    write("helper.py", '"""Its helper."""\nVALUE = "one"  # the value\n')
+    assert gen("--n", 1) == a and len(runs()) == 1
+
+
 @pytest.mark.parametrize("changed", ["gen.py", "helper.py"])
 def test_gencache_source_change_regenerates(gens, changed):
     gen, runs, src, write = gens
@@ -141,7 +149,7 @@ def test_gencache_source_change_regenerates(gens, changed):
     if changed == "helper.py":  # a module the generator imports
         write("helper.py", 'VALUE = "two"\n')
     else:
-        write("gen.py", GEN + "# changed\n")
+        write("gen.py", GEN + "CHANGED = 1\n")
     b = gen("--n", 1)
     assert b == a and len(runs()) == 2
     assert open(os.path.join(b, "data")).read() == ("two" if changed == "helper.py" else "one") + " --n 1"

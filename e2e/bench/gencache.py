@@ -5,8 +5,8 @@ gen(work, name, script, *args) runs `python e2e/bench/SCRIPT OUT *args` and
 returns OUT = WORK/src/NAME (a fixed path: sections mount WORK/src and
 read the view NAME, and bench_clients.py reads WORK/src/llama). Its stamp
 WORK/src/NAME.json names KEY, a hash of the script's name, its arguments
-and the source of the script and of every module of e2e/bench or e2e it
-imports (transitively): a run with the same generator and arguments reuses
+and the code (the syntax tree, without comments and docstrings) of the
+script and of every module of e2e/bench or e2e it imports (transitively): a run with the same generator and arguments reuses
 the checkpoint; a changed argument or source writes it anew, removing the
 old one and its copies (NAME.xN).
 
@@ -69,14 +69,25 @@ def sources(script):
     return sorted(seen)
 
 
+def code(path):
+    """The source at path as its syntax tree, docstrings left out (as
+    comments are): what the generator does, not what it says."""
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
+
+
 def key(script, args):
     """A checkpoint's KEY: a hash of the script's name, its arguments and
-    the bytes of its sources."""
+    the code of its sources."""
     h = hashlib.sha256(json.dumps([script, *args]).encode())
     for p in sources(script):
-        h.update(b"\0" + os.path.relpath(p, HERE).encode() + b"\0")
-        with open(p, "rb") as f:
-            h.update(f.read())
+        h.update(b"\0" + os.path.relpath(p, HERE).encode() + b"\0" + code(p))
     return h.hexdigest()[:KEY_LEN]
 
 
