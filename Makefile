@@ -187,6 +187,9 @@ $(DEMO_STAMP): e2e/requirements-demo.txt
 
 # The scale section's DCP world sizes; SCALE_RANKS=64,256,1024,2048 adds
 # the largest (its generation takes minutes here, once: kept in .bench/src).
+# The section also generates, once, a DCP with real bytes from 256 ranks
+# (about 80 s, 3.4 GiB peak) and dcp.save's own .metadata at 64 ranks (about
+# 3 min, 6.8 GiB peak): BENCHMARKS.md, run Z-scale.
 SCALE_RANKS ?= 64,256,1024
 bench: build venv tools bench-tools bench-test
 	CKPTFS_CLIENT_PYTHON=$(abspath $(CLIENTS_VENV))/bin/python $(PY) e2e/bench/bench.py --bin $(abspath $(BIN)) --scale-ranks $(SCALE_RANKS)

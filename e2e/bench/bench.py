@@ -43,7 +43,12 @@ mount before each timed run. Sections:
           --scale-ranks (default 64,256,1024, with and without Adam; 2048 on request: its
           generation takes 3 min and the mount minutes here), Megatron torch_dist MoE of 1024
           ranks, Megatron legacy TP8xPP16, DeepSpeed ZeRO-3/2 of 512 ranks, HF-sharded of 1024
-          files; generated once under WORK/src
+          files; torch DCP with real bytes saved by dcp.save from 256 ranks, every view byte read
+          cold and each tensor compared bit for bit with the originals; dcp.save's own .metadata of
+          the dcp rows' model at 64 ranks beside the generator's
+
+Every section's checkpoints are generated once under WORK/src (gencache.py: keyed by the
+generator's arguments and sources, atomic).
 """
 
 import argparse
@@ -61,6 +66,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
+
+sys.path.insert(0, HERE)
+from gencache import gen  # noqa: E402,F401  (the sections' and bench_*.py's generate-once)
 
 
 def log(*a):
@@ -147,28 +155,6 @@ class Mount:
     def close(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
-
-
-def gen(work, name, script, *args):
-    """Generate a checkpoint once (kept across runs under work/src); one kept
-    from other arguments (its stamp names them) is generated again."""
-    out = os.path.join(work, "src", name)
-    stamp = out + ".done"
-    args = [str(x) for x in args]
-    made_by = json.dumps([script, *args])
-    try:
-        with open(stamp) as f:
-            fresh = f.read() == made_by
-    except OSError:
-        fresh = False
-    if not fresh:
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        log(f"generating {name} ...")
-        subprocess.run([PY, os.path.join(HERE, script), out, *args], check=True, env={**os.environ, "USE_LIBUV": "0"})
-        with open(stamp, "w") as f:
-            f.write(made_by)
-    return out
 
 
 # from_pretrained may leave weights mapped and unread until first use, so
@@ -774,7 +760,7 @@ def main():
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--only", help="comma-separated sections: load,seq,chunks,verify,write,rss,tmpfs,transport,objectstore,large,scale")
     ap.add_argument("--scale-ranks", default="64,256,1024", help="the scale section's DCP world sizes (up to 2048)")
-    ap.add_argument("--scale-formats", default="dcp,megatron,legacy,deepspeed,hfsharded",
+    ap.add_argument("--scale-formats", default="dcp,megatron,legacy,deepspeed,hfsharded,bytes,dcpsave",
                     help="the scale section's formats")
     ap.add_argument("--preset", default="llama3-3b", choices=["llama3-3b", "llama3-8b", "tiny"],
                     help="the large section's model (tiny: to try the section out)")

@@ -88,7 +88,7 @@ def main():
     ap.add_argument("flags", nargs="*", help="extra ckptfs mount flags")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    ckpt = gen(a.work, f"s3-dim0-{a.gib}", [os.path.join(HERE, "gen_big.py"), "--dim", "0", "--gib", str(a.gib)])
+    ckpt = gen(a.work, f"s3-dim0-{a.gib}", "gen_big.py", "--dim", "0", "--gib", a.gib)
     moto = Moto()
     os.environ.update(moto.env)
     try:

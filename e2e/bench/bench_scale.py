@@ -5,10 +5,9 @@ the bytes each open view holds as `.ckptfs` counts them, peak RSS), beside
 torch's own load of the same metadata in the same run; costs per chunk
 (CPU µs of inspect, .metadata bytes, counted bytes per view chunk).
 
-Checkpoints are generated once under WORK/src, keyed by the generator's
-arguments and a hash of its source (and gen_scale.py's, which all import):
-a second run reuses them; a changed generator writes anew and removes the
-stale one.
+Checkpoints are generated once under WORK/src by gencache.gen (keyed by
+the generator's arguments and sources): a second run reuses them; a
+changed generator writes anew and removes the stale one.
 
 - dcp: torch DCP of W FSDP ranks (gen_scale.py: Llama-405B shapes, dim-0
   shards, sparse shard files), with and without Adam state; three copies of
@@ -25,23 +24,33 @@ stale one.
   open after the first byte and after the whole read).
 - hfsharded: safetensors of W files (gen_hfsharded_scale.py: sparse;
   HuggingFaceStorageReader.read_metadata).
+- bytes: torch DCP with real bytes from --bytes-ranks (256) ranks
+  (gen_scale_bytes.py: a tiny-dims Llama, 39 MB in bf16, saved by dcp.save
+  on torch's threaded process group): every byte of every view file read
+  cold through a mount (MB/s) and each tensor compared bit for bit with the
+  originals, computed in the run; torch's dcp.load of the checkpoint (its
+  tensors checked against the same originals) as the baseline.
+- dcpsave: the .metadata dcp.save itself writes for the dcp rows' model
+  at --dcpsave-ranks (64) ranks (gen_scale_dcpsave.py: threaded ranks,
+  meta tensors, no bytes written), opened as the dcp rows are, with
+  gen_scale.py's stream of the same shapes beside it in the row.
 - legacy: Megatron-LM legacy TP 8 x PP 16 (gen_megatron_legacy_scale.py:
   128 model_optim_rng.pt; torch.load of every rank file; every view tensor
   read through the mount and compared bit for bit with the one torch
   builds from the rank files).
 
     python e2e/bench/bench_scale.py --bin bin/ckptfs --work .bench [--ranks 64,256,1024,2048] [--adam both|yes|no]
-        [--formats dcp,megatron,deepspeed,hfsharded,legacy] [--deepspeed-ranks 512] [--hfsharded-files 1024]
+        [--formats dcp,megatron,deepspeed,hfsharded,legacy,bytes,dcpsave] [--deepspeed-ranks 512] [--hfsharded-files 1024]
+        [--bytes-ranks 256] [--dcpsave-ranks 64]
         [--torch-max-mib 300]
 
 Prints the rows as JSON on stdout and as a markdown table on stderr.
 """
 
 import argparse
-import hashlib
+import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -51,7 +60,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 
 sys.path.insert(0, HERE)
-from bench import Mount, drop_caches, log  # noqa: E402
+from bench import Mount, drop_caches, log, read_all, size_of  # noqa: E402
+from gencache import gen, made  # noqa: E402
 from bench_memory import cpu, rss  # noqa: E402
 
 PICKLE_LOAD = """
@@ -80,39 +90,6 @@ t = time.perf_counter()
 HuggingFaceStorageReader(sys.argv[1]).read_metadata()
 print(time.perf_counter() - t)
 """
-
-
-def gen(work, name, script, *args):
-    """The checkpoint script writes with args, generated once: WORK/src/NAME-KEY,
-    KEY a hash of the args and of the generators' sources. Other keys of
-    the same name (and their copies) are removed."""
-    h = hashlib.sha256()
-    for f in sorted({script, "gen_scale.py"}):
-        with open(os.path.join(HERE, f), "rb") as fh:
-            h.update(fh.read())
-    h.update("\0".join(args).encode())
-    key = h.hexdigest()[:12]
-    root = os.path.join(work, "src")
-    out = os.path.join(root, f"{name}-{key}")
-    stamp = out + ".done"
-    if not os.path.exists(stamp):
-        os.makedirs(root, exist_ok=True)
-        mine = re.compile(re.escape(name) + r"-[0-9a-f]{12}(\.x\d+)?(\.done)?$")
-        for e in os.listdir(root):
-            if mine.match(e):
-                p = os.path.join(root, e)
-                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-        log(f"generating {name} ({script} {' '.join(args)}) ...")
-        t = time.perf_counter()
-        r = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", PY, os.path.join(HERE, script), out, *args], check=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "USE_LIBUV": "0"})
-        log("  " + r.stdout.strip())
-        u, sy, m = r.stderr.strip().splitlines()[-1].split()
-        with open(stamp, "w") as f:
-            json.dump(dict(script=script, args=args, wall_s=round(time.perf_counter() - t, 1),
-                           cpu_s=round(float(u) + float(sy), 1), peak_MiB=round(int(m) / 1024)), f)
-    with open(stamp) as f:
-        return out, json.load(f)
 
 
 class Refused(Exception):
@@ -208,7 +185,8 @@ def refused(name, out):
 
 def case_dcp(binary, work, ranks, adam, torch_max_mib):
     name = f"dcp_w{ranks}{'_adam' if adam else ''}"
-    src, g = gen(work, name, "gen_scale.py", "--ranks", str(ranks), *(["--adam"] if adam else []))
+    src = gen(work, name, "gen_scale.py", "--ranks", str(ranks), *(["--adam"] if adam else []))
+    g = made(src)
     meta = os.path.join(src, ".metadata")
     mib = os.path.getsize(meta) / 2**20
     out = dict(format="dcp", ranks=ranks, optim=adam, gen_s=g["wall_s"], gen_peak_MiB=g["peak_MiB"],
@@ -254,6 +232,7 @@ def mounted_view(binary, work, out, root, view, index="model.safetensors.index.j
                    mount_peak_MiB=round(m.peak_rss_mib()))
         if check:
             check(os.path.join(mnt, view))
+            out["mount_peak_after_check_MiB"] = round(m.peak_rss_mib())
     finally:
         m.close()
 
@@ -330,7 +309,8 @@ def check_view(view, expected):
 
 def case_megatron(binary, work, optim):
     name = f"megatron_moe_w1024{'_optim' if optim else ''}"
-    src, g = gen(work, name, "gen_megatron_moe_scale.py", *(["--optim"] if optim else []))
+    src = gen(work, name, "gen_megatron_moe_scale.py", *(["--optim"] if optim else []))
+    g = made(src)
     meta = os.path.join(src, ".metadata")
     out = dict(format="megatron-torch_dist MoE", ranks=1024, optim=optim, gen_s=g["wall_s"],
                metadata_MiB=round(os.path.getsize(meta) / 2**20, 1), load_avg=[round(x, 1) for x in os.getloadavg()],
@@ -346,7 +326,8 @@ def case_megatron(binary, work, optim):
 
 def case_legacy(binary, work):
     name = "megatron_legacy_tp8pp16"
-    src, g = gen(work, name, "gen_megatron_legacy_scale.py")
+    src = gen(work, name, "gen_megatron_legacy_scale.py")
+    g = made(src)
     it = os.path.join(src, "iter_0000001")
     out = dict(format="megatron-legacy TP8xPP16", ranks=128, optim=False, gen_s=g["wall_s"],
                load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, it))
@@ -370,8 +351,9 @@ def case_deepspeed(binary, work, ranks, stage):
     import gen_deepspeed_scale as gds
     from gen_scale import llama_tensors
 
-    src, g = gen(work, f"ds_zero{stage}_w{ranks}", "gen_deepspeed_scale.py", "--ranks", str(ranks),
-                 "--stage", str(stage))
+    src = gen(work, f"ds_zero{stage}_w{ranks}", "gen_deepspeed_scale.py", "--ranks", str(ranks),
+              "--stage", str(stage))
+    g = made(src)
     step = os.path.join(src, "global_step1")
     out = dict(format=f"deepspeed-zero{stage}", ranks=ranks, optim=True, gen_s=g["wall_s"],
                load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, step))
@@ -422,7 +404,8 @@ def case_deepspeed(binary, work, ranks, stage):
 
 
 def case_hfsharded(binary, work, files):
-    src, g = gen(work, f"hfsharded_w{files}", "gen_hfsharded_scale.py", "--ranks", str(files))
+    src = gen(work, f"hfsharded_w{files}", "gen_hfsharded_scale.py", "--ranks", str(files))
+    g = made(src)
     out = dict(format="hf-sharded", ranks=files, optim=False, gen_s=g["wall_s"],
                load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, src))
     baseline(out, HF_READ_METADATA, src)
@@ -430,6 +413,132 @@ def case_hfsharded(binary, work, files):
         return refused(f"hfsharded_w{files}", out)
     mounted_view(binary, work, out, os.path.dirname(src), os.path.basename(src))
     log(f"  hf-sharded {files} files: {json.dumps(out)}")
+    return out
+
+
+DCP_LOAD = """
+import sys, time, torch
+import torch.distributed.checkpoint as dcp
+sys.path.insert(0, sys.argv[2])
+import gen_scale_bytes as g
+a = g.args([sys.argv[1], *sys.argv[3:]])
+want = g.tensors(a)
+state = {k: torch.empty_like(v) for k, v in want.items()}
+t = time.perf_counter()
+dcp.load(state, checkpoint_id=sys.argv[1], no_dist=True)
+secs = time.perf_counter() - t
+bad = [k for k in want if not torch.equal(state[k].view(torch.uint8), want[k].view(torch.uint8))]
+assert not bad, f"torch's dcp.load differs from the generator's tensors: {bad[:5]}"
+print(secs)
+"""
+
+
+def read_view(view):
+    """Every byte of every file of a view, in name order, with 1 MiB reads:
+    name -> bytes, and the seconds of the reads."""
+    data, t = {}, time.perf_counter()
+    for f in sorted(os.listdir(view)):
+        with open(os.path.join(view, f), "rb", buffering=0) as fh:
+            parts = []
+            while b := fh.read(1 << 20):
+                parts.append(b)
+        data[f] = b"".join(parts)
+    return data, time.perf_counter() - t
+
+
+def check_bytes(where, data, expected):
+    """The view's safetensors files (as read) hold expected's tensors, bit
+    for bit, each once, as the index maps them; returns the tensor bytes."""
+    import torch
+    from safetensors.torch import load
+
+    index = json.loads(data["model.safetensors.index.json"])["weight_map"]
+    if set(index) != set(expected):
+        raise SystemExit(f"{where}: the index names differ from the originals': missing "
+                         f"{sorted(set(expected) - set(index))[:5]}, extra {sorted(set(index) - set(expected))[:5]}")
+    seen, n = set(), 0
+    for f in sorted(k for k in data if k.endswith(".safetensors")):
+        for k, got in load(data[f]).items():
+            want = expected.get(k)
+            if index.get(k) != f or k in seen:
+                raise SystemExit(f"{where}/{f}: {k}: not where the index puts it, or twice")
+            if want is None or got.dtype != want.dtype or got.shape != want.shape or not torch.equal(
+                    got.view(torch.uint8), want.view(torch.uint8)):
+                raise SystemExit(f"{where}/{f}: {k}: differs from the original tensor")
+            seen.add(k)
+            n += got.numel() * got.element_size()
+    if seen != set(expected):
+        raise SystemExit(f"{where}: tensors not in any view file: {sorted(set(expected) - seen)[:5]}")
+    return n
+
+
+def case_bytes(binary, work, ranks):
+    """torch DCP with real bytes from W ranks (gen_scale_bytes.py: dcp.save
+    on torch's threaded process group): cold (caches dropped, a fresh
+    mount) first ls, first byte, every byte of every view file read and
+    each tensor compared bit for bit with the generator's originals,
+    computed here; torch's dcp.load of the same checkpoint (checked
+    against them too) as the baseline."""
+    import gen_scale_bytes as gsb
+
+    name = f"dcp_bytes_w{ranks}"
+    argv = ["--ranks", str(ranks)]
+    src = gen(work, name, "gen_scale_bytes.py", *argv)
+    g = made(src)
+    out = dict(format="dcp real bytes", ranks=ranks, optim=False, gen_s=g["wall_s"], gen_peak_MiB=g["peak_MiB"],
+               metadata_MiB=round(os.path.getsize(os.path.join(src, ".metadata")) / 2**20, 2),
+               load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, src))
+    if "inspect_error" in out:
+        return refused(name, out)
+    out["metadata_B_per_chunk"] = round(os.path.getsize(os.path.join(src, ".metadata")) / out["chunks"])
+    drop_caches()
+    wall, _, peak, secs = timed([PY, "-c", DCP_LOAD, src, HERE, *argv])
+    out.update(torch_load_s=round(float(secs.split()[-1]), 2), torch_load_wall_s=round(wall, 2),
+               torch_load_peak_MiB=round(peak), torch_skipped="dcp.load of the tensors: the read table")
+    drop_caches()
+    shards = sorted(glob.glob(os.path.join(src, "*.distcp")))
+    secs = read_all(shards)
+    out.update(shards_read_s=round(secs, 2), shards_MBps=round(size_of(shards) / secs / 1e6))
+    expected = gsb.tensors(gsb.args([src, *argv]))
+
+    def check(view):
+        drop_caches()  # the first ls and byte read the index and headers: the rest still cold
+        data, secs = read_view(view)
+        nbytes = sum(map(len, data.values()))
+        out.update(read_s=round(secs, 2), read_MBps=round(nbytes / secs / 1e6), view_bytes=nbytes,
+                   read_vs_shards=round(out["shards_read_s"] / secs, 2))
+        t = time.perf_counter()
+        out["bytes_checked"] = check_bytes(view, data, expected)
+        out["check_s"] = round(time.perf_counter() - t, 2)
+
+    mounted_view(binary, work, out, os.path.dirname(src), os.path.basename(src), check=check)
+    log(f"  {name}: {json.dumps(out)}")
+    return out
+
+
+def case_dcpsave(binary, work, ranks):
+    """The .metadata dcp.save itself writes for gen_scale.py's model at W
+    ranks (gen_scale_dcpsave.py: threaded ranks, meta tensors, no bytes),
+    opened as the dcp rows are, beside gen_scale.py's stream of the same
+    shapes (its bytes and inspect CPU in the same row): how far the
+    generator the other rows use is from what torch writes."""
+    name = f"dcpsave_w{ranks}"
+    src = gen(work, name, "gen_scale_dcpsave.py", "--ranks", str(ranks))
+    g = made(src)
+    meta = os.path.join(src, ".metadata")
+    out = dict(format="dcp, dcp.save's own .metadata", ranks=ranks, optim=False, gen_s=g["wall_s"],
+               gen_peak_MiB=g["peak_MiB"], metadata_MiB=round(os.path.getsize(meta) / 2**20, 1),
+               load_avg=[round(x, 1) for x in os.getloadavg()], **inspect_row(binary, src))
+    baseline(out, PICKLE_LOAD, meta)
+    if "inspect_error" in out:
+        return refused(name, out)
+    out["metadata_B_per_chunk"] = round(os.path.getsize(meta) / out["chunks"])
+    ours = gen(work, f"dcp_w{ranks}", "gen_scale.py", "--ranks", str(ranks))
+    mine = inspect_row(binary, ours)
+    out.update(gen_scale_chunks=mine.get("chunks"), gen_scale_inspect_cpu_s=mine.get("inspect_cpu_s"),
+               gen_scale_metadata_MiB=round(os.path.getsize(os.path.join(ours, ".metadata")) / 2**20, 1))
+    mounted_view(binary, work, out, os.path.dirname(src), os.path.basename(src))
+    log(f"  {name}: {json.dumps(out)}")
     return out
 
 
@@ -464,6 +573,21 @@ def table(rows):
             f"| {r['inspect_us_per_chunk']} | {torch_} | {ls} | {first(r.get('first_byte_s', '–'))} s "
             f"| {per_view[-1] if per_view else '–'} MiB ({r.get('counted_B_per_view_chunk')}) "
             f"| {r.get('mount_peak_MiB', '–')} MiB |")
+    pairs = [r for r in rows if "gen_scale_metadata_MiB" in r]
+    if pairs:
+        lines += ["", "| W | chunks: dcp.save / gen_scale | .metadata: dcp.save / gen_scale | inspect CPU: dcp.save / gen_scale |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['ranks']} | {r['chunks']} / {r['gen_scale_chunks']} | {r['metadata_MiB']} / "
+                  f"{r['gen_scale_metadata_MiB']} MiB | {r['inspect_cpu_s']} / {r['gen_scale_inspect_cpu_s']} s |" for r in pairs]
+    checked = [r for r in rows if "view_bytes" in r]
+    if checked:
+        lines += ["", "| format | W | view bytes read, each tensor compared | cold read: s / MB/s | shards' cold read(2): s / MB/s (the view's speed, × the shards') | compare s "
+                      "| torch's dcp.load: s / peak | mount peak after the read |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['format']} | {r['ranks']} | {r['view_bytes']} ({r['bytes_checked']} tensor bytes) "
+                  f"| {r['read_s']} s / {r['read_MBps']} MB/s | {r['shards_read_s']} s / {r['shards_MBps']} MB/s "
+                  f"({r['read_vs_shards']}x) | {r['check_s']} s "
+                  f"| {r['torch_load_s']} s / {r['torch_load_peak_MiB']} MiB | {r['mount_peak_after_check_MiB']} MiB |"
+                  for r in checked]
     return "\n".join(lines)
 
 
@@ -512,9 +636,11 @@ def main():
     ap.add_argument("--work", default=".bench")
     ap.add_argument("--ranks", default="64,256,1024,2048", help="the DCP world sizes")
     ap.add_argument("--adam", default="both", choices=["both", "yes", "no"])
-    ap.add_argument("--formats", default="dcp,megatron,deepspeed,hfsharded,legacy")
+    ap.add_argument("--formats", default="dcp,megatron,deepspeed,hfsharded,legacy,bytes,dcpsave")
     ap.add_argument("--deepspeed-ranks", default="512")
     ap.add_argument("--hfsharded-files", default="1024")
+    ap.add_argument("--bytes-ranks", default="256", help="the world sizes of the DCP with real bytes")
+    ap.add_argument("--dcpsave-ranks", default="64", help="the world sizes of dcp.save's own .metadata")
     ap.add_argument("--torch-max-mib", type=float, default=300,
                     help="torch's pickle.load of a DCP .metadata larger than this is skipped")
     ap.add_argument("--table", help="print the table and constants of a saved JSON output, run nothing")
@@ -539,6 +665,10 @@ def main():
         rows += [case_deepspeed(binary, work, int(w), stage) for w in a.deepspeed_ranks.split(",") for stage in (3, 2)]
     if "hfsharded" in formats:
         rows += [case_hfsharded(binary, work, int(w)) for w in a.hfsharded_files.split(",")]
+    if "bytes" in formats:
+        rows += [case_bytes(binary, work, int(w)) for w in a.bytes_ranks.split(",")]
+    if "dcpsave" in formats:
+        rows += [case_dcpsave(binary, work, int(w)) for w in a.dcpsave_ranks.split(",")]
     log(table(rows) + "\n\n" + constants(rows))
     print(json.dumps(rows))
 
