@@ -188,6 +188,21 @@ func (t *Tree) Stat(name string) (source.Info, error) {
 			return source.Info{}, t.fail("stat", name, err)
 		}
 	}
+	if name == "." {
+		isDir, known := t.inWhole(".")
+		if !known && t.whole.Load() {
+			var err error
+			if known, isDir, err = t.relist("."); err != nil {
+				return source.Info{}, t.fail("stat", name, err)
+			}
+		}
+		if known && isDir {
+			return t.dirInfo(name), nil
+		}
+		if known {
+			return source.Info{}, t.notExist("stat", name)
+		}
+	}
 	return t.statDir(name)
 }
 
@@ -428,7 +443,7 @@ func (t *Tree) listTree() (found bool, err error) {
 	t.wholeAt, t.wholeDirs = now, make(map[string]bool, len(dirs))
 	for name, byName := range dirs {
 		t.keep(name, sorted(byName), now)
-		t.wholeDirs[name] = true
+		t.wholeDirs[name] = name != "." || found // no key: no directory
 	}
 	t.whole.Store(true)
 	return found, nil

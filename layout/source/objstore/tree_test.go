@@ -101,7 +101,7 @@ func dump(t *testing.T, tree *Tree) []string {
 			out = append(out, "readdir "+name+": "+e.Name+" "+e.Mode.String()+" "+strconv.FormatInt(e.Size, 10)+" "+e.Version+" "+e.ID)
 		}
 	}
-	for _, name := range []string{"a", "a/.metadata", "a/b/c/d", "a/b", "a/dots", "a/dots/up", "f", "f/g", "marker", "top", "missing", "a/missing", "a/b/missing"} {
+	for _, name := range []string{".", "a", "a/.metadata", "a/b/c/d", "a/b", "a/dots", "a/dots/up", "f", "f/g", "marker", "top", "missing", "a/missing", "a/b/missing"} {
 		e, err := tree.Stat(name)
 		if err != nil {
 			out = append(out, "stat "+name+": "+errKind(err))
