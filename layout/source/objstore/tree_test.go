@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -163,4 +164,65 @@ func TestTreeOpenListingFails(t *testing.T) {
 	_, err := Open(Location{Scheme: "s3://", Bucket: "b", Prefix: "p"}, s, Limits{}, new(Counters))
 	require.ErrorIs(t, err, ErrRequest)
 	assert.Contains(t, err.Error(), "s3://b/p")
+}
+
+// walk is everything a tree shows from its root down (directories listed,
+// every name stated), as text, within a bound.
+func walk(tree *Tree) []string {
+	var out []string
+	dirs := []string{"."}
+	for len(dirs) > 0 && len(out) < 10000 {
+		dir := dirs[0]
+		dirs = dirs[1:]
+		ents, err := tree.ReadDir(dir)
+		if err != nil {
+			out = append(out, "readdir "+dir+": "+errKind(err))
+		}
+		for _, e := range ents {
+			name := path.Join(dir, e.Name)
+			got, err := tree.Stat(name)
+			out = append(out, "stat "+name+": "+got.Name+" "+got.Mode.String()+" "+got.Version+" "+errKind(err))
+			if e.IsDir() {
+				dirs = append(dirs, name)
+			}
+		}
+		for _, missing := range []string{"none", ".hf_metadata"} {
+			_, err := tree.ReadDir(path.Join(dir, missing))
+			out = append(out, "readdir "+path.Join(dir, missing)+": "+errKind(err))
+		}
+	}
+	return out
+}
+
+// Whatever keys a store holds, the listing of the whole prefix shows the
+// same tree as a delimited listing of each directory, and the open fails
+// alike.
+func FuzzTreeListing(f *testing.F) {
+	f.Add(strings.Join(treeKeys, "\n"))
+	f.Add("run/a\nrun/a/b\nrun/a/b/c")
+	f.Add("run//\nrun/./x\nrun/../y\nrun/x/")
+	f.Add("other\nrun")
+	f.Fuzz(func(t *testing.T, keys string) {
+		var ks []string
+		for _, k := range strings.Split(keys, "\n") {
+			if len(ks) < 200 {
+				ks = append(ks, "run/"+k)
+			}
+		}
+		slices.Sort(ks)
+		ks = slices.Compact(ks)
+		open := func(pageSize int) ([]string, error) {
+			s := &keysStore{keys: ks, pageSize: pageSize}
+			tree, err := Open(Location{Scheme: "s3://", Bucket: "b", Prefix: "run"}, s, Limits{ListTTL: 1 << 40}, new(Counters))
+			if err != nil {
+				return nil, err
+			}
+			defer tree.Close()
+			return walk(tree), nil
+		}
+		whole, err := open(1000)
+		paged, err2 := open(1)
+		require.Equal(t, errKind(err2), errKind(err))
+		require.Equal(t, paged, whole)
+	})
 }
