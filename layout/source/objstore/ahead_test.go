@@ -555,3 +555,40 @@ func TestAheadSafetensorsHeaderStartsNoStream(t *testing.T) {
 	assert.Equal(t, int64(1), m.count.Requests.Load())
 	assert.Equal(t, int64(windowSize), m.count.Bytes.Load())
 }
+
+// The directories and headers of many torch.save files read at a view's
+// open and none of their data (an ls of a checkpoint of many .bin files):
+// the tentative streams stay within maxStreams and the streams' memory,
+// every file's reads get their bytes, and every stream ends by
+// tentativeFor (no connection left waiting).
+func TestAheadManyTentativeStreamsBounded(t *testing.T) {
+	defer func(d time.Duration) { tentativeFor = d }(tentativeFor)
+	tentativeFor = 100 * time.Millisecond
+	const size, record, req = 4 << 20, 3 << 20, 1 << 20
+	tree, m, _ := aheadTree(t, size, req, 4*req)
+	a := tree.ahead
+	n := 3 * a.maxStreams()
+	for range n {
+		f, err := tree.Open("o")
+		require.NoError(t, err)
+		zipOpen(t, m, f, record)
+		a.mu.Lock()
+		assert.LessOrEqual(t, a.lru.Len(), a.maxStreams(), "streams")
+		assert.LessOrEqual(t, a.used+a.freeN, a.memory+int64(a.maxStreams())*pieceSize, "memory")
+		a.mu.Unlock()
+	}
+	require.Eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for e := a.lru.Front(); e != nil; e = e.Next() {
+			if !e.Value.(*stream).done {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, time.Millisecond, "tentative streams still waiting")
+	checkHeld(t, a)
+	assert.LessOrEqual(t, m.count.Requests.Load(), int64(1+n), "a window at the end, then a stream or the window at 0 per file")
+	assert.LessOrEqual(t, m.count.Bytes.Load(), int64((1+n)*windowSize), "bytes fetched")
+	assert.Zero(t, tree.Stats().Errors)
+}
