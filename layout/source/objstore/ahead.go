@@ -42,11 +42,12 @@ import (
 // then its data after them: the headers' small read, when the object's
 // first one past the first window came before it, starts a tentative
 // stream at 0 instead of a window's GET. It reads a window's worth of its
-// body and waits: the data's large read (or a reader past that window)
-// lets it go on as any stream; none within tentativeFor ends it, its
-// window kept and the frontier where its bytes end (so a later read there
-// starts the next stream). A safetensors header (the object's first read is
-// at its start) starts none, as before.
+// body, and past that only what waiting readers ask for (a large data.pkl),
+// until a read of data (firstRead bytes or more) lets it go on as any
+// stream; none within tentativeFor ends it, what it read kept and the
+// frontier where its bytes end (so a later read there starts the next
+// stream). A safetensors header (the object's first read is at its start)
+// starts none, as before.
 //
 // Errors: a stream's attempt cut short is resumed from where its body
 // stopped, with the same pin and checks (file.readTo); a stream that failed
@@ -114,10 +115,11 @@ type stream struct {
 	paused   bool     // its body waits for memory
 	err      error    // why, when it failed
 	failedAt time.Time
-	// tentative: it reads its first window and waits until expires for
-	// a large read (see aheads); expired: none came.
+	// tentative: it reads its first window, then up to need, and waits
+	// until expires for a read of data (see aheads); expired: none came.
 	tentative, expired bool
 	expires            time.Time
+	need               int64    // the end of what readers waiting on it asked for
 	retired            [][]byte // buffers given back while refs > 0
 	wake               chan struct{}
 
@@ -197,7 +199,7 @@ func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead 
 			a.lru.MoveToFront(s.elem)
 			s.refs++
 			s.touched = a.tick
-			if large && s.tentative {
+			if s.tentative && n >= firstRead { // a read of data
 				s.tentative = false
 				a.roomMade()
 			}
@@ -437,9 +439,7 @@ func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, erro
 	for s.arrived <= off && !s.done && s.elem != nil {
 		wake := s.wake
 		s.waiters++
-		if s.tentative && off >= s.start+windowSize { // a reader past its window: it reads on
-			s.tentative = false
-		}
+		s.need = max(s.need, min(s.end, off+int64(len(p))))
 		a.roomMade() // a stream waiting for memory may go over for this reader
 		a.mu.Unlock()
 		<-wake
@@ -575,7 +575,7 @@ func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 			return total, context.Canceled
 		}
 		want := int(min(s.end, s.curAt+pieceSize) - s.curAt)
-		if s.curAt == s.start && s.curN >= windowSize && !a.promoted(s) {
+		if !a.mayRead(s) {
 			return total, context.Canceled
 		}
 		k, err := io.ReadFull(r, s.cur[s.curN:a.limit(s, want)])
@@ -604,26 +604,38 @@ func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 }
 
 // limit is how far the current piece of s is read before the body waits:
-// a tentative stream's first window, else want.
+// for a tentative stream, its first window and what waiting readers asked
+// for; else want.
 func (a *aheads) limit(s *stream, want int) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if s.tentative && s.curAt == s.start {
-		return min(want, max(s.curN, windowSize))
+	if !s.tentative {
+		return want
 	}
-	return want
+	return int(min(int64(want), max(int64(s.curN), s.reach()-s.curAt)))
 }
 
-// promoted waits until s is not tentative (true), or until it expires or is
-// dropped (false): an expired stream's request is canceled, not failed.
-func (a *aheads) promoted(s *stream) bool {
+// reach is where a tentative stream may read to. Called with mu held.
+func (s *stream) reach() int64 { return max(s.need, s.start+windowSize) }
+
+// mayRead waits while s is tentative and has read all it may (false once
+// it expires or is dropped: an expired stream's request is canceled, not
+// failed). Called in fetch's goroutine, whose the current piece is.
+func (a *aheads) mayRead(s *stream) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for s.tentative {
-		left := time.Until(s.expires)
+		read := s.curAt
+		if s.cur != nil {
+			read += int64(s.curN)
+		}
+		if read < s.reach() {
+			return true
+		}
 		if s.elem == nil || s.ctx.Err() != nil {
 			return false
 		}
+		left := time.Until(s.expires)
 		if left <= 0 {
 			s.expired = true
 			s.cancel()
@@ -634,7 +646,7 @@ func (a *aheads) promoted(s *stream) bool {
 		a.mu.Unlock()
 		timer := time.NewTimer(left)
 		select {
-		case <-room: // promoted, or memory given back: look again
+		case <-room: // promoted, a reader waiting, or memory given back: look again
 		case <-s.ctx.Done():
 		case <-timer.C:
 		}

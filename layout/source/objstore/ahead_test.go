@@ -592,3 +592,27 @@ func TestAheadManyTentativeStreamsBounded(t *testing.T) {
 	assert.LessOrEqual(t, m.count.Bytes.Load(), int64((1+n)*windowSize), "bytes fetched")
 	assert.Zero(t, tree.Stats().Errors)
 }
+
+// A large data.pkl (past the first window, under firstRead) read at a
+// view's open: the tentative stream reads on only as far as it is asked,
+// not a stream's worth, and ends by tentativeFor.
+func TestAheadTentativeStreamReadsWhatIsAsked(t *testing.T) {
+	defer func(d time.Duration) { tentativeFor = d }(tentativeFor)
+	tentativeFor = 50 * time.Millisecond
+	const size, record, req = 8 << 20, 3 << 20, 2 << 20
+	tree, m, f := aheadTree(t, size, req, 4*req)
+	zipOpen(t, m, f, record)
+	p := make([]byte, 300<<10)
+	_, err := f.ReadAt(p, 100)
+	require.NoError(t, err)
+	require.Equal(t, m.data[100:100+len(p)], p)
+	require.Eventually(t, func() bool {
+		tree.ahead.mu.Lock()
+		defer tree.ahead.mu.Unlock()
+		return len(f.(*file).streams) == 1 && f.(*file).streams[0].done
+	}, 30*time.Second, time.Millisecond)
+	checkHeld(t, tree.ahead)
+	assert.Equal(t, int64(2), m.count.Requests.Load())
+	assert.LessOrEqual(t, m.count.Bytes.Load(), int64(windowSize+100+len(p)), "bytes fetched")
+	assert.Zero(t, tree.Stats().Errors)
+}
