@@ -134,6 +134,26 @@ def reference(s3, tmp_path, name="big"):
     return out
 
 
+def test_view_read_in_few_requests(s3, tmp_path, mount):
+    """A cold read of the big DCP view (one 24 MiB object of two torch.save
+    records) costs one LIST (the open's, answering every lookup), the
+    .metadata GET, the first record's directory (a window at its end) and
+    one streamed GET from 0 that serves the record's headers and then the
+    data (requests of 64 MiB with a 512 MiB cache): 4, where each header,
+    directory and lookup was a request of its own; each byte fetched about
+    once; byte-exact."""
+    ref = reference(s3, tmp_path)
+    m = mount("s3://ckpts/run/big", "--cache-size", "512MiB")
+    want = (ref / "model.safetensors").read_bytes()
+    with open(m.mnt / "model.safetensors", "rb", buffering=0) as f:
+        got = b"".join(iter(lambda: f.read(1 << 20), b""))
+    assert got == want
+    io = stats(m)["source_io"]
+    assert io["requests"] <= 4, io
+    assert io["bytes_fetched"] <= 1.05 * len(want), io
+    assert io["errors"] == 0
+
+
 def test_server_stopped_mid_read(s3, tmp_path, mount):
     ref = reference(s3, tmp_path)
     # One attempt of 3 s, no backoff: a failed read takes 3 s, twice that

@@ -34,6 +34,7 @@ machine's cores: the ratios say how well the mount keeps requests in flight
 against each emulator, not what the cloud's stores would give."""
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -105,7 +106,8 @@ class AccessLog:
             return sum(1 for _ in f)
 
     def count(self, fn):
-        """Run fn; return (its result, the requests the server answered meanwhile)."""
+        """Run fn; return (its result, the requests the server answered meanwhile).
+        self.kinds is those requests by operation (s3_GetObject, s3_ListObjectsV2, ...)."""
         before = self.lines()
         out = fn()
         # The log is written as each answer goes out: wait until it stops growing.
@@ -116,6 +118,9 @@ class AccessLog:
             if m == n:
                 break
             n = m
+        with open(self.path, "rb") as f:
+            ops = [line.split(b"] ", 1)[-1].split()[3].decode() for line in list(f)[before:n] if b"] " in line]
+        self.kinds = dict(collections.Counter(ops))
         return out, n - before
 
 
@@ -228,6 +233,7 @@ def main():
                                    stdout=subprocess.DEVNULL, env={**os.environ, **envs["s3"], "S3_ENDPOINT_URL": envs["s3"]["AWS_ENDPOINT_URL"]})
                     return time.perf_counter() - t
                 secs, n = access.count(cp)
+                extra[f"{name}_requests_by_kind"] = access.kinds
                 got = sum(os.path.getsize(os.path.join(dst, f)) for f in os.listdir(dst))
                 assert got == src_bytes, (got, src_bytes)
                 shutil.rmtree(dst, ignore_errors=True)
@@ -253,6 +259,7 @@ def main():
                 secs, n = access.count(read) if s == "s3" else (read(), 0)
                 if s == "s3":
                     requests[f"{name}_cat"] = round(n / (extra[name]["view_bytes"] / 1e9), 1)
+                    extra[name]["server_requests_by_kind"] = access.kinds
                 return secs
             return go
 

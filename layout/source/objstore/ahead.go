@@ -37,6 +37,18 @@ import (
 // dropped (its request canceled) to make room; a read that finds the tree
 // at maxStreams and none stale is a plain GET. Piece buffers are reused.
 //
+// A zip archive (a torch.save record at an object's start) is read from
+// its directory at its end, then its entries' local headers at its start,
+// then its data after them: the headers' small read, when the object's
+// first one past the first window came before it, starts a tentative
+// stream at 0 instead of a window's GET. It reads a window's worth of its
+// body, and past that only what waiting readers ask for (a large data.pkl),
+// until a read of data (firstRead bytes or more) lets it go on as any
+// stream; none within tentativeFor ends it, what it read kept and the
+// frontier where its bytes end (so a later read there starts the next
+// stream). A safetensors header (the object's first read is at its start)
+// starts none, as before.
+//
 // Errors: a stream's attempt cut short is resumed from where its body
 // stopped, with the same pin and checks (file.readTo); a stream that failed
 // for good fails the reads waiting past what it delivered with its error
@@ -76,6 +88,11 @@ const (
 	failMemory = time.Second
 )
 
+// tentativeFor is how long a tentative stream waits for a large read (see
+// aheads): a record's data is read right after its headers. A variable for
+// tests.
+var tentativeFor = 2 * time.Second
+
 // stream is bytes [start, end) of an object: one request, its body read
 // into pieces as it arrives.
 type stream struct {
@@ -98,8 +115,13 @@ type stream struct {
 	paused   bool     // its body waits for memory
 	err      error    // why, when it failed
 	failedAt time.Time
-	retired  [][]byte // buffers given back while refs > 0
-	wake     chan struct{}
+	// tentative: it reads its first window, then up to need, and waits
+	// until expires for a read of data (see aheads); expired: none came.
+	tentative, expired bool
+	expires            time.Time
+	need               int64    // the end of what readers waiting on it asked for
+	retired            [][]byte // buffers given back while refs > 0
+	wake               chan struct{}
 
 	// The body being read, owned by fetch's goroutine: the piece it goes
 	// into (set and cleared with aheads.mu held), where that starts and how
@@ -177,6 +199,10 @@ func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead 
 			a.lru.MoveToFront(s.elem)
 			s.refs++
 			s.touched = a.tick
+			if s.tentative && n >= firstRead { // a read of data
+				s.tentative = false
+				a.roomMade()
+			}
 			return s, 0
 		}
 	}
@@ -188,6 +214,18 @@ func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead 
 			s.refs++
 			return s, 0
 		}
+	}
+	if f.next < 0 && !large && off < windowSize && f.tail {
+		// A zip archive's local headers, its directory read: its data
+		// follows.
+		if s := a.start(f, 0, off+n); s != nil {
+			s.tentative, s.expires = true, time.Now().Add(tentativeFor)
+			s.refs++
+			return s, 0
+		}
+	}
+	if f.next < 0 && !large && off >= windowSize {
+		f.tail = true
 	}
 	for _, s := range f.streams {
 		if off < s.start && s.start < off+n && s.holds(s.start) && (ahead == 0 || s.start-off < ahead) {
@@ -401,6 +439,7 @@ func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, erro
 	for s.arrived <= off && !s.done && s.elem != nil {
 		wake := s.wake
 		s.waiters++
+		s.need = max(s.need, min(s.end, off+int64(len(p))))
 		a.roomMade() // a stream waiting for memory may go over for this reader
 		a.mu.Unlock()
 		<-wake
@@ -511,7 +550,11 @@ func (a *aheads) fetch(ctx context.Context, s *stream) {
 				a.giveBack(s, i)
 			}
 		}
-		if err != nil {
+		if s.expired { // no failure: the next stream starts where its bytes end
+			if s.f.next == s.end {
+				s.f.next = s.arrived
+			}
+		} else if err != nil {
 			s.err, s.failedAt = err, time.Now()
 			if s.f.next >= s.arrived {
 				s.f.next = afterFailure
@@ -532,7 +575,10 @@ func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 			return total, context.Canceled
 		}
 		want := int(min(s.end, s.curAt+pieceSize) - s.curAt)
-		k, err := io.ReadFull(r, s.cur[s.curN:want])
+		if !a.mayRead(s) {
+			return total, context.Canceled
+		}
+		k, err := io.ReadFull(r, s.cur[s.curN:a.limit(s, want)])
 		s.curN += k
 		total += int64(k)
 		if k > 0 {
@@ -555,6 +601,60 @@ func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// limit is how far the current piece of s is read before the body waits:
+// for a tentative stream, its first window and what waiting readers asked
+// for; else want.
+func (a *aheads) limit(s *stream, want int) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !s.tentative {
+		return want
+	}
+	return int(min(int64(want), max(int64(s.curN), s.reach()-s.curAt)))
+}
+
+// reach is where a tentative stream may read to. Called with mu held.
+func (s *stream) reach() int64 { return max(s.need, s.start+windowSize) }
+
+// mayRead waits while s is tentative and has read all it may (false once
+// it expires or is dropped: an expired stream's request is canceled, not
+// failed). Called in fetch's goroutine, whose the current piece is.
+func (a *aheads) mayRead(s *stream) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for s.tentative {
+		read := s.curAt
+		if s.cur != nil {
+			read += int64(s.curN)
+		}
+		if read < s.reach() {
+			return true
+		}
+		if s.elem == nil || s.ctx.Err() != nil {
+			return false
+		}
+		left := time.Until(s.expires)
+		if left <= 0 {
+			s.expired = true
+			s.cancel()
+			return false
+		}
+		room := a.room
+		s.paused = true
+		a.mu.Unlock()
+		timer := time.NewTimer(left)
+		select {
+		case <-room: // promoted, a reader waiting, or memory given back: look again
+		case <-s.ctx.Done():
+		case <-timer.C:
+		}
+		timer.Stop()
+		a.mu.Lock()
+		s.paused = false
+	}
+	return true
 }
 
 // Write is ReadFrom for a store that writes.

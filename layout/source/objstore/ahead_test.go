@@ -468,3 +468,151 @@ func (s *listingStore) List(ctx context.Context, prefix string, delim bool, limi
 	s.listed = true
 	return Page{Prefixes: []string{"p/"}}, nil
 }
+
+// zipOpen reads an object's first record as torchzip opens a torch.save
+// archive: its directory at the end (small reads), then its entries' local
+// headers and data.pkl at the start.
+func zipOpen(t *testing.T, m *memStore, f source.File, record int) {
+	t.Helper()
+	for _, r := range []struct{ off, n int }{{record - 1024, 1024}, {record - 1024, 1024}, {record - 600, 300}, {0, 30}, {30, 40}, {600, 30}, {64, 400}} {
+		p := make([]byte, r.n)
+		_, err := f.ReadAt(p, int64(r.off))
+		require.NoError(t, err)
+		require.Equal(t, m.data[r.off:r.off+r.n], p, "at %d", r.off)
+	}
+}
+
+// An object's first record opened, then its data read in blocks: the
+// headers at its start are the start of the stream that reads the data,
+// not a request of their own: a request per MinRequest bytes and the
+// directory's window, each byte fetched about once.
+func TestAheadZipHeadersStartTheStream(t *testing.T) {
+	defer func(d time.Duration) { tentativeFor = d }(tentativeFor)
+	tentativeFor = time.Minute // a loaded machine: the data's read may come late
+	const size, record, req, block = 8 << 20, 3<<20 + 5000, 2 << 20, 1 << 20
+	tree, m, f := aheadTree(t, size, req, 4*req)
+	zipOpen(t, m, f, record)
+	assert.Equal(t, int64(2), m.count.Requests.Load(), "the directory's window, the stream")
+	p := make([]byte, block)
+	for off := 1024; off < size; off += block {
+		n, err := f.ReadAt(p, int64(off))
+		if err != nil {
+			require.ErrorIs(t, err, io.EOF)
+		}
+		require.Equal(t, m.data[off:off+n], p[:n], "at %d", off)
+	}
+	checkHeld(t, tree.ahead)
+	assert.LessOrEqual(t, m.count.Requests.Load(), int64(1+size/req), "requests")
+	assert.LessOrEqual(t, m.count.Bytes.Load(), int64(size+windowSize), "bytes fetched")
+}
+
+// A torch.save file whose directory and headers are read at a view's open
+// and whose data is not (an ls): the tentative stream reads a window's
+// worth and ends after tentativeFor, its request canceled (not an error),
+// fetching no more than a window's GET would; a later read there gets its
+// bytes, and one at the end of the window starts the next stream there.
+func TestAheadTentativeStreamEnds(t *testing.T) {
+	defer func(d time.Duration) { tentativeFor = d }(tentativeFor)
+	tentativeFor = 50 * time.Millisecond
+	const size, record, req = 8 << 20, 3 << 20, 2 << 20
+	tree, m, f := aheadTree(t, size, req, 4*req)
+	zipOpen(t, m, f, record)
+	require.Eventually(t, func() bool {
+		tree.ahead.mu.Lock()
+		defer tree.ahead.mu.Unlock()
+		return len(f.(*file).streams) == 1 && f.(*file).streams[0].done
+	}, 30*time.Second, time.Millisecond)
+	checkHeld(t, tree.ahead)
+	assert.Equal(t, int64(2), m.count.Requests.Load())
+	assert.Equal(t, int64(2*windowSize), m.count.Bytes.Load(), "two windows' worth")
+	assert.Zero(t, tree.Stats().Errors)
+
+	p := make([]byte, 1<<20)
+	_, err := f.ReadAt(p, 1024)
+	require.NoError(t, err)
+	require.Equal(t, m.data[1024:1024+len(p)], p)
+	_, err = f.ReadAt(p, 1024+1<<20)
+	require.NoError(t, err)
+	require.Equal(t, m.data[1024+1<<20:1024+2<<20], p)
+	checkHeld(t, tree.ahead)
+	assert.Equal(t, int64(3), m.count.Requests.Load(), "one stream from the window's end")
+	assert.LessOrEqual(t, m.count.Bytes.Load(), int64(windowSize+req+windowSize), "bytes fetched")
+}
+
+// A safetensors header (the object's first read is at its start, then the
+// header after its length) is a window's GET: no stream.
+func TestAheadSafetensorsHeaderStartsNoStream(t *testing.T) {
+	const size, req = 4 << 20, 2 << 20
+	tree, m, f := aheadTree(t, size, req, 4*req)
+	for _, r := range []struct{ off, n int }{{0, 8}, {8, 12000}} {
+		p := make([]byte, r.n)
+		_, err := f.ReadAt(p, int64(r.off))
+		require.NoError(t, err)
+		require.Equal(t, m.data[r.off:r.off+r.n], p)
+	}
+	checkHeld(t, tree.ahead)
+	assert.Empty(t, f.(*file).streams)
+	assert.Equal(t, int64(1), m.count.Requests.Load())
+	assert.Equal(t, int64(windowSize), m.count.Bytes.Load())
+}
+
+// The directories and headers of many torch.save files read at a view's
+// open and none of their data (an ls of a checkpoint of many .bin files):
+// the tentative streams stay within maxStreams and the streams' memory,
+// every file's reads get their bytes, and every stream ends by
+// tentativeFor (no connection left waiting).
+func TestAheadManyTentativeStreamsBounded(t *testing.T) {
+	defer func(d time.Duration) { tentativeFor = d }(tentativeFor)
+	tentativeFor = 100 * time.Millisecond
+	const size, record, req = 4 << 20, 3 << 20, 1 << 20
+	tree, m, _ := aheadTree(t, size, req, 4*req)
+	a := tree.ahead
+	n := 3 * a.maxStreams()
+	for range n {
+		f, err := tree.Open("o")
+		require.NoError(t, err)
+		zipOpen(t, m, f, record)
+		a.mu.Lock()
+		assert.LessOrEqual(t, a.lru.Len(), a.maxStreams(), "streams")
+		assert.LessOrEqual(t, a.used+a.freeN, a.memory+int64(a.maxStreams())*pieceSize, "memory")
+		a.mu.Unlock()
+	}
+	require.Eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for e := a.lru.Front(); e != nil; e = e.Next() {
+			if !e.Value.(*stream).done {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, time.Millisecond, "tentative streams still waiting")
+	checkHeld(t, a)
+	assert.LessOrEqual(t, m.count.Requests.Load(), int64(1+n), "a window at the end, then a stream or the window at 0 per file")
+	assert.LessOrEqual(t, m.count.Bytes.Load(), int64((1+n)*windowSize), "bytes fetched")
+	assert.Zero(t, tree.Stats().Errors)
+}
+
+// A large data.pkl (past the first window, under firstRead) read at a
+// view's open: the tentative stream reads on only as far as it is asked,
+// not a stream's worth, and ends by tentativeFor.
+func TestAheadTentativeStreamReadsWhatIsAsked(t *testing.T) {
+	defer func(d time.Duration) { tentativeFor = d }(tentativeFor)
+	tentativeFor = 50 * time.Millisecond
+	const size, record, req = 8 << 20, 3 << 20, 2 << 20
+	tree, m, f := aheadTree(t, size, req, 4*req)
+	zipOpen(t, m, f, record)
+	p := make([]byte, 300<<10)
+	_, err := f.ReadAt(p, 100)
+	require.NoError(t, err)
+	require.Equal(t, m.data[100:100+len(p)], p)
+	require.Eventually(t, func() bool {
+		tree.ahead.mu.Lock()
+		defer tree.ahead.mu.Unlock()
+		return len(f.(*file).streams) == 1 && f.(*file).streams[0].done
+	}, 30*time.Second, time.Millisecond)
+	checkHeld(t, tree.ahead)
+	assert.Equal(t, int64(2), m.count.Requests.Load())
+	assert.LessOrEqual(t, m.count.Bytes.Load(), int64(windowSize+100+len(p)), "bytes fetched")
+	assert.Zero(t, tree.Stats().Errors)
+}

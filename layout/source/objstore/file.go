@@ -21,6 +21,7 @@ type file struct {
 	// The object's streams (ahead.go), guarded by t.ahead.mu.
 	next    int64     // where the last large read or stream ended: the frontier; -1 none yet
 	streams []*stream // fetched or being fetched ahead, held
+	tail    bool      // a small read past the first window came before any large one
 }
 
 func (f *file) Info() source.Info { return f.info }

@@ -6,8 +6,9 @@
 // "..", not absolute) and joined below the prefix, and listed keys that
 // could not be named that way ("..", empty segments) are not shown. Object
 // stores have no symlinks. Directories are the common prefixes of a
-// delimited listing. When a key is both an object and a prefix of others,
-// the object wins.
+// delimited listing; a prefix whose keys fit in one page is listed whole,
+// in one request, and every directory under it answered from that. When a
+// key is both an object and a prefix of others, the object wins.
 //
 // A file is a snapshot of its object's version at open (source.Info.Version:
 // an S3 or Azure ETag, a GCS generation): every read asks the store for that

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -38,8 +39,14 @@ type Tree struct {
 	windows *windows // small reads
 	ahead   *aheads  // reads that follow an object's last one
 	lists   singleflight.Group
-	mu      sync.Mutex
-	cache   map[string]listing // GUARDED_BY(mu); by directory name, fresh for ListTTL
+	// whole: the last listing of the whole prefix fit in one page, and
+	// every directory's listing is taken from one like it (listTree).
+	whole atomic.Bool
+	mu    sync.Mutex
+	cache map[string]listing // GUARDED_BY(mu); by directory name, fresh for ListTTL
+	// The directories of the last listing of the whole prefix, and when.
+	wholeAt   time.Time       // GUARDED_BY(mu)
+	wholeDirs map[string]bool // GUARDED_BY(mu)
 }
 
 type listing struct {
@@ -53,14 +60,20 @@ var (
 )
 
 // Open returns the tree of store at loc, counting its traffic in c (which
-// store counts its requests in). It lists the prefix once: a prefix with no
-// objects under it is an error, as a missing directory is.
+// store counts its requests in). It lists the prefix once (listTree): a
+// prefix with no objects under it is an error, as a missing directory is.
 func Open(loc Location, store Store, l Limits, c *Counters) (*Tree, error) {
 	t := &Tree{loc: loc, limits: l.WithDefaults(), store: store, count: c, opened: time.Now(),
 		cache: map[string]listing{}, windows: newWindows()}
 	t.ahead = newAheads(t.limits)
 	t.reqs.ctx, t.reqs.cancel = context.WithCancel(context.Background())
-	if _, err := t.statDir("."); err != nil {
+	found, err := t.listTree()
+	if err != nil {
+		err = t.fail("stat", ".", err)
+	} else if !found {
+		err = t.notExist("stat", ".")
+	}
+	if err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -143,22 +156,27 @@ func (t *Tree) Stat(name string) (source.Info, error) {
 	}
 	if name != "." {
 		dir := path.Dir(name)
+		if isDir, known := t.inWhole(dir); known && !isDir {
+			return source.Info{}, t.notExist("stat", name)
+		}
 		if _, fresh, _ := t.cached(dir); !fresh {
 			// One listing page answers for every name of a directory (the
 			// files of a checkpoint) where a HEAD answers for one: a
-			// directory that fits in a page is listed, and kept. A larger
-			// one, or a store that refuses the listing, is asked by HEAD;
-			// a store that does not answer fails the Stat.
-			_, err, _ := t.lists.Do("\x00"+dir, func() (any, error) { return t.list(dir, true) })
+			// directory that fits in a page is listed, and kept (with
+			// every other directory when the whole prefix fits). A
+			// larger one, or a store that refuses the listing, is asked
+			// by HEAD; a store that does not answer fails the Stat.
+			known, isDir, err := t.relist(dir)
 			if source.IsUnavailable(err) {
 				return source.Info{}, t.fail("stat", name, err)
 			}
+			if known && !isDir {
+				return source.Info{}, t.notExist("stat", name)
+			}
 		}
 		if ents, fresh, _ := t.cached(dir); fresh {
-			base := path.Base(name)
-			i := sort.Search(len(ents), func(i int) bool { return ents[i].Name >= base })
-			if i < len(ents) && ents[i].Name == base {
-				return ents[i], nil
+			if e, ok := find(ents, path.Base(name)); ok {
+				return e, nil
 			}
 			return source.Info{}, t.notExist("stat", name)
 		}
@@ -168,6 +186,21 @@ func (t *Tree) Stat(name string) (source.Info, error) {
 		}
 		if !errors.Is(err, ErrNotFound) {
 			return source.Info{}, t.fail("stat", name, err)
+		}
+	}
+	if name == "." {
+		isDir, known := t.inWhole(".")
+		if !known && t.whole.Load() {
+			var err error
+			if known, isDir, err = t.relist("."); err != nil {
+				return source.Info{}, t.fail("stat", name, err)
+			}
+		}
+		if known && isDir {
+			return t.dirInfo(name), nil
+		}
+		if known {
+			return source.Info{}, t.notExist("stat", name)
 		}
 	}
 	return t.statDir(name)
@@ -202,6 +235,21 @@ func (t *Tree) ReadDir(name string) ([]source.Info, error) {
 		return nil, err
 	}
 	if ents, fresh, _ := t.cached(name); fresh {
+		return ents, nil
+	}
+	// The listing of the whole prefix has every directory: a name that
+	// is none needs no request (a view looks for optional directories).
+	isDir, known := t.inWhole(name)
+	if !known && t.whole.Load() {
+		var err error
+		if known, isDir, err = t.relist(name); err != nil {
+			return nil, t.fail("readdir", name, err)
+		}
+	}
+	if known && !isDir {
+		return nil, t.notExist("readdir", name)
+	}
+	if ents, fresh, _ := t.cached(name); known && fresh {
 		return ents, nil
 	}
 	v, err, _ := t.lists.Do(name, func() (any, error) { return t.list(name, false) })
@@ -267,14 +315,36 @@ func (t *Tree) list(name string, onePage bool) ([]source.Info, error) {
 			return nil, err
 		}
 	}
+	ents := sorted(byName)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.keep(name, ents, time.Now())
+	return ents, nil
+}
+
+// sorted is the entries of a directory by name.
+func sorted(byName map[string]source.Info) []source.Info {
 	ents := make([]source.Info, 0, len(byName))
 	for _, e := range byName {
 		ents = append(ents, e)
 	}
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name < ents[j].Name })
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.cache) >= maxListings {
+	return ents
+}
+
+// find returns the entry named base of a sorted listing.
+func find(ents []source.Info, base string) (source.Info, bool) {
+	i := sort.Search(len(ents), func(i int) bool { return ents[i].Name >= base })
+	if i < len(ents) && ents[i].Name == base {
+		return ents[i], true
+	}
+	return source.Info{}, false
+}
+
+// keep keeps the listing of the directory name, within maxListings. Called
+// with mu held.
+func (t *Tree) keep(name string, ents []source.Info, at time.Time) {
+	if _, ok := t.cache[name]; !ok && len(t.cache) >= maxListings {
 		for k := range t.cache { // the map's order: any listing, dropped
 			delete(t.cache, k)
 			if len(t.cache) < maxListings/2 {
@@ -282,8 +352,101 @@ func (t *Tree) list(name string, onePage bool) ([]source.Info, error) {
 			}
 		}
 	}
-	t.cache[name] = listing{at: time.Now(), ents: ents}
-	return ents, nil
+	t.cache[name] = listing{at: at, ents: ents}
+}
+
+// relist lists dir again: with every other directory when the whole
+// prefix fit in a page last time (then known, and isDir says whether dir is
+// a directory), else alone when it fits in a page. The error is the
+// store's, uncounted (the caller may ask otherwise).
+func (t *Tree) relist(dir string) (known, isDir bool, err error) {
+	if t.whole.Load() {
+		_, err, _ := t.lists.Do("\x00*", func() (any, error) {
+			_, err := t.listTree()
+			return nil, err
+		})
+		if err != nil {
+			return false, false, err
+		}
+		if isDir, known := t.inWhole(dir); known {
+			return true, isDir, nil
+		}
+	}
+	_, err, _ = t.lists.Do("\x00"+dir, func() (any, error) { return t.list(dir, true) })
+	return false, false, err
+}
+
+// inWhole reports whether dir is a directory by the listing of the whole
+// prefix; known is false when there is none fresh.
+func (t *Tree) inWhole(dir string) (isDir, known bool) {
+	if !t.whole.Load() {
+		return false, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.wholeDirs == nil || time.Since(t.wholeAt) > t.limits.ListTTL {
+		return false, false
+	}
+	return t.wholeDirs[dir], true
+}
+
+// listTree lists the whole prefix, undelimited, in one request: when the
+// page holds every key (a checkpoint's files: a few to hundreds), the
+// listing of each directory is taken from it and kept, so that opening a
+// view costs one LIST however many directories it looks in (a delimited
+// listing per directory, and one to tell a directory from none, did
+// that). It reports whether any key lies under the prefix; the error is
+// the store's, uncounted.
+func (t *Tree) listTree() (found bool, err error) {
+	page, err := t.store.List(t.lookupCtx(), t.loc.DirPrefix("."), false, 0, "")
+	if err != nil {
+		t.whole.Store(false)
+		return false, err
+	}
+	found = len(page.Objects) > 0 || len(page.Prefixes) > 0
+	if page.Next != "" || len(page.Prefixes) > 0 { // more than a page, or a store that grouped keys anyway
+		t.whole.Store(false)
+		return found, nil
+	}
+	dirs := map[string]map[string]source.Info{".": {}}
+	for _, o := range page.Objects {
+		rel, ok := strings.CutPrefix(o.Key, t.loc.DirPrefix("."))
+		if !ok {
+			continue
+		}
+		// Each segment is an entry of the directory before it, as a
+		// delimited listing of that directory shows it; one no name can
+		// reach hides what lies below it. The object wins over a prefix
+		// of the same name.
+		dir, segs := ".", strings.Split(rel, "/")
+		for i, base := range segs {
+			if !validBase(base) {
+				break
+			}
+			name := path.Join(dir, base)
+			if i == len(segs)-1 {
+				dirs[dir][base] = t.fileInfo(name, o)
+				break
+			}
+			if e, isFile := dirs[dir][base]; !isFile || e.IsDir() {
+				dirs[dir][base] = t.dirInfo(name)
+			}
+			if dirs[name] == nil {
+				dirs[name] = map[string]source.Info{}
+			}
+			dir = name
+		}
+	}
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.wholeAt, t.wholeDirs = now, make(map[string]bool, len(dirs))
+	for name, byName := range dirs {
+		t.keep(name, sorted(byName), now)
+		t.wholeDirs[name] = name != "." || found // no key: no directory
+	}
+	t.whole.Store(true)
+	return found, nil
 }
 
 // maxListings bounds the directory listings a tree keeps.
