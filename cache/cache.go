@@ -297,6 +297,10 @@ func New(opts Options) (*Cache, error) {
 	return c, nil
 }
 
+// Held is the bytes of the blocks the cache holds now (cached, staged,
+// being filled, kept for reuse): at most Bound.
+func (c *Cache) Held() int64 { return c.bufs.gauges().sum() }
+
 // Options returns the options in effect, defaults filled in.
 func (c *Cache) Options() Options { return c.opts }
 
@@ -531,11 +535,20 @@ func (c *Cache) buffer(n int64) []byte {
 }
 
 // demote offers b, which the staging ring gave up (with its reference and
-// its bytes still counted as staged), to ristretto, and waits until
+// its bytes still counted as staged), unless it was read in full, to
+// ristretto, and waits until
 // ristretto took or refused it, so that the account is current for the
 // next fill. nil is nothing.
 func (c *Cache) demote(b *block) {
 	if b == nil {
+		return
+	}
+	if b.consumed() {
+		// Read in full: not worth ristretto's room, which its frequency
+		// (every read of it counted) would win against blocks read in
+		// part, which are the ones read again.
+		b.bufs.add(&b.bufs.staged, -b.cost())
+		b.release()
 		return
 	}
 	// Its bytes move from staged to cached. A Set dropped (ristretto's
@@ -903,20 +916,35 @@ func (s *staging) spill() *block {
 }
 
 // evictLocked takes one block out of the ring and returns it: the least
-// recently used one not protected, else the oldest protected one. Above the
+// recently used one whose every byte was read, else the least recently
+// used one not protected, else the oldest protected one. A loader that
+// faults tensors in its state dict's order reads a block in parts, at
+// moments far apart, and each byte once: a block read in full is the one
+// least likely read again, and recency alone kept those (run Z-cache). Above the
 // ring's minimum there is always one not protected (read-ahead's
 // reservations and protected blocks leave keepRead of the minimum). Caller
 // holds mu.
 func (s *staging) evictLocked() *block {
-	victim, vProt, vAge := -1, false, uint64(0)
+	// rank orders the blocks to give up: read in full first, then the
+	// others not protected, then the protected ones.
+	rank := func(e *staged) int {
+		switch {
+		case s.protected(e):
+			return 2
+		case e.b.consumed():
+			return 0
+		}
+		return 1
+	}
+	victim, vRank, vAge := -1, 0, uint64(0)
 	for i, e := range s.list {
-		prot := s.protected(e)
+		r := rank(e)
 		age := e.order
-		if !prot {
+		if r < 2 {
 			age = max(age, e.b.lastUse.Load())
 		}
-		if victim < 0 || (vProt && !prot) || (vProt == prot && age < vAge) {
-			victim, vProt, vAge = i, prot, age
+		if victim < 0 || r < vRank || (r == vRank && age < vAge) {
+			victim, vRank, vAge = i, r, age
 		}
 	}
 	old := s.list[victim]

@@ -154,3 +154,46 @@ func TestAccountWithinBoundUnderRandomMix(t *testing.T) {
 		})
 	}
 }
+
+// TestPartlyReadBlocksOutliveReadOnes: blocks read in part stay while
+// blocks read in full, used since, make way for fills: here half of each
+// of 10 blocks is read, then 30 other blocks in full (more than the cache
+// holds), then the other halves, and every block is fetched once. By
+// recency alone the 10 half-read blocks, the least recently used, left
+// first and were fetched again.
+func TestPartlyReadBlocksOutliveReadOnes(t *testing.T) {
+	const blocks, partly = 40, 10
+	size := int64(blocks) * testBS
+	src := &slowSource{memSource: newMemSource(size, 62), delay: 50 * time.Microsecond}
+	c := newTestCache(t, objectStoreOptions())
+	h := c.Open(1, src, size)
+	defer h.Close()
+	const piece = testBS / 8
+	// The other halves are read last block first: in order, read-ahead
+	// would fetch the blocks after them again, which is not what is tested.
+	half := func(from, to int64) {
+		for b := range int64(partly) {
+			if from > 0 {
+				b = partly - 1 - b
+			}
+			for p := from; p < to; p++ {
+				checkRead(t, h, src.data, b*testBS+p*piece, piece)
+			}
+		}
+	}
+	half(0, 4)
+	for off := int64(partly) * testBS; off < size; off += piece {
+		checkRead(t, h, src.data, off, piece)
+	}
+	half(4, 8)
+	c.Wait()
+	var twice []int
+	for b := range blocks {
+		if src.calls[b].Load() > 1 {
+			twice = append(twice, b)
+		}
+	}
+	st := c.Stats()
+	assert.Empty(t, twice, "blocks fetched more than once; stats %+v", st)
+	assert.EqualValues(t, blocks, st.Fills)
+}
