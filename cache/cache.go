@@ -16,14 +16,15 @@
 // only if it was asked for more often than what it would evict). The ring
 // holds at least Options.Staging blocks and grows into whatever of Size the
 // fills in flight and ristretto leave idle; a fill that finds no room makes
-// the ring give up its least recently used block (issue 36: a loader that
+// the ring give up a block: one read in full first (not offered to
+// ristretto), else its least recently used one (issue 36: a loader that
 // faults tensors in state-dict order touches a block at moments far apart,
 // and a ring of fixed size beside a fixed reserve for fills that are rarely
 // all in flight fetched 1.5x the view). A prefetched block stays in the
 // ring until its reader has used it, and read-ahead goes only as far as the
 // ring's minimum can keep: a sequential read fetches each block once.
 //
-// Invariants (each one is checked in cache_test.go):
+// Invariants (each one is checked in the tests):
 //   - Partial data is never visible: a fill that fails caches nothing and
 //     returns its error to every reader waiting on it; a later read retries.
 //   - The cache is never the source of truth: ristretto may drop or reject any
