@@ -186,7 +186,7 @@ type Stats struct {
 	FillingBytes     int64 `json:"filling_bytes"`      // bytes of the blocks being filled now
 	FreeBytes        int64 `json:"free_bytes"`         // bytes of block buffers kept for the next fills
 	BuffersReused    int64 `json:"buffers_reused"`     // fills into a kept buffer instead of a fresh one
-	StagingSpilled   int64 `json:"staging_spilled"`    // blocks the ring gave up to make room for a fill (offered to ristretto)
+	StagingSpilled   int64 `json:"staging_spilled"`    // blocks the ring gave up to make room for a fill (offered to ristretto unless read in full)
 	KeysAdded        int64 `json:"keys_added"`         // ristretto admissions
 	KeysEvicted      int64 `json:"keys_evicted"`       // ristretto evictions
 	SetsRejected     int64 `json:"sets_rejected"`      // ristretto Sets refused by the admission policy

@@ -181,7 +181,7 @@ var stats = []stat{
 	{newDesc("cache_fills_total", "Blocks read from their source, foreground and read-ahead (.ckptfs cache.fills)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.Fills }, ""},
 	{newDesc("cache_admissions_total", "Blocks admitted into the cache (.ckptfs cache.keys_added)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.KeysAdded }, ""},
 	{newDesc("cache_evictions_total", "Blocks evicted from the cache (.ckptfs cache.keys_evicted)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.KeysEvicted }, ""},
-	{newDesc("cache_staging_spilled_total", "Blocks the staging ring gave up to ristretto to make room for a fill (.ckptfs cache.staging_spilled)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.StagingSpilled }, ""},
+	{newDesc("cache_staging_spilled_total", "Blocks the staging ring gave up to make room for a fill, to ristretto unless read in full (.ckptfs cache.staging_spilled)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.StagingSpilled }, ""},
 	{newDesc("cache_sets_rejected_total", "Blocks the cache's admission policy refused (.ckptfs cache.sets_rejected)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.SetsRejected }, ""},
 	{newDesc("cache_sets_dropped_total", "Blocks dropped because the cache's set buffer was full (.ckptfs cache.sets_dropped)."), prometheus.CounterValue, func(s *vfs.Stats) int64 { return s.Cache.SetsDropped }, ""},
 	{newDesc("cache_bytes", "Bytes of blocks held in ristretto now (.ckptfs cache.cached_bytes)."), prometheus.GaugeValue, func(s *vfs.Stats) int64 { return s.Cache.CachedBytes }, ""},
