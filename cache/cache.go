@@ -537,9 +537,8 @@ func (c *Cache) buffer(n int64) []byte {
 
 // demote offers b, which the staging ring gave up (with its reference and
 // its bytes still counted as staged), unless it was read in full, to
-// ristretto, and waits until
-// ristretto took or refused it, so that the account is current for the
-// next fill. nil is nothing.
+// ristretto, and waits until ristretto took or refused it, so that the
+// account is current for the next fill. nil is nothing.
 func (c *Cache) demote(b *block) {
 	if b == nil {
 		return
