@@ -27,11 +27,22 @@ type block struct {
 	// lastUse is the staging ring's clock at the block's last foreground
 	// use (or its fill).
 	lastUse atomic.Uint64
+	// served counts the bytes foreground reads took from it: once it
+	// reaches len(data), every byte was read (consumed), as a loader reads
+	// each byte once.
+	served atomic.Int64
 
 	refs atomic.Int32
 	inRC atomic.Bool // ristretto holds one of refs (released once, however often it says the block left)
-	bufs *buffers    // where the buffer goes back; nil for a buffer not from the pool
+	bufs *buffers    // the account its bytes are counted in and its buffer goes back to; nil in tests of a block alone
 }
+
+// consumed says that reads took as many bytes as the block has.
+func (b *block) consumed() bool { return b.served.Load() >= int64(len(b.data)) }
+
+// cost is the bytes a block holds: its buffer's capacity (a short block
+// may sit in a full block's buffer).
+func (b *block) cost() int64 { return int64(cap(b.data)) }
 
 // acquire takes a reference unless the block is dead.
 func (b *block) acquire() bool {
@@ -58,7 +69,7 @@ func (b *block) release() {
 	switch r := b.refs.Add(-1); {
 	case r == 0:
 		if b.bufs != nil {
-			b.bufs.put(b.data)
+			b.bufs.put(b.data[:cap(b.data)])
 		}
 	case r < 0:
 		// Another holder may already be reading a later fill's bytes
@@ -68,15 +79,22 @@ func (b *block) release() {
 }
 
 // enterRC takes the reference ristretto will hold, before it is offered the
-// block (it may let go of it before Set returns).
+// block (it may let go of it before Set returns), and moves its bytes from
+// staged to cached.
 func (b *block) enterRC() {
 	b.retain()
 	b.inRC.Store(true)
+	if b.bufs != nil {
+		b.bufs.move(&b.bufs.staged, &b.bufs.cached, b.cost())
+	}
 }
 
 // leaveRC drops ristretto's reference, once.
 func (b *block) leaveRC() {
 	if b != nil && b.inRC.CompareAndSwap(true, false) {
+		if b.bufs != nil {
+			b.bufs.add(&b.bufs.cached, -b.cost())
+		}
 		b.release()
 	}
 }
@@ -87,56 +105,94 @@ func (b *block) leaveRC() {
 // every Go test and every mount the e2e tests start).
 var poisonFreed = os.Getenv("CKPTFS_DEBUG_POISON") != ""
 
-// buffers hands out the buffers of full blocks and keeps those given back
-// for the next fills: a fresh 4 MiB buffer costs its zeroing and page
-// faults (and the GC its sweep), about a seventh of the mount's CPU in a
-// cold read. It also counts the bytes being filled, so that the bytes
-// filling plus the bytes kept free stay within limit, the share of Size
-// the fills have.
+// buffers is the one account of the bytes of block buffers a Cache holds,
+// and the pool they are reused from. Every byte is in exactly one of:
+//   - filling: buffers handed to fills in flight;
+//   - staged: blocks the staging ring holds;
+//   - cached: blocks ristretto holds (or was offered and has not yet
+//     refused);
+//   - free: buffers kept for the next fills (a fresh 16 MiB buffer costs its
+//     zeroing and page faults, and left to the GC it is RSS until the next
+//     collection, which the memory limit puts off).
+//
+// Their sum stays within limit (the Cache's Bound): a fill takes a free
+// buffer, or a fresh one while the sum leaves room; else the cache makes
+// room (the staging ring gives up a block) or, with the ring at its
+// minimum, the fills' reserve pays (see Cache.buffer). A block moves
+// between them by adding to the new place before taking from the old, so
+// the sum read under mu never understates. Bytes of a block that left the
+// cache while a reader still copies or replies with it are in none: when
+// that reader lets go the buffer is kept if it fits, else left to the GC.
 type buffers struct {
 	size  int64 // bytes of a full block
 	limit int64
 
-	mu      sync.Mutex
-	free    [][]byte // GUARDED_BY(mu); each of len size
-	filling int64    // GUARDED_BY(mu)
+	mu                            sync.Mutex
+	free                          [][]byte // GUARDED_BY(mu); each of len size
+	filling, staged, cached, kept int64    // GUARDED_BY(mu); kept: bytes of free
 
 	freeBytes, reused atomic.Int64 // for Stats and tests
 }
 
-// gauges returns the bytes being filled and kept free, at one instant.
-func (p *buffers) gauges() (filling, free int64) {
+// account is the four parts of the account at one instant.
+type account struct{ filling, staged, cached, free int64 }
+
+func (a account) sum() int64 { return a.filling + a.staged + a.cached + a.free }
+
+// gauges returns the account at one instant.
+func (p *buffers) gauges() account {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.filling, p.freeBytes.Load()
+	return account{p.filling, p.staged, p.cached, p.kept}
 }
 
-// get returns a buffer of n bytes for a fill and counts it as filling until
-// filled is called. Only the buffers of full blocks come from the pool and
-// go back to it (recycle).
-func (p *buffers) get(n int64) (buf []byte, recycle bool) {
+// add moves n bytes into (n < 0: out of) one part of the account.
+func (p *buffers) add(part *int64, n int64) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.filling += n
-	if n == p.size && len(p.free) > 0 {
-		buf = p.free[len(p.free)-1]
-		p.free = p.free[:len(p.free)-1]
-		p.freeBytes.Add(-p.size)
-		p.reused.Add(1)
-		return buf, true
-	}
-	return make([]byte, n), n == p.size
-}
-
-// filled ends the fill of n bytes that get began.
-func (p *buffers) filled(n int64) {
-	p.mu.Lock()
-	p.filling -= n
+	*part += n
 	p.mu.Unlock()
 }
 
-// put takes back the buffer of a dead block, or leaves it to the GC when
-// keeping it would exceed the limit.
+// move counts n bytes in part to instead of from, in one step.
+func (p *buffers) move(from, to *int64, n int64) {
+	p.mu.Lock()
+	*from -= n
+	*to += n
+	p.mu.Unlock()
+}
+
+// get returns a buffer of n bytes (n <= size) for a fill and counts it as
+// filling until filled is called: a kept buffer when there is one, else a
+// fresh one when the account has room for it (ok false: none) or force is
+// set (the fills' reserve pays for it). A short block takes a kept buffer
+// when there is one, so that its bytes stay in the pool.
+func (p *buffers) get(n int64, force bool) (buf []byte, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if k := len(p.free); k > 0 && n <= p.size {
+		buf = p.free[k-1]
+		p.free[k-1] = nil
+		p.free = p.free[:k-1]
+		p.kept -= p.size
+		p.freeBytes.Store(p.kept)
+		p.filling += p.size
+		p.reused.Add(1)
+		return buf[:n], true
+	}
+	if !force && p.filling+p.staged+p.cached+p.kept+n > p.limit {
+		return nil, false
+	}
+	p.filling += n
+	return make([]byte, n), true
+}
+
+// filled ends a failed fill that get began with buf, whose buffer is
+// dropped (a fill that succeeds moves its bytes to staged: staging.put).
+func (p *buffers) filled(buf []byte) { p.add(&p.filling, -int64(cap(buf))) }
+
+// put takes back the buffer of a dead block (its whole capacity), or leaves
+// it to the GC when it is not a full block's or keeping it would pass the
+// limit.
 func (p *buffers) put(buf []byte) {
 	if int64(len(buf)) != p.size {
 		return
@@ -148,11 +204,12 @@ func (p *buffers) put(buf []byte) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.filling+int64(len(p.free)+1)*p.size > p.limit {
+	if p.filling+p.staged+p.cached+p.kept+p.size > p.limit {
 		return
 	}
 	p.free = append(p.free, buf)
-	p.freeBytes.Add(p.size)
+	p.kept += p.size
+	p.freeBytes.Store(p.kept)
 }
 
 // drop gives every kept buffer to the GC.
@@ -160,6 +217,7 @@ func (p *buffers) drop() {
 	p.mu.Lock()
 	clear(p.free)
 	p.free = p.free[:0]
+	p.kept = 0
 	p.freeBytes.Store(0)
 	p.mu.Unlock()
 }

@@ -8,22 +8,35 @@
 // it. Concurrent misses on one block share one fill (singleflight). A handle
 // whose reads are sequential prefetches the next blocks on a small worker pool;
 // prefetch is dropped, never waited for, when the pool or the foreground is
-// busy. A prefetched block is kept in the staging ring until its reader has
-// used it (ristretto's admission may reject it), and read-ahead goes only as
-// far as the ring can keep: a sequential read fetches each block once.
+// busy.
 //
-// Invariants (each one is checked in cache_test.go):
+// Two tiers hold the blocks, each block in one of them: every fill goes to
+// the staging ring (recency: the blocks filled or used last), and a block
+// the ring gives up goes to ristretto (frequency: its admission keeps it
+// only if it was asked for more often than what it would evict). The ring
+// holds at least Options.Staging blocks and grows into whatever of Size the
+// fills in flight and ristretto leave idle; a fill that finds no room makes
+// the ring give up a block: one read in full first (not offered to
+// ristretto), else its least recently used one (issue 36: a loader that
+// faults tensors in state-dict order touches a block at moments far apart,
+// and a ring of fixed size beside a fixed reserve for fills that are rarely
+// all in flight fetched 1.5x the view). A prefetched block stays in the
+// ring until its reader has used it, and read-ahead goes only as far as the
+// ring's minimum can keep: a sequential read fetches each block once.
+//
+// Invariants (each one is checked in the tests):
 //   - Partial data is never visible: a fill that fails caches nothing and
 //     returns its error to every reader waiting on it; a later read retries.
 //   - The cache is never the source of truth: ristretto may drop or reject any
 //     Set, and a key collision is detected (a block carries its own id and
 //     index), so a read after a lost Set just fills again.
-//   - Memory is bounded by Size (see Bound): ristretto gets what is left of
-//     it after the Staging ring and the blocks being filled, which are
-//     capped: at most MaxFills foreground fills at once (more readers wait
-//     for a slot, and readers of one block share its fill) plus one per
-//     read-ahead worker. Buffers kept for reuse count against the fills'
-//     share.
+//   - Memory is bounded by Size (see Bound), in one account (buffers): the
+//     blocks being filled, staged, cached and the buffers kept for reuse.
+//     ristretto gets what is left of Size after the ring's minimum and the
+//     blocks being filled, which are capped: at most MaxFills foreground
+//     fills at once (more readers wait for a slot, and readers of one block
+//     share its fill) plus one per read-ahead worker. The ring takes more
+//     only while the account has room, and gives it back to the next fill.
 //   - A block's bytes never change while anyone can read them: its buffer
 //     is reused only after every holder let go (see block), so an evicted
 //     block still being copied or replied with stays valid.
@@ -31,7 +44,7 @@
 //     to join a fill of the very block it needs.
 //
 // Lock order: Cache.mu (read-locked for the whole of a foreground read) before
-// Handle.mu before staging.mu; Cache.pmu is a leaf. No lock is held while
+// Handle.mu before staging.mu before buffers.mu; Cache.pmu is a leaf. No lock is held while
 // calling a Source except Cache.mu in read mode (a foreground read may wait
 // for a fill slot holding it).
 package cache
@@ -86,13 +99,14 @@ type Options struct {
 	// BusyFills: when this many foreground fills are in flight, prefetch is
 	// dropped instead of competing with them (default 2 × Workers).
 	BusyFills int
-	// Staging is how many recently filled blocks are kept regardless of
-	// ristretto's admission decision, so that the reads that follow a fill
+	// Staging is how many recently filled blocks the staging ring keeps at
+	// least, whatever ristretto holds, so that the reads that follow a fill
 	// (the rest of a sequential stream's block, the blocks just prefetched)
-	// do not refill a block ristretto rejected (default 2 × (ReadAhead +
-	// Workers), at most a quarter of Size, at least 1). Blocks prefetched and
-	// not yet used stay until used (see staging); read-ahead runs at most
-	// Staging − 2 blocks ahead of the blocks being read.
+	// do not refill it (default 2 × (ReadAhead + Workers), at most a
+	// quarter of Size, at least 1); it keeps more while Size has room.
+	// Blocks prefetched and not yet used stay until used (see staging);
+	// read-ahead runs at most Staging − 2 blocks ahead of the blocks being
+	// read.
 	Staging int
 	// FillObserver, when set, is called after every fill (foreground or
 	// prefetch, failed or not) with the time its Source read took: the
@@ -141,8 +155,9 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// reserve is the bytes of the blocks held outside ristretto: the staging ring
-// and the fills in flight (foreground and read-ahead).
+// reserve is the bytes of the blocks held outside ristretto at most when
+// the account is full: the staging ring's minimum and the fills in flight
+// (foreground and read-ahead).
 func (o Options) reserve() int64 {
 	return int64(o.Staging+o.MaxFills+o.readAheadWorkers()) * o.BlockSize
 }
@@ -166,11 +181,12 @@ type Stats struct {
 	ReadAheadIssued  int64 `json:"read_ahead_issued"`  // prefetch jobs accepted onto the queue
 	ReadAheadHits    int64 `json:"read_ahead_hits"`    // prefetched blocks later used by a foreground read (once per fill)
 	ReadAheadDropped int64 `json:"read_ahead_dropped"` // prefetches dropped: queue full, foreground busy, handle closed
-	CachedBytes      int64 `json:"cached_bytes"`       // bytes held by ristretto now (cost added − cost evicted)
-	StagedBytes      int64 `json:"staged_bytes"`       // bytes in the staging ring now (most are also in ristretto)
+	CachedBytes      int64 `json:"cached_bytes"`       // bytes held by ristretto now (and offered to it, not yet refused)
+	StagedBytes      int64 `json:"staged_bytes"`       // bytes in the staging ring now (none also in ristretto)
 	FillingBytes     int64 `json:"filling_bytes"`      // bytes of the blocks being filled now
 	FreeBytes        int64 `json:"free_bytes"`         // bytes of block buffers kept for the next fills
 	BuffersReused    int64 `json:"buffers_reused"`     // fills into a kept buffer instead of a fresh one
+	StagingSpilled   int64 `json:"staging_spilled"`    // blocks the ring gave up to make room for a fill (offered to ristretto unless read in full)
 	KeysAdded        int64 `json:"keys_added"`         // ristretto admissions
 	KeysEvicted      int64 `json:"keys_evicted"`       // ristretto evictions
 	SetsRejected     int64 `json:"sets_rejected"`      // ristretto Sets refused by the admission policy
@@ -230,10 +246,10 @@ type Cache struct {
 
 	fgFills   atomic.Int64  // foreground-led fills in flight
 	fillSlots chan struct{} // one token per foreground fill in flight (MaxFills)
-	bufs      *buffers      // block buffers: reused, and the bytes being filled
+	bufs      *buffers      // the account of every block's bytes, and the buffers kept
 
 	bytesServed, hits, stagingHits, misses, fills, fillErrors atomic.Int64
-	raIssued, raHits, raDropped, openHandles                  atomic.Int64
+	raIssued, raHits, raDropped, openHandles, spilled         atomic.Int64
 }
 
 // New returns a Cache and starts its read-ahead workers (none when ReadAhead
@@ -244,8 +260,8 @@ func New(opts Options) (*Cache, error) {
 		return nil, err
 	}
 	// Size bounds everything the cache holds: ristretto gets what the
-	// staging ring and the fills in flight leave (nothing useful when they
-	// take it all: then only staged blocks are kept).
+	// staging ring's minimum and the fills in flight leave (nothing useful
+	// when they take it all: then only staged blocks are kept).
 	maxCost := max(1, o.Size-o.reserve())
 	nblocks := max(1, maxCost/o.BlockSize)
 	rc, err := ristretto.NewCache(&ristretto.Config[uint64, *block]{
@@ -262,13 +278,15 @@ func New(opts Options) (*Cache, error) {
 	c := &Cache{
 		opts:      o,
 		rc:        rc,
-		stg:       newStaging(o.Staging),
 		keyFn:     blockKey,
 		stop:      make(chan struct{}),
 		fillSlots: make(chan struct{}, o.MaxFills),
 		detached:  make(chan struct{}, maxDetached),
-		bufs:      &buffers{size: o.BlockSize, limit: int64(o.MaxFills+o.readAheadWorkers()) * o.BlockSize},
+		bufs:      &buffers{size: o.BlockSize, limit: max(o.Size, o.reserve()+1)},
 	}
+	c.stg = newStaging(o.Staging)
+	c.stg.acct = c.bufs
+	c.stg.limit = max(o.Staging, int(min(o.Size/o.BlockSize, maxStaged)))
 	c.pcond = sync.NewCond(&c.pmu)
 	if o.ReadAhead > 0 {
 		c.queue = make(chan job, o.QueueSize)
@@ -279,6 +297,10 @@ func New(opts Options) (*Cache, error) {
 	}
 	return c, nil
 }
+
+// Held is the bytes of the blocks the cache holds now (cached, staged,
+// being filled, kept for reuse): at most Bound.
+func (c *Cache) Held() int64 { return c.bufs.gauges().sum() }
 
 // Options returns the options in effect, defaults filled in.
 func (c *Cache) Options() Options { return c.opts }
@@ -339,14 +361,16 @@ func (c *Cache) Wait() {
 
 // Stats returns a snapshot of the counters.
 func (c *Cache) Stats() Stats {
-	// Filling and free bytes are read at one instant: together they stay
-	// within the fills' share of Size, which reading them apart could
-	// overstate while a buffer moves from one to the other.
-	filling, free := c.bufs.gauges()
+	// The account is read at one instant: its parts stay within Size
+	// together, which reading them apart could overstate while a block
+	// moves from one to another.
+	a := c.bufs.gauges()
 	s := Stats{
-		FillingBytes:     filling,
-		FreeBytes:        free,
-		StagedBytes:      c.stg.bytes(),
+		FillingBytes:     a.filling,
+		FreeBytes:        a.free,
+		StagedBytes:      a.staged,
+		CachedBytes:      a.cached,
+		StagingSpilled:   c.spilled.Load(),
 		BytesServed:      c.bytesServed.Load(),
 		Hits:             c.hits.Load(),
 		StagingHits:      c.stagingHits.Load(),
@@ -360,7 +384,6 @@ func (c *Cache) Stats() Stats {
 		OpenHandles:      c.openHandles.Load(),
 	}
 	if m := c.rc.Metrics; m != nil {
-		s.CachedBytes = int64(m.CostAdded()) - int64(m.CostEvicted())
 		s.KeysAdded = int64(m.KeysAdded())
 		s.KeysEvicted = int64(m.KeysEvicted())
 		s.SetsRejected = int64(m.SetsRejected())
@@ -451,10 +474,9 @@ func (c *Cache) fill(f *file, idx int64, owner *Handle) (b *block, led bool, err
 		c.fills.Add(1)
 		off := idx * c.opts.BlockSize
 		n := f.blockLen(idx, c.opts.BlockSize)
-		buf, recycle := c.bufs.get(n)
+		buf := c.buffer(n)
 		start := time.Now()
 		got, err := f.src.ReadAt(buf, off)
-		c.bufs.filled(n) // from here the buffer counts as staged (and cached), or is dropped
 		switch {
 		case int64(got) == n:
 			err = nil
@@ -468,6 +490,7 @@ func (c *Cache) fill(f *file, idx int64, owner *Handle) (b *block, led bool, err
 			// The buffer is left to the GC, not reused: a failed fill is
 			// rare, and nothing then has to trust that a failing Source
 			// stopped writing into it.
+			c.bufs.filled(buf)
 			c.fillErrors.Add(1)
 			ferr := &FillError{ID: f.id, Block: idx, Off: off, Len: n, Err: err}
 			if !prefetch {
@@ -478,24 +501,65 @@ func (c *Cache) fill(f *file, idx int64, owner *Handle) (b *block, led bool, err
 		if !prefetch {
 			c.failed.forget(c.keyFn(f.id, idx))
 		}
-		b := &block{id: f.id, idx: idx, data: buf}
-		if recycle {
-			b.bufs = c.bufs
-		}
+		b := &block{id: f.id, idx: idx, data: buf, bufs: c.bufs}
 		b.refs.Store(1) // the leader's
 		b.prefetched.Store(prefetch)
-		c.stg.put(b, ownerClosed)
+		c.demote(c.stg.put(b, ownerClosed)) // its bytes from filling to staged
 		staged = prefetch
-		b.enterRC()
-		if !c.rc.Set(c.keyFn(f.id, idx), b, n) { // dropped; a rejection comes later, through OnExit
-			b.leaveRC()
-		}
 		return b, nil
 	})
 	if err != nil {
 		return nil, false, err
 	}
 	return v.(*block), led, nil
+}
+
+// buffer returns a buffer for a fill of n bytes, counted as filling: a kept
+// one, or a fresh one while the account has room; else the staging ring
+// gives up its least recently used block beyond its minimum (to ristretto,
+// whose admission decides) until there is room. With the ring at its
+// minimum the fills' reserve pays: ristretto's share leaves room for every
+// fill in flight (MaxFills and the read-ahead workers).
+func (c *Cache) buffer(n int64) []byte {
+	for {
+		if buf, ok := c.bufs.get(n, false); ok {
+			return buf
+		}
+		b := c.stg.spill()
+		if b == nil {
+			buf, _ := c.bufs.get(n, true)
+			return buf
+		}
+		c.spilled.Add(1)
+		c.demote(b)
+	}
+}
+
+// demote offers b, which the staging ring gave up (with its reference and
+// its bytes still counted as staged), unless it was read in full, to
+// ristretto, and waits until ristretto took or refused it, so that the
+// account is current for the next fill. nil is nothing.
+func (c *Cache) demote(b *block) {
+	if b == nil {
+		return
+	}
+	if b.consumed() {
+		// Read in full: not worth ristretto's room, which its frequency
+		// (every read of it counted) would win against blocks read in
+		// part, which are the ones read again.
+		b.bufs.add(&b.bufs.staged, -b.cost())
+		b.release()
+		return
+	}
+	// Its bytes move from staged to cached. A Set dropped (ristretto's
+	// buffer full) lets go at once; a rejection comes through OnExit.
+	b.enterRC()
+	if !c.rc.Set(c.keyFn(b.id, b.idx), b, b.cost()) {
+		b.leaveRC()
+	} else {
+		c.rc.Wait()
+	}
+	b.release()
 }
 
 // getBlock serves one block to a foreground read and returns it acquired.
@@ -684,10 +748,12 @@ func (c *Cache) jobDone() {
 	c.pmu.Unlock()
 }
 
-// staging holds the most recently filled blocks regardless of ristretto's
-// admission decision, up to its capacity. It holds references, not copies: a
-// block usually sits in ristretto too. Each block staged holds one of its
-// refs.
+// staging holds the most recently filled blocks, at least capacity of them
+// and up to limit while the account (acct) has room; the cache takes back
+// that room when a fill needs it (spill). Each block staged holds one of its
+// refs, and its bytes are counted as staged in acct. A block leaves for
+// ristretto (Cache.demote), or, in tests of the ring alone (acct nil), is
+// released.
 //
 // A block read ahead for a handle that is still open and has not used it yet
 // is protected: it leaves only when nothing else can (or once it is stale,
@@ -701,12 +767,13 @@ func (c *Cache) jobDone() {
 type staging struct {
 	mu       sync.Mutex
 	capacity int
-	list     []*staged              // GUARDED_BY(mu); at most capacity
+	limit    int                    // the most blocks kept, room or not
+	acct     *buffers               // nil: the ring alone, capacity blocks
+	list     []*staged              // GUARDED_BY(mu); at most limit
 	index    map[stagingKey]*staged // GUARDED_BY(mu)
 	reserved int                    // GUARDED_BY(mu); read-ahead fills that will be put
 	seq      atomic.Uint64          // puts so far: a read-ahead block's age
 	clock    atomic.Uint64          // puts and foreground uses: what lastUse says
-	size     atomic.Int64           // bytes in list; written under mu
 }
 
 type staged struct {
@@ -722,8 +789,12 @@ type stagingKey struct {
 }
 
 func newStaging(n int) staging {
-	return staging{capacity: n, list: make([]*staged, 0, n), index: make(map[stagingKey]*staged, n)}
+	return staging{capacity: n, limit: n, list: make([]*staged, 0, n), index: make(map[stagingKey]*staged, n)}
 }
+
+// maxStaged bounds the blocks the ring keeps in a cache of many small
+// blocks, so that its scans (evictLocked, roomLocked) stay short.
+const maxStaged = 1024
 
 // keepRead is how many slots read-ahead leaves to the blocks being read: a
 // sequential reader's block, and the one before it that reads still in
@@ -782,9 +853,12 @@ func (s *staging) get(id uint64, idx int64) *block {
 	return nil
 }
 
-// put stages b, filled ahead for a handle (owner is its closed; nil: by a
-// foreground read), giving back the handle's reservation.
-func (s *staging) put(b *block, owner *atomic.Bool) {
+// put stages b, just filled, ahead for a handle (owner is its closed; nil:
+// by a foreground read), giving back the handle's reservation, and moves
+// its bytes from filling to staged. It returns the block that left to make room, if any, with its
+// reference, its bytes still counted as staged (Cache.demote); the ring
+// alone releases it.
+func (s *staging) put(b *block, owner *atomic.Bool) (gone *block) {
 	k := stagingKey{b.id, b.idx}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -792,35 +866,85 @@ func (s *staging) put(b *block, owner *atomic.Bool) {
 		s.reserved--
 	}
 	b.retain()
+	if s.acct != nil {
+		s.acct.move(&s.acct.filling, &s.acct.staged, b.cost())
+	}
 	now, order := s.seq.Add(1), s.clock.Add(1)
 	b.lastUse.Store(order)
 	e := &staged{b: b, put: now, order: order, owner: owner}
 	if old, ok := s.index[k]; ok {
 		// Already staged; keep the newer fill.
+		s.uncount(old.b)
 		old.b.release()
 		*old = *e
-		return
+		return nil
 	}
-	if len(s.list) == s.capacity {
-		s.evictLocked()
+	if len(s.list) >= s.limit {
+		gone = s.evictLocked()
 	}
 	s.list = append(s.list, e)
 	s.index[k] = e
-	s.size.Add(int64(len(b.data)))
+	return s.let(gone)
 }
 
-// evictLocked drops one block: the least recently used one not protected,
-// else the oldest protected one. Caller holds mu.
-func (s *staging) evictLocked() {
-	victim, vProt, vAge := -1, false, uint64(0)
+// uncount takes b's bytes out of staged: b is released, not demoted.
+func (s *staging) uncount(b *block) {
+	if s.acct != nil {
+		s.acct.add(&s.acct.staged, -b.cost())
+	}
+}
+
+// let hands a block that left the ring to the cache; the ring alone
+// releases it. Caller holds mu.
+func (s *staging) let(b *block) *block {
+	if b == nil || s.acct != nil {
+		return b
+	}
+	b.release()
+	return nil
+}
+
+// spill gives up the block that evictLocked picks when the ring holds more
+// than its minimum (nil when it does not): see put for what is returned.
+func (s *staging) spill() *block {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.list) <= s.capacity {
+		return nil
+	}
+	return s.let(s.evictLocked())
+}
+
+// evictLocked takes one block out of the ring and returns it: the least
+// recently used one whose every byte was read, else the least recently
+// used one not protected, else the oldest protected one. A loader that
+// faults tensors in its state dict's order reads a block in parts, at
+// moments far apart, and each byte once: a block read in full is the one
+// least likely read again, and recency alone kept those (run Z-cache). Above the
+// ring's minimum there is always one not protected (read-ahead's
+// reservations and protected blocks leave keepRead of the minimum). Caller
+// holds mu.
+func (s *staging) evictLocked() *block {
+	// rank orders the blocks to give up: read in full first, then the
+	// others not protected, then the protected ones.
+	rank := func(e *staged) int {
+		switch {
+		case s.protected(e):
+			return 2
+		case e.b.consumed():
+			return 0
+		}
+		return 1
+	}
+	victim, vRank, vAge := -1, 0, uint64(0)
 	for i, e := range s.list {
-		prot := s.protected(e)
+		r := rank(e)
 		age := e.order
-		if !prot {
+		if r < 2 {
 			age = max(age, e.b.lastUse.Load())
 		}
-		if victim < 0 || (vProt && !prot) || (vProt == prot && age < vAge) {
-			victim, vProt, vAge = i, prot, age
+		if victim < 0 || r < vRank || (r == vRank && age < vAge) {
+			victim, vRank, vAge = i, r, age
 		}
 	}
 	old := s.list[victim]
@@ -829,20 +953,17 @@ func (s *staging) evictLocked() {
 	s.list[last] = nil
 	s.list = s.list[:last]
 	delete(s.index, stagingKey{old.b.id, old.b.idx})
-	s.size.Add(-int64(len(old.b.data)))
-	old.b.release()
+	return old.b
 }
-
-func (s *staging) bytes() int64 { return s.size.Load() }
 
 func (s *staging) clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range s.list {
+		s.uncount(e.b)
 		e.b.release()
 	}
 	clear(s.list)
 	s.list = s.list[:0]
 	clear(s.index)
-	s.size.Store(0)
 }

@@ -258,34 +258,47 @@ func TestBlockRefsRefuseDead(t *testing.T) {
 	assert.Panics(t, b.retain)
 }
 
-// TestBuffersKeepWithinLimit: buffers kept for reuse and bytes being
-// filled together stay within the fills' share of Size.
+// TestBuffersKeepWithinLimit: buffers kept for reuse, bytes being filled,
+// staged and cached together stay within the limit: a fresh buffer only
+// while there is room (or when the reserve pays), a kept one always, and a
+// short block takes a kept buffer.
 func TestBuffersKeepWithinLimit(t *testing.T) {
 	p := &buffers{size: 4, limit: 12}
 	var got [][]byte
 	for range 3 {
-		buf, recycle := p.get(4)
-		require.True(t, recycle)
+		buf, ok := p.get(4, false)
+		require.True(t, ok)
 		got = append(got, buf)
 	}
-	short, recycle := p.get(3)
-	assert.False(t, recycle, "short blocks are not pooled")
-	p.filled(3)
-	p.put(short)
-	p.filled(4)
+	_, ok := p.get(3, false)
+	assert.False(t, ok, "no room for a fourth buffer")
+	forced, ok := p.get(3, true)
+	require.True(t, ok, "the reserve pays")
+	p.filled(forced)
+	p.put(forced) // not a full block's: to the GC
+	assert.EqualValues(t, 12, p.gauges().sum())
+	p.add(&p.staged, 4) // got[0] filled and staged
+	p.filled(got[0])
+	p.add(&p.staged, -4)
 	p.put(got[0]) // 2 filling + 1 free
 	assert.EqualValues(t, 4, p.freeBytes.Load())
-	p.put(got[1]) // would make 2 filling + 2 free > limit
-	assert.EqualValues(t, 4, p.freeBytes.Load())
-	p.filled(4)
-	p.filled(4)
+	p.add(&p.cached, 4) // got[1] filled and cached
+	p.filled(got[1])
+	p.add(&p.cached, -4)
 	p.put(got[1])
+	p.filled(got[2])
 	p.put(got[2])
 	assert.EqualValues(t, 12, p.freeBytes.Load())
-	buf, _ := p.get(4)
-	assert.Len(t, buf, 4)
+	p.add(&p.cached, 4)
+	p.put(make([]byte, 4)) // would pass the limit
+	assert.EqualValues(t, 12, p.freeBytes.Load())
+	p.add(&p.cached, -4)
+	short, ok := p.get(3, false)
+	require.True(t, ok)
+	assert.Len(t, short, 3)
+	assert.Equal(t, 4, cap(short), "a short block takes a kept buffer")
 	assert.EqualValues(t, 1, p.reused.Load())
-	assert.EqualValues(t, 8, p.freeBytes.Load())
+	assert.Equal(t, account{filling: 4, free: 8}, p.gauges())
 }
 
 // TestPinnedReadersUnderChurn: many readers, half of them holding what
@@ -801,7 +814,9 @@ func TestStatsJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &m))
 	assert.EqualValues(t, 2*testBS, m["bytes_served"])
 	assert.EqualValues(t, 2, m["misses"])
-	assert.EqualValues(t, 2*testBS, m["cached_bytes"])
+	// Both blocks are in the staging ring, not yet given up to ristretto.
+	assert.EqualValues(t, 2*testBS, m["staged_bytes"])
+	assert.Zero(t, m["cached_bytes"])
 }
 
 func benchData(size int) *memSource {

@@ -185,6 +185,7 @@ func (h *Handle) blocks(ctx context.Context, off int64, n int, use func(*block, 
 			c.bytesServed.Add(cur - off)
 			return io.ErrUnexpectedEOF
 		}
+		b.served.Add(int64(len(part)))
 		use(b, part)
 		cur += int64(len(part))
 	}

@@ -252,6 +252,7 @@ func runMount(stderr io.Writer, src, mnt string, f *mountFlags, o mountOptions) 
 	// GOGC, except while a checkpoint is opened (memlimit.Opening: its
 	// garbage otherwise stayed until the limit).
 	memlimit.Set(policy.MemoryLimit(c.Bound(), f.metaBudget.Int64()))
+	memlimit.Buffers(c.Held) // blocks: no margin over them for the collector
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
 	}

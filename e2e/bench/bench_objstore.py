@@ -165,7 +165,7 @@ def main():
     ap.add_argument("--stores", default="s3,gs,az")
     ap.add_argument("--s5cmd", help="the s5cmd binary (default: $S5CMD, .tools/bin/s5cmd, PATH)")
     ap.add_argument("--mounts", type=int, default=8, help="mounts of the s3:// checkpoint read at once (0: none)")
-    ap.add_argument("--base", help="another ckptfs binary whose s3:// cat is measured in the same rounds")
+    ap.add_argument("--base", help="another ckptfs binary whose s3:// cat and clients are measured in the same rounds")
     ap.add_argument("--block-mib", type=int, default=16, help="the mount's block size: s5cmd's second part size")
     ap.add_argument("--clients", default="from_pretrained,streamer",
                     help="real clients loading the checkpoint ('' none): from_pretrained (every store), streamer (s3)")
@@ -322,14 +322,14 @@ def main():
                 return cp_s + load_s
             return go
 
-        def mount_client(s, kind):
+        def mount_client(s, kind, b=binary, name=None):
             """A client over the view through a fresh mount of s; the mount's figures of each run."""
-            name = f"{s}_{kind}_mount"
+            name = name or f"{s}_{kind}_mount"
 
             def go():
                 cold()
                 t = time.perf_counter()
-                m = Mount(binary, f"{s}://bench/run", mnt, env=envs[s])
+                m = Mount(b, f"{s}://bench/run", mnt, env=envs[s])
                 start_s = time.perf_counter() - t
                 try:
                     def load():
@@ -340,8 +340,9 @@ def main():
                     # Where a load's bytes came from: blocks filled (more than the view's when a block
                     # read ahead is dropped before it is read, and fetched again), and the mount's CPU.
                     fig.update(mount_start_s=round(start_s, 3), server_requests=n, mount_cpu_s=proc_cpu_seconds(m.proc.pid),
-                               cache={k: c[k] for k in ("fills", "hits", "misses", "read_ahead_issued", "read_ahead_hits",
-                                                        "read_ahead_dropped", "sets_rejected", "keys_evicted")})
+                               cache={k: c.get(k) for k in ("fills", "hits", "misses", "read_ahead_issued", "read_ahead_hits",
+                                                            "read_ahead_dropped", "sets_rejected", "keys_evicted",
+                                                            "staging_spilled")})
                     extra.setdefault(name, []).append(fig)
                     return secs
                 finally:
@@ -376,6 +377,8 @@ def main():
                     cases["s3_streamer_s3"] = streamer_s3()
             for kind in kinds:
                 cases[f"{s}_{kind}_mount"] = mount_client(s, kind)
+                if s == "s3" and a.base:
+                    cases[f"s3_base_{kind}_mount"] = mount_client(s, kind, os.path.abspath(a.base), f"s3_base_{kind}_mount")
         med, runs = interleaved(cases, a.repeat)
     finally:
         for p in procs:

@@ -17,10 +17,11 @@ import (
 
 var (
 	mu       sync.Mutex
-	bound    int64 // GUARDED_BY(mu); 0: none set
-	outside  int64 // GUARDED_BY(mu)
-	opening  int   // GUARDED_BY(mu): opens under way that turned GOGC on
-	watching bool  // GUARDED_BY(mu): watchGC is armed
+	bound    int64        // GUARDED_BY(mu); 0: none set
+	outside  int64        // GUARDED_BY(mu)
+	buffers  func() int64 // GUARDED_BY(mu); nil: none
+	opening  int          // GUARDED_BY(mu): opens under way that turned GOGC on
+	watching bool         // GUARDED_BY(mu): watchGC is armed
 )
 
 // openingGC is the collector's percent while a checkpoint is opened.
@@ -56,16 +57,34 @@ func Outside(n int64) (release func()) {
 	}
 }
 
+// Buffers says that held() bytes of the live heap are buffers without
+// pointers, allocated once and reused (a block cache's blocks, as many as
+// it holds at the time): the collector has nothing to mark in them, so the
+// limit's margin over the live heap (apply) need not grow with them. nil:
+// none. held must not call into this package.
+func Buffers(held func() int64) {
+	mu.Lock()
+	defer mu.Unlock()
+	buffers = held
+	apply()
+}
+
 // apply sets the limit: the bound less what is mapped, never below half
-// the bound, nor below the live heap and a quarter more. Below either, the
-// heap would have a limit it cannot keep (several large files mapped at
-// once; a decode whose live data alone passes the limit, as a 786 MiB
-// .metadata's does), and the collector would run without pause, at the
-// half of the CPU the runtime caps it to: such an open took 2-3x its CPU.
+// the bound, nor below the live heap and a quarter more of the live heap
+// other than Buffers. Below either, the heap would have a limit it cannot
+// keep (several large files mapped at once; a decode whose live data alone
+// passes the limit, as a 786 MiB .metadata's does), and the collector would
+// run without pause, at the half of the CPU the runtime caps it to: such an
+// open took 2-3x its CPU. A mount's blocks are most of its live heap while
+// it loads from an object store, and a quarter more of them put the limit
+// above its bound (issue 36).
 func apply() {
 	if bound > 0 {
-		live := liveHeap()
-		debug.SetMemoryLimit(max(bound-outside, bound/2, live+live/4))
+		live, fixed := liveHeap(), int64(0)
+		if buffers != nil {
+			fixed = min(buffers(), live)
+		}
+		debug.SetMemoryLimit(max(bound-outside, bound/2, live+(live-fixed)/4))
 	}
 }
 

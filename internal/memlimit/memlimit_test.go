@@ -86,3 +86,25 @@ func TestLimitFollowsALiveHeapAboveTheBound(t *testing.T) {
 		return limit() == bound
 	}, 10*time.Second, 10*time.Millisecond, "limit %d with the heap freed", limit())
 }
+
+// Buffers of the live heap are not scaled: with 64 MiB live, all of it
+// buffers, the limit is the live heap and a quarter of the rest only
+// (the test's own heap), not 80 MiB.
+func TestBuffersAreNotScaled(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	const bound = 16 << 20
+	Set(bound)
+	defer Set(0)
+	Buffers(func() int64 { return 64 << 20 })
+	defer Buffers(nil)
+	keep := make([]byte, 64<<20)
+	for i := range keep {
+		keep[i] = 1
+	}
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return limit() >= 64<<20
+	}, 10*time.Second, 10*time.Millisecond, "limit %d with 64 MiB live", limit())
+	assert.Less(t, limit(), int64(72<<20), "live %d: the buffers scaled", liveHeap())
+	runtime.KeepAlive(keep)
+}

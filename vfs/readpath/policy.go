@@ -51,6 +51,10 @@ type Policy struct {
 	// within AheadMemory across the mount, taken out of the cache's size;
 	// 0: every read is its own request.
 	MinRequest, AheadMemory int64
+	// Replies is what a remote mount keeps of the cache size for the
+	// rest of its heap (see remoteReplies), taken out of the block cache's
+	// Size; 0 for a local source.
+	Replies int64
 	// ReadDeadline bounds each read served through the cache; 0: none.
 	ReadDeadline time.Duration
 	// AsyncDIO sends an O_DIRECT read's FUSE requests at once
@@ -78,6 +82,18 @@ const (
 	maxRequest = 64 << 20
 	minStreams = 4
 	maxStreams = 16
+	// remoteReplies is what an object-store mount's heap holds besides its
+	// blocks and streams while it loads: go-fuse's request buffers (42 MiB
+	// in from_pretrained through s3://), the scratch of multi-part reads,
+	// the runtime's own, and the collector's margin over them; at most a
+	// quarter of the cache. Taken out of the block cache, so that blocks,
+	// streams and replies together are the cache size given (BENCHMARKS.md,
+	// run Z-cache).
+	remoteReplies = 80 << 20
+	// remoteSlack is the Go limit of a remote mount over its cache size:
+	// the cache + 64 MiB its peak RSS keeps within, less the binary's own
+	// pages (about 24 MiB), which the limit does not count.
+	remoteSlack = 40 << 20
 	// exportBlockSize is the unit export reads a local source in.
 	exportBlockSize = 8 << 20
 	exportWorkers   = 4
@@ -88,7 +104,9 @@ const (
 // straight from the shards with Options.DirectReads). An object store's
 // cache has larger blocks, more of them in flight (by cores), and, with
 // FetchAhead, streams per object read in order (by cache size and cores);
-// a read waits for one request, its retries included, at most. O_DIRECT
+// a read waits for one request, its retries included, at most. Its blocks,
+// streams and Replies together are the cache size given, and MemoryLimit
+// keeps the process near it. O_DIRECT
 // reads are async for a local source (AsyncDIO).
 func For(s Source) Policy {
 	cores := s.Cores
@@ -118,6 +136,10 @@ func For(s Source) Policy {
 	if c.Size <= 0 {
 		c.Size = cache.DefaultSize
 	}
+	if !s.Export {
+		p.Replies = min(remoteReplies, c.Size/4)
+	}
+	given := c.Size
 	if s.FetchAhead {
 		p.MinRequest = min(maxRequest, max(ObjectStoreBlockSize/2, c.Size/8))
 		streams := int64(min(maxStreams, max(minStreams, 2*cores)))
@@ -130,11 +152,11 @@ func For(s Source) Policy {
 		}
 		if p.MinRequest >= 4<<20 {
 			p.AheadMemory = memory
-			c.Size -= memory
 		} else {
 			p.MinRequest = 0
 		}
 	}
+	c.Size = given - p.AheadMemory - p.Replies
 	p.Cache = fitObjectStore(c, s.BlockSizeGiven, s.ReadAheadGiven, cores)
 	if s.Export {
 		p.Cache.Size = s.Cache.Size
@@ -190,11 +212,18 @@ func memTotal() int64 {
 const MemoryHeadroom = 48 << 20
 
 // MemoryLimit is the Go memory limit of a mount whose cache is bounded by
-// cacheBound (cache.Cache.Bound): the cache, the objects' read-ahead, the
-// open views' metadata (the LRU closes views beyond metadataBudget; the
-// newest, being decoded, may pass it by its own size), and the headroom.
-// Below the metadata a decode of a large .metadata ran the collector
-// without pause (BENCHMARKS.md, run V).
+// cacheBound (cache.Cache.Bound). A local source's: the cache, the open
+// views' metadata (the LRU closes views beyond metadataBudget; the newest,
+// being decoded, may pass it by its own size), and the headroom; below the
+// metadata a decode of a large .metadata ran the collector without pause
+// (BENCHMARKS.md, run V). A remote source's: the cache size given (blocks,
+// streams and Replies) and remoteSlack, so that the garbage of a load is
+// collected before the process passes the cache + 64 MiB; a view whose
+// metadata passes that raises the limit with its live heap
+// (internal/memlimit), as it would a local source's.
 func (p Policy) MemoryLimit(cacheBound, metadataBudget int64) int64 {
+	if p.Replies > 0 {
+		return cacheBound + p.AheadMemory + p.Replies + remoteSlack
+	}
 	return cacheBound + p.AheadMemory + metadataBudget + MemoryHeadroom
 }

@@ -26,13 +26,16 @@ func TestFor(t *testing.T) {
 	remote.Remote = true
 	p := For(remote)
 	assert.Equal(t, []int64{64 << 20, 128 << 20}, []int64{p.MinRequest, p.AheadMemory}, "streams")
-	assert.Equal(t, given.Size, p.Cache.Size+p.AheadMemory, "within the cache size given")
-	assert.Equal(t, []any{int64(ObjectStoreBlockSize), 6, 6}, []any{p.Cache.BlockSize, p.Cache.ReadAhead, p.Cache.Workers})
+	assert.Equal(t, given.Size, p.Cache.Size+p.AheadMemory+p.Replies, "blocks, streams and replies within the cache size given")
+	assert.Equal(t, int64(80<<20), p.Replies)
+	assert.Equal(t, []any{int64(ObjectStoreBlockSize), 4, 4}, []any{p.Cache.BlockSize, p.Cache.ReadAhead, p.Cache.Workers})
 	assert.Equal(t, budget(64<<20), p.ReadDeadline, "a read waits for one stream's request")
 
 	remote.FetchAhead = false
 	p = For(remote)
-	assert.Equal(t, Policy{Cache: fitObjectStore(given, false, false, 2), ReadDeadline: budget(ObjectStoreBlockSize)}, p, "no fetch-ahead")
+	blocks := given
+	blocks.Size -= 80 << 20
+	assert.Equal(t, Policy{Cache: fitObjectStore(blocks, false, false, 2), Replies: 80 << 20, ReadDeadline: budget(ObjectStoreBlockSize)}, p, "no fetch-ahead")
 
 	kept := given
 	kept.BlockSize, kept.ReadAhead = 1<<20, 3
@@ -40,7 +43,9 @@ func TestFor(t *testing.T) {
 	assert.Equal(t, []any{int64(1 << 20), 3, time.Duration(0)}, []any{p.Cache.BlockSize, p.Cache.ReadAhead, p.ReadDeadline}, "what the user gave is kept")
 }
 
-// Request size and concurrency follow the cache and the host: larger
+// Request size and concurrency follow the cache and the host: the blocks
+// get what the streams and the replies (80 MiB, at most a quarter) leave of
+// the cache; larger
 // requests in a larger cache (an eighth of it, up to 64 MiB), more memory
 // for streams on more cores (half a request for two streams a core, within
 // a quarter of the cache and a sixteenth of the host's memory), more blocks
@@ -52,20 +57,21 @@ func TestForSizesByCacheAndCores(t *testing.T) {
 		req, ahead        int64
 		workers, prefetch int
 	}{
-		{512 << 20, 8 << 30, 2, 64 << 20, 128 << 20, 6, 6},
-		{512 << 20, 8 << 30, 16, 64 << 20, 128 << 20, 6, 6},
+		{512 << 20, 8 << 30, 2, 64 << 20, 128 << 20, 4, 4},
+		{512 << 20, 8 << 30, 16, 64 << 20, 128 << 20, 4, 4},
 		{2 << 30, 64 << 30, 2, 64 << 20, 128 << 20, 8, 8},
-		{2 << 30, 64 << 30, 8, 64 << 20, 512 << 20, 24, 8},
-		{2 << 30, 64 << 30, 16, 64 << 20, 512 << 20, 24, 8},
-		{2 << 30, 2 << 30, 16, 64 << 20, 128 << 20, 30, 8}, // a sixteenth of the host
-		{128 << 20, 8 << 30, 2, 16 << 20, 32 << 20, 3, 3},
+		{2 << 30, 64 << 30, 8, 64 << 20, 512 << 20, 22, 8},
+		{2 << 30, 64 << 30, 16, 64 << 20, 512 << 20, 22, 8},
+		{2 << 30, 2 << 30, 16, 64 << 20, 128 << 20, 28, 8}, // a sixteenth of the host
+		{128 << 20, 8 << 30, 2, 16 << 20, 32 << 20, 2, 2},
 		{32 << 20, 8 << 30, 2, 8 << 20, 8 << 20, 1, 1},
 		{8 << 20, 8 << 30, 2, 0, 0, 1, 1},
 	} {
 		p := For(Source{Remote: true, FetchAhead: true, Cores: c.cores, Memory: c.memory,
 			Cache: cache.Options{Size: c.cache, BlockSize: cache.DefaultBlockSize, ReadAhead: cache.DefaultReadAhead}})
 		assert.Equal(t, []any{c.req, c.ahead, c.workers, c.prefetch}, []any{p.MinRequest, p.AheadMemory, p.Cache.Workers, p.Cache.ReadAhead}, "%+v", c)
-		assert.Equal(t, c.cache, p.Cache.Size+p.AheadMemory, "%+v", c)
+		assert.Equal(t, c.cache, p.Cache.Size+p.AheadMemory+p.Replies, "%+v", c)
+		assert.Equal(t, min(80<<20, c.cache/4), p.Replies, "%+v", c)
 		assert.LessOrEqual(t, p.AheadMemory, c.cache/4)
 	}
 }
@@ -95,10 +101,16 @@ func TestForAsyncDIO(t *testing.T) {
 	assert.True(t, For(Source{Remote: true, AsyncDIO: &on}).AsyncDIO, "object store, --async-dio")
 }
 
-// The memory limit covers the cache, the read-ahead, the metadata budget
-// and the headroom: below the metadata, decoding a large .metadata ran the
-// collector without pause.
+// A local mount's memory limit covers the cache, the metadata budget and
+// the headroom: below the metadata, decoding a large .metadata ran the
+// collector without pause. A remote mount's is its cache size given
+// (blocks, streams, replies) and the slack, whatever the metadata budget:
+// peak RSS within the cache + 64 MiB (a large view's live heap raises it:
+// internal/memlimit).
 func TestMemoryLimit(t *testing.T) {
-	p := Policy{AheadMemory: 128 << 20}
-	assert.Equal(t, int64(384<<20+128<<20+1<<30+MemoryHeadroom), p.MemoryLimit(384<<20, 1<<30))
+	p := Policy{}
+	assert.Equal(t, int64(512<<20+1<<30+MemoryHeadroom), p.MemoryLimit(512<<20, 1<<30))
+	p = For(Source{Remote: true, FetchAhead: true, Cores: 2, Memory: 8 << 30, Cache: cache.Options{Size: 512 << 20}})
+	assert.Equal(t, int64(512<<20+40<<20), p.MemoryLimit(p.Cache.Size, 1<<30))
+	assert.LessOrEqual(t, p.MemoryLimit(p.Cache.Size, 1<<30)+24<<20, int64(512<<20+64<<20), "with the binary's pages")
 }
