@@ -12,7 +12,9 @@
 // Options.Sink (sink.go), which takes them as they complete; a RecordSink
 // (record.go) takes the objects of a few classes as records, read from
 // the opcodes without building them (recordfast.go: the shape CPython
-// writes for nearly all of them, in one pass).
+// writes for nearly all of them, in one pass). With a Sink the memo keeps
+// only the entries the pickle gets again, found by a scan of the opcodes
+// before decoding (scan.go: a large framed pickle in segments at once).
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.
