@@ -136,6 +136,20 @@ func (s *scanSeg) run(data []byte) {
 			}
 			pos += 2
 			continue
+		case opLONG_BINGET:
+			// The gets of a tensor's name or a file's path, after the
+			// first 256 entries: read as one word, not byte by byte.
+			if pos+4 >= len(data) {
+				s.bad = true
+				return
+			}
+			if n := binary.LittleEndian.Uint32(data[pos+1:]); n < puts {
+				r.set(n)
+			} else if !s.known {
+				s.early(uint64(n), puts)
+			}
+			pos += 5
+			continue
 		}
 		k := scanKinds[op]
 		// Most other opcodes need no more than their width: skipped
