@@ -183,6 +183,12 @@ type decoder struct {
 	// rec reads the objects a RecordSink takes as records (record.go);
 	// nil without one, or when the memo is not pruned.
 	rec *recorder
+	// gets are the kept entries the fast path got last, by index
+	// (recordfast.go, fastGet).
+	gets [64]struct {
+		n uint32
+		e *slot
+	}
 
 	// A .metadata holds millions of small values; one allocation each was
 	// most of the time to decode it. Tuples, objects and dicts come from
