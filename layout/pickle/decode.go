@@ -12,7 +12,9 @@
 // Options.Sink (sink.go), which takes them as they complete; a RecordSink
 // (record.go) takes the objects of a few classes as records, read from
 // the opcodes without building them (recordfast.go: the shape CPython
-// writes for nearly all of them, in one pass).
+// writes for nearly all of them, in one pass). With a Sink the memo keeps
+// only the entries the pickle gets again, found by a scan of the opcodes
+// before decoding (scan.go: a large framed pickle in segments at once).
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.
@@ -181,6 +183,12 @@ type decoder struct {
 	// rec reads the objects a RecordSink takes as records (record.go);
 	// nil without one, or when the memo is not pruned.
 	rec *recorder
+	// gets are the kept entries the fast path got last, by index
+	// (recordfast.go, fastGet).
+	gets [64]struct {
+		n uint32
+		e *slot
+	}
 
 	// A .metadata holds millions of small values; one allocation each was
 	// most of the time to decode it. Tuples, objects and dicts come from

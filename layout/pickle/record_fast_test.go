@@ -72,6 +72,10 @@ func TestRecordFastShapes(t *testing.T) {
 		{"a big LONG1", rec4(a + "\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01"), Options{}, 0, false},
 		{"a call of an int", rec4(a + "K\x01K\x01\x85\x94\x85\x94R\x94"), Options{}, 0, false},
 		{"a get of an entry not put", rec4(a + "h\x30"), Options{}, 0, false},
+		// The second record is read at its class's BINGET, and what follows
+		// it there too, as the loop would read it.
+		{"a get of an entry not put, after records", strings.TrimSuffix(rec4(a+"K\x01", "h\x09K\x02"), "e.") + "h\x7fe.", Options{}, 1, true},
+		{"a call of an int, after records", strings.TrimSuffix(rec4(a+"K\x01", "h\x09K\x02"), "e.") + "K\x05\x94h\x0d)\x81e.", Options{}, 1, true},
 		{"truncated", rec4(a + "K\x01")[:44], Options{}, 0, false},
 		// MaxMemo counts the entries kept: with a sink, those gotten again.
 		{"memo past the limit, none got again", rec4(a + "K\x01"), Options{MaxMemo: 1}, 1, true},

@@ -153,8 +153,17 @@ func (d *decoder) fastGet(p int) (*slot, int, bool) {
 	default:
 		return nil, p, false
 	}
-	e, ok := d.refs.at(n)
-	return e, p, ok && e.shared
+	// A record's keys and classes are a handful of entries got millions
+	// of times: where each is kept is remembered (kept never moves).
+	c := &d.gets[n%uint32(len(d.gets))]
+	if c.e == nil || c.n != n {
+		e, ok := d.refs.at(n)
+		if !ok {
+			return nil, p, false
+		}
+		c.n, c.e = n, e
+	}
+	return c.e, p, c.e.shared
 }
 
 // fastStr reads a str at p, got from the memo or written there (and

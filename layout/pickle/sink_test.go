@@ -96,6 +96,13 @@ func TestScanRefs(t *testing.T) {
 	assert.Nil(t, scanRefs([]byte("\x80\x02N q\x05h\x05."), Options{}.withDefaults()))
 	// Truncated: the VM reports it.
 	assert.Nil(t, scanRefs([]byte("\x80\x02\x8c\x05ab"), Options{}.withDefaults()))
+	assert.Nil(t, scanRefs([]byte("\x80\x02N\x94j\x00\x00\x00"), Options{}.withDefaults()))
+	// LONG_BINGET: of entry 1, put; of entry 2^24+1, never put.
+	r = scanRefs([]byte("\x80\x02N\x94N\x94j\x01\x00\x00\x00j\x01\x00\x00\x01."), Options{}.withDefaults())
+	require.NotNil(t, r)
+	assert.True(t, r.has(1))
+	assert.False(t, r.has(0))
+	assert.Len(t, r.kept, 1)
 }
 
 // A sink takes objects as they are built and items as they are set; what

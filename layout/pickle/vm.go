@@ -42,7 +42,13 @@ func (d *decoder) step() error {
 	var n uint64
 	var args []slot
 	var err error
-	if shape.width > 0 {
+	switch {
+	case shape.width == 1 && d.pos < len(d.data):
+		// BINGET, BININT1, a short str's length...: most operands, read
+		// without readUint's loop (which says where one is missing).
+		n = uint64(d.data[d.pos])
+		d.pos++
+	case shape.width > 0:
 		if n, err = d.readUint(int(shape.width)); err != nil {
 			return err
 		}
@@ -183,19 +189,33 @@ func (d *decoder) step() error {
 		}
 		return d.memoPut(uint32(n), s)
 	case opBINGET, opLONG_BINGET:
-		if d.rec != nil && len(d.data)-d.pos >= 2 && d.data[d.pos] == opEMPTY_TUPLE && d.data[d.pos+1] == opNEWOBJ {
-			// A class got from the memo and called at once, as a pickler
-			// writes every object but a class's first: a record, maybe.
-			if e, ok := d.refs.at(uint32(n)); ok && e.shared {
-				if _, ok := e.v.(Global); ok {
-					d.pos += 2
-					if took, err := d.record(*e, slot{v: emptyTuple, d: 1, w: 1}, e); took || err != nil {
-						return err
-					}
-					d.pos -= 2
-					d.rec.declined = d.pos + 1 // its NEWOBJ: not again
-				}
+		// A class got from the memo and called at once, as a pickler
+		// writes every object but a class's first: a record, maybe; and
+		// records come back to back (a list's items, a dict's keys and
+		// values), each read here as the loop would read its BINGET.
+		for d.rec != nil && len(d.data)-d.pos >= 2 && d.data[d.pos] == opEMPTY_TUPLE && d.data[d.pos+1] == opNEWOBJ {
+			e, ok := d.refs.at(uint32(n))
+			if !ok || !e.shared {
+				break
 			}
+			if _, ok := e.v.(Global); !ok {
+				break
+			}
+			d.pos += 2
+			took, err := d.record(*e, slot{v: emptyTuple, d: 1, w: 1}, e)
+			if err != nil {
+				return err
+			}
+			if !took {
+				d.pos -= 2
+				d.rec.declined = d.pos + 1 // its NEWOBJ: not again
+				break
+			}
+			if len(d.data)-d.pos < 2 || d.data[d.pos] != opBINGET {
+				return nil
+			}
+			d.opPos, n = d.pos, uint64(d.data[d.pos+1])
+			d.pos += 2
 		}
 		return d.memoGet(uint32(n))
 

@@ -136,12 +136,22 @@ func (s *stream) RecordClass(g pickle.Global) int {
 // takes the object, reading its fields as metadataread.go's decoders do;
 // a record they would not read the same way (a field missing, of another
 // type) is left to the VM, which offers Built the object, whose decoders
-// then say what is wrong.
+// then say what is wrong. The fields are read in one pass, each by its
+// name (a record's names are distinct): looking each up compared the same
+// strings again, for every chunk.
 func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 	switch r.Tag {
 	case recordChunk:
-		off, ok1 := recordSize(r, "offsets")
-		sz, ok2 := recordSize(r, "sizes")
+		var off, sz []int64
+		var ok1, ok2 bool
+		for i := range r.Len() {
+			switch f := r.At(i); f.Name {
+			case "offsets":
+				off, ok1 = fieldSize(f)
+			case "sizes":
+				sz, ok2 = fieldSize(f)
+			}
+		}
 		if !ok1 || !ok2 || len(off) != len(sz) {
 			return nil, false, nil
 		}
@@ -151,16 +161,28 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 		return s.slabs.chunk(s.pendBase + len(s.pendRank) - 1), true, nil
 	case recordIndex:
 		var idx Index
-		f, ok := r.Field("fqn")
-		if !ok || f.Kind() != pickle.KindStr {
+		var off []int64
+		var hasFQN, hasOff bool
+		for i := range r.Len() {
+			switch f := r.At(i); f.Name {
+			case "fqn":
+				if f.Kind() != pickle.KindStr {
+					return nil, false, nil
+				}
+				idx.FQN, hasFQN = f.Str(), true
+			case "offset":
+				if f.Kind() == pickle.KindNone {
+					continue
+				}
+				if off, hasOff = fieldSize(f); !hasOff {
+					return nil, false, nil
+				}
+			}
+		}
+		if !hasFQN {
 			return nil, false, nil
 		}
-		idx.FQN = f.Str()
-		if f, ok := r.Field("offset"); ok && f.Kind() != pickle.KindNone {
-			off, ok := recordSize(r, "offset")
-			if !ok {
-				return nil, false, nil
-			}
+		if hasOff {
 			idx.Offset = s.slabs.ints(off) // not nil: as decodeSize, a 0-dim tensor's chunk
 		}
 		s.records++
@@ -169,26 +191,37 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 		return ref, true, nil
 	case recordInfo:
 		var info StorageInfo
-		f, ok := r.Field("relative_path")
-		if !ok || f.Kind() != pickle.KindStr {
-			return nil, false, nil
-		}
-		info.RelativePath = f.Str()
-		if f, ok = r.Field("offset"); !ok || f.Kind() != pickle.KindInt {
-			return nil, false, nil
-		}
-		info.Offset = f.Int()
-		if f, ok = r.Field("length"); !ok || f.Kind() != pickle.KindInt {
-			return nil, false, nil
-		}
-		info.Length = f.Int()
-		if f, ok = r.Field("transform_descriptors"); ok && f.Kind() != pickle.KindNone {
-			if f.Kind() != pickle.KindStrs {
-				return nil, false, nil
+		var path, offset, length bool
+		for i := range r.Len() {
+			f := r.At(i)
+			switch k := f.Kind(); f.Name {
+			case "relative_path":
+				if k != pickle.KindStr {
+					return nil, false, nil
+				}
+				info.RelativePath, path = f.Str(), true
+			case "offset":
+				if k != pickle.KindInt {
+					return nil, false, nil
+				}
+				info.Offset, offset = f.Int(), true
+			case "length":
+				if k != pickle.KindInt {
+					return nil, false, nil
+				}
+				info.Length, length = f.Int(), true
+			case "transform_descriptors":
+				switch {
+				case k == pickle.KindNone:
+				case k != pickle.KindStrs:
+					return nil, false, nil
+				case len(f.Strs()) > 0: // an empty list is nil, as decodeStorageInfo has it
+					info.TransformDescriptors = slices.Clone(f.Strs())
+				}
 			}
-			if strs := f.Strs(); len(strs) > 0 { // an empty list is nil, as decodeStorageInfo has it
-				info.TransformDescriptors = slices.Clone(strs)
-			}
+		}
+		if !path || !offset || !length {
+			return nil, false, nil
 		}
 		s.records++
 		ref := s.slabs.info()
@@ -198,13 +231,9 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 	return nil, false, nil
 }
 
-// recordSize is a torch.Size field of r (or, leniently, a tuple of ints),
-// as decodeSize reads it.
-func recordSize(r *pickle.Record, name string) ([]int64, bool) {
-	f, ok := r.Field(name)
-	if !ok {
-		return nil, false
-	}
+// fieldSize is a torch.Size field (or, leniently, a tuple of ints), as
+// decodeSize reads it.
+func fieldSize(f pickle.Field) ([]int64, bool) {
 	switch f.Kind() {
 	case pickle.KindInts:
 	case pickle.KindCall:

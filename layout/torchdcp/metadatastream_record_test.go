@@ -157,6 +157,38 @@ func TestStreamRecordFields(t *testing.T) {
 			e.Str("offset")
 			e.IntTuple([]int64{2 * i, 0})
 		}, infoFields, 6},
+		{"index offset an int", chunkFields, func(e *pickle.Encoder, i int64) {
+			e.Str("fqn")
+			e.Str("w")
+			e.Str("offset")
+			e.Int(2 * i)
+		}, infoFields, -1},
+		{"index fqn missing", chunkFields, func(e *pickle.Encoder, i int64) {
+			e.Str("offset")
+			encodeSize(e, []int64{2 * i, 0})
+		}, infoFields, -1},
+		{"chunk offsets missing", func(e *pickle.Encoder, i int64) {
+			e.Str("sizes")
+			encodeSize(e, []int64{2, 2})
+		}, indexFields, infoFields, -1},
+		{"chunk offsets missing, sizes ()", func(e *pickle.Encoder, i int64) {
+			e.Str("sizes")
+			encodeSize(e, []int64{})
+		}, indexFields, infoFields, -1},
+		{"info relative_path missing", chunkFields, indexFields, func(e *pickle.Encoder, i int64) {
+			e.Str("offset")
+			e.Int(100 * i)
+			e.Str("length")
+			e.Int(100)
+		}, -1},
+		{"info fields in another order", chunkFields, indexFields, func(e *pickle.Encoder, i int64) {
+			e.Str("length")
+			e.Int(100)
+			e.Str("offset")
+			e.Int(100 * i)
+			e.Str("relative_path")
+			e.Str("__0_0.distcp")
+		}, 6},
 		{"info offset a str", chunkFields, indexFields, func(e *pickle.Encoder, i int64) {
 			e.Str("relative_path")
 			e.Str("__0_0.distcp")
