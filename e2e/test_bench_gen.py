@@ -38,6 +38,9 @@ CASES = {
     "dict-of-6000": dict(ranks=8, layers=83, **SMALL),
     # state_dict_metadata of 1011 items
     "items-1011": dict(ranks=2, layers=112, **SMALL),
+    # one rank: every item and the lr (its first record) on rank 0, every
+    # planner_data key the one string of state_dict_metadata's
+    "w1-adam": dict(ranks=1, layers=1, adam=True, **SMALL),
 }
 
 # dcp.save itself, by threaded ranks: W = 6 of small dims (k/v of 8 rows:

@@ -25,7 +25,8 @@ e2e/test_bench_gen.py compares the two byte for byte):
 - planner_data's keys the last rank's strings (dict(ChainMap(...)));
 - storage_meta (checkpoint_id = OUT or --checkpoint-id as a PosixPath, a
   uuid4 save_id or --save-id) and version "1.0.0".
-A record's length is its chunk's bytes plus RECORD_OVERHEAD (64 for the lr).
+A record's length is its chunk's bytes plus RECORD_OVERHEAD (64 for the lr);
+a rank file holds its bytes items first, then its tensors (records()).
 
 build() makes the same Metadata with torch's classes and the same objects
 shared; its memory grows with the chunks (gigabytes from W = 512 with
@@ -165,6 +166,17 @@ class Item:
         return out
 
 
+def records(its, r):
+    """Rank r's write results in the order FileSystemWriter writes its
+    file: the bytes items, then the tensors', each in plan order."""
+    for it in its:
+        if it.kind == "bytes":
+            yield from ((it, *h) for h in it.held(r))
+    for it in its:
+        if it.kind != "bytes":
+            yield from ((it, *h) for h in it.held(r))
+
+
 def plan(a):
     """The items, each shared one given the rank dedup_save_plans picks
     (torch.distributed.checkpoint._dedup_save_plans): the write items in
@@ -225,11 +237,10 @@ def build(a):
     storage, sizes = {}, [0] * a.ranks
     for r in range(a.ranks):
         path = f"__{r}_0.distcp"
-        for it in its:
-            for off, index, nbytes in it.held(r):
-                mi = md.MetadataIndex(fresh(it.fqn), None if off is None else torch.Size(off), index)
-                storage[mi] = fs._StorageInfo(path, sizes[r], nbytes + RECORD_OVERHEAD)
-                sizes[r] += nbytes + RECORD_OVERHEAD
+        for it, off, index, nbytes in records(its, r):
+            mi = md.MetadataIndex(fresh(it.fqn), None if off is None else torch.Size(off), index)
+            storage[mi] = fs._StorageInfo(path, sizes[r], nbytes + RECORD_OVERHEAD)
+            sizes[r] += nbytes + RECORD_OVERHEAD
     meta = md.StorageMeta(checkpoint_id=pathlib.Path(a.checkpoint_id), save_id=a.save_id)
     return md.Metadata(sdm, planner, storage, meta, fresh("1.0.0")), sizes
 
@@ -607,14 +618,13 @@ def write_fast(a, f):
     s.container(b"}", n)
     i, g = 0, None
     for r in range(a.ranks):
-        for it in its:
-            for off, index, nbytes in it.held(r):
-                length = nbytes + RECORD_OVERHEAD
-                g = g or s.warm(s.STORAGE_REFS)
-                s.storage(it.fqn, off, index, r, sizes[r], length, g)
-                sizes[r] += length
-                s.dict_item_done(i, n)
-                i += 1
+        for it, off, index, nbytes in records(its, r):
+            length = nbytes + RECORD_OVERHEAD
+            g = g or s.warm(s.STORAGE_REFS)
+            s.storage(it.fqn, off, index, r, sizes[r], length, g)
+            sizes[r] += length
+            s.dict_item_done(i, n)
+            i += 1
     s.dict_end(n)
     s.str("storage_meta")
     s.storage_meta(a.checkpoint_id, a.save_id)

@@ -40,7 +40,9 @@ def writer_class():
         def write_data(self, plan, planner):
             name = plan.storage_data.prefix + "0.distcp"
             at, results = 0, []
-            for it in plan.items:
+            # FileSystemWriter's order in a rank file: the bytes items,
+            # then the tensors (_write_files_from_queue)
+            for it in sorted(plan.items, key=lambda it: it.tensor_data is not None):
                 # the chunk's bytes (tensor_storage_size() is the whole
                 # tensor's), 64 for a bytes item
                 n = (gen_scale.numel(it.tensor_data.chunk.sizes) * torch._utils._element_size(it.tensor_data.properties.dtype)
