@@ -1,11 +1,12 @@
 """The scale bench's DCP generator (e2e/bench/gen_scale.py) writes the
-.metadata pickle stream by hand, tensor by tensor; it must be the bytes
-pickle.dumps writes for torch's own Metadata objects built the slow way
-(gen_scale.build), at sizes that reach each of the pickler's rules:
-frames, batches of 1000 in lists and dicts (a dict whose last batch is full,
-a list whose last batch holds one item), LONG_BINGET, ints of every width,
-Adam's scalars and bytes item, and the empty chunks past a tensor's last
-row whose storage entries collapse into one."""
+.metadata pickle stream by hand, tensor by tensor. It must be the bytes
+dcp.save writes: torch's own dcp.save of the same model by threaded ranks
+(gen_scale_dcpsave.py, the oracle) at sizes it reaches in seconds, with
+and without Adam's state (empty chunks, de-duplicated steps, the lr bytes
+item, frames, a batch of 1000). Where dcp.save cannot go here (a list of
+1001 chunks, a dict whose last batch is full, 1011 items), the stream must
+be pickle.dumps of torch's objects built with the same objects shared
+(gen_scale.build), which the oracle's cases check too."""
 
 import argparse
 import io
@@ -31,17 +32,71 @@ CASES = {
     "w64": dict(ranks=64, layers=2, **LLAMA_405B),
     "w64-adam": dict(ranks=64, layers=2, adam=True, **LLAMA_405B),
     # lists of 1001 chunks (a last batch of one); k/v have 1024 rows, so
-    # ranks 512 and up hold empty chunks
+    # ranks 512 and up hold (one, de-duplicated) empty chunk
     "w1001": dict(ranks=1001, layers=1, **LLAMA_405B),
     # storage_data of exactly 6000 entries: the C pickler's empty last batch
     "dict-of-6000": dict(ranks=8, layers=83, **SMALL),
     # state_dict_metadata of 1011 items
     "items-1011": dict(ranks=2, layers=112, **SMALL),
+    # one rank: every item and the lr (its first record) on rank 0, every
+    # planner_data key the one string of state_dict_metadata's
+    "w1-adam": dict(ranks=1, layers=1, adam=True, **SMALL),
+}
+
+# dcp.save itself, by threaded ranks: W = 6 of small dims (k/v of 8 rows:
+# ranks 4 and 5 hold empty chunks) and W = 16 of the 405B shapes (frames,
+# storage_data past 1000 entries), both with Adam; without Adam is the
+# model part of the same stream (checked by hand at W = 4, 6, 8, 16).
+DCPSAVE = {
+    "w6-adam-small": dict(ranks=6, layers=1, adam=True, **SMALL),
+    "w16-adam": dict(ranks=16, layers=2, adam=True, **LLAMA_405B),
 }
 
 
-def args(ranks, layers, adam=False, **shape):
-    return argparse.Namespace(ranks=ranks, layers=layers, adam=adam, **shape)
+def args(ranks, layers, adam=False, checkpoint_id="/ckpt/step-1000", save_id="0f1e2d3c", **shape):
+    return argparse.Namespace(ranks=ranks, layers=layers, adam=adam, checkpoint_id=checkpoint_id, save_id=save_id,
+                              **shape)
+
+
+def first_difference(name, got, want):
+    """The first opcode that differs (a frame's length differs whenever
+    anything in it does, so bytes alone would point at the frame)."""
+    import pickletools
+
+    ops = zip(pickletools.genops(got), pickletools.genops(want))
+    for (o1, a1, p1), (o2, a2, p2) in ops:
+        if o1.name != o2.name or (a1 != a2 and o1.name != "FRAME"):
+            return (f"{name}: {len(got)} bytes, the oracle's {len(want)}; first difference: "
+                    f"{o1.name} {a1!r} at {p1} vs {o2.name} {a2!r} at {p2}")
+    return f"{name}: {len(got)} bytes, the oracle's {len(want)}; one ends first"
+
+
+@pytest.mark.parametrize("name", DCPSAVE)
+def test_metadata_is_what_dcp_save_writes(name, tmp_path):
+    import gen_scale_dcpsave
+
+    c = DCPSAVE[name]
+    out = str(tmp_path / "dcp")
+    gen_scale_dcpsave.save(out, args(**c))
+    with open(os.path.join(out, ".metadata"), "rb") as f:
+        want = f.read()
+    md = pickle.loads(want)
+    a = args(**c, checkpoint_id=str(md.storage_meta.checkpoint_id), save_id=md.storage_meta.save_id)
+    f = io.BytesIO()
+    sizes = gen_scale.write_fast(a, f)
+    got = f.getvalue()
+    if got != want:
+        pytest.fail(first_difference(name, got, want))
+    assert sizes == [os.path.getsize(os.path.join(out, f"__{r}_0.distcp")) for r in range(a.ranks)]
+    built, built_sizes = gen_scale.build(a)
+    assert pickle.dumps(built) == want and built_sizes == sizes
+    # what the old stream lacked is there
+    assert md.version == "1.0.0" and len(want) > 1000
+    if name == "w6-adam-small":
+        k = md.state_dict_metadata["model.model.layers.0.self_attn.k_proj.weight"]
+        assert [tuple(x.sizes)[0] for x in k.chunks] == [2, 2, 2, 2, 0], "one empty chunk of ranks 4 and 5"
+        ranks = [int(v.relative_path.split("_")[2]) for v in md.storage_data.values()]
+        assert ranks == sorted(ranks) and len(set(ranks)) == 6, "storage_data rank by rank"
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -53,16 +108,16 @@ def test_fast_metadata_is_torchs_pickle(name):
     got_sizes = gen_scale.write_fast(a, f)
     got = f.getvalue()
     if got != want:
-        at = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
-        pytest.fail(f"{name}: {len(got)} bytes, torch's pickle {len(want)}; first difference at {at}: "
-                    f"{got[at - 16:at + 16]!r} vs {want[at - 16:at + 16]!r}")
+        pytest.fail(first_difference(name, got, want))
     assert got_sizes == sizes
     if name == "dict-of-6000":
         assert len(md.storage_data) == 6000
     if name == "items-1011":
         assert len(md.state_dict_metadata) == 1011
     if name == "w1001":
-        assert len(md.storage_data) < sum(len(t.chunks) for t in md.state_dict_metadata.values())
+        chunks = md.state_dict_metadata["model.model.layers.0.self_attn.k_proj.weight"].chunks
+        assert len(chunks) == 513 and tuple(chunks[-1].sizes) == (0, 16384)
+        assert len(md.storage_data) == sum(len(t.chunks) for t in md.state_dict_metadata.values())
 
 
 # gencache: the one owner of the bench's generate-once.

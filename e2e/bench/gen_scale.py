@@ -4,31 +4,47 @@ ckptfs opens checkpoints of many ranks.
 
 The tensors are Llama-3.1-405B-shaped by default (126 layers, hidden 16384,
 ffn 53248, 8 kv heads, vocab 128256), saved as {"model": ..., "optim": ...}:
-each tensor split on dim 0 into W chunks (FSDP: ceil(rows/W) rows per rank,
-empty chunks past the end), one per rank file __<r>_0.distcp. With --adam,
-optimizer state as torch.optim.Adam keeps it: optim.state.<fqn>.exp_avg and
-exp_avg_sq (float32, sharded like the parameter) and step (a 0-dim float32
-tensor, saved by rank 0).
+each tensor split on dim 0 as FSDP2's Shard(0) (torch.chunk: ceil(rows/W)
+rows per rank, ranks past the last row hold an empty piece), one rank file
+__<r>_0.distcp each. With --adam, optimizer state: optim.state.<fqn>.exp_avg
+and exp_avg_sq (float32, sharded like the parameter), step (a 0-dim float32
+tensor every rank holds) and param_groups.0.lr (a bytes item).
 
-The .metadata is the bytes pickle.dump writes for torch's own Metadata
-(TensorStorageMetadata, ChunkStorageMetadata, MetadataIndex, _StorageInfo)
-as dcp.save pickles it; as in a real save, the objects of each rank's write
-results are distinct (they were gathered), and a rank's relative_path is one
-string. Built as objects (--slow: build()), the memory grows with the chunks
-(gigabytes from W = 512 with Adam: BENCHMARKS.md, run Y-scale); so by
-default the pickle stream is written tensor by tensor (Stream: the opcodes,
-memo, batches and frames of pickle's C pickler at the default protocol), in memory of
-the order of W + tensors. The two are byte-identical (e2e/test_bench_gen.py
-compares them at several sizes).
+The .metadata is the bytes dcp.save writes for that state dict (its
+planner, de-duplication, gathers and pickle), as gen_scale_dcpsave.py
+has torch's dcp.save itself write them by threaded ranks (the oracle;
+e2e/test_bench_gen.py compares the two byte for byte):
+- storage_data rank by rank (the gathered write results), each entry's
+  MetadataIndex with its chunk index and its own fqn string, a rank's
+  relative_path one string;
+- a tensor's empty pieces are one write item, kept by one rank (plan());
+  so are a replicated step and the lr: dedup_save_plans gives each to the
+  holder with the fewest planned bytes, so steps spread over the ranks;
+- state_dict_metadata in the order the plans hold the items (rank 0's,
+  then each rank's de-duplicated ones), TensorProperties with strides;
+- planner_data's keys the last rank's strings (dict(ChainMap(...)));
+- storage_meta (checkpoint_id = OUT or --checkpoint-id as a PosixPath, a
+  uuid4 save_id or --save-id) and version "1.0.0".
+A record's length is its chunk's bytes plus RECORD_OVERHEAD (64 for the lr);
+a rank file holds its bytes items first, then its tensors (records()).
 
-    python e2e/bench/gen_scale.py OUT --ranks 512 [--adam] [--layers 126] [--slow]
+build() makes the same Metadata with torch's classes and the same objects
+shared; its memory grows with the chunks (gigabytes from W = 512 with
+Adam), so the file is written by write_fast(): the pickle stream tensor by
+tensor (Stream: the opcodes, memo, batches and frames of pickle's C pickler
+at the default protocol), in memory of the order of W + tensors (W = 512
+with Adam: 14 s, 21 MiB here; BENCHMARKS.md, run Z-generator).
+
+    python e2e/bench/gen_scale.py OUT --ranks 512 [--adam] [--layers 126] [--save-id ID]
 """
 
 import argparse
 import os
+import pathlib
 import pickle
 import struct
 import time
+import uuid
 
 # The record a chunk's bytes sit in (a torch.save zip) is this much larger
 # than the bytes.
@@ -81,16 +97,106 @@ def items(a):
 
 
 def shards(shape, ranks):
-    """(rank, offsets, sizes, elements) of each FSDP chunk of a tensor."""
+    """(rank, offsets, sizes, elements) of each non-empty FSDP chunk of a
+    tensor (torch.chunk's rows: ceil(rows/W) each; none past the end)."""
     rows = shape[0]
     per = -(-rows // ranks)
     rest = numel(shape[1:])
     zeros = (0,) * (len(shape) - 1)
     tail = tuple(shape[1:])
-    for r in range(ranks):
-        start = min(r * per, rows)
-        n = min(per, rows - start)
-        yield r, (start,) + zeros, (n,) + tail, n * rest
+    for r in range(-(-rows // per)):
+        n = min(per, rows - r * per)
+        yield r, (r * per,) + zeros, (n,) + tail, n * rest
+
+
+def strides(shape):
+    """A contiguous tensor's strides (each rank's piece has its tensor's)."""
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
+class Item:
+    """One item of the state dict as dcp.save plans it: its non-empty
+    chunks (rank r < k holds chunk r), and the ranks that hold a write item
+    every one of them has (an empty chunk of ranks k..W-1, a replicated
+    step or lr), which dedup_save_plans gives to one of them (owner)."""
+
+    def __init__(self, kind, fqn, path, shape, dtype, esize, ranks):
+        self.kind, self.fqn, self.path, self.shape, self.dtype, self.esize = kind, fqn, path, shape, dtype, esize
+        self.owner, self.ranks = None, ranks
+        if kind == "sharded":
+            # computed per rank (held()): a list of every chunk of every
+            # tensor would be gigabytes at W = 512
+            self.rows, self.rest = shape[0], numel(shape[1:])
+            self.per = -(-self.rows // ranks)
+            self.k = -(-self.rows // self.per)
+            self.zeros = (0,) * (len(shape) - 1)
+            self.shared = range(self.k, ranks) if self.k < ranks else None
+            # WriteItem.tensor_storage_size(): the whole tensor's bytes,
+            # for every chunk of it (the empty one too)
+            self.storage_size = numel(shape) * esize
+        else:
+            self.k = 0
+            self.shared = range(ranks)
+            self.storage_size = 4 if kind == "scalar" else 1  # a bytes item counts 1
+
+    def held(self, r):
+        """rank r's write items of this item, after dedup: (offsets, index,
+        bytes of its record)."""
+        if r < self.k:
+            return [((r * self.per,) + self.zeros, r, min(self.per, self.rows - r * self.per) * self.rest * self.esize)]
+        if self.owner != r:
+            return []
+        if self.kind == "sharded":
+            return [((self.shape[0],) + (0,) * (len(self.shape) - 1), self.k, 0)]
+        if self.kind == "scalar":
+            return [((), 0, 4)]
+        return [(None, None, 64)]
+
+    def chunk_list(self):
+        """TensorStorageMetadata.chunks: (offsets, sizes) in rank order."""
+        out = [(off, size) for _, off, size, _ in shards(self.shape, self.ranks)] if self.kind == "sharded" else []
+        if self.kind == "sharded" and self.shared is not None:
+            out.append(((self.shape[0],) + (0,) * (len(self.shape) - 1), (0,) + tuple(self.shape[1:])))
+        elif self.kind == "scalar":
+            out.append(((), ()))
+        return out
+
+
+def records(its, r):
+    """Rank r's write results in the order FileSystemWriter writes its
+    file: the bytes items, then the tensors', each in plan order."""
+    for it in its:
+        if it.kind == "bytes":
+            yield from ((it, *h) for h in it.held(r))
+    for it in its:
+        if it.kind != "bytes":
+            yield from ((it, *h) for h in it.held(r))
+
+
+def plan(a):
+    """The items, each shared one given the rank dedup_save_plans picks
+    (torch.distributed.checkpoint._dedup_save_plans): the write items in
+    the order the gathered plans first hold them (rank 0's, then each
+    rank's new ones), each to the holder whose plan has the fewest bytes
+    so far (the first in its set's order on a tie)."""
+    its = [Item(*it, a.ranks) for it in items(a)]
+    size = [0] * a.ranks
+    for r in range(a.ranks):
+        for it in its:
+            if r < it.k:
+                size[r] += it.storage_size
+            elif it.shared is not None and r == it.shared[0]:
+                holders = set()
+                for h in it.shared:
+                    holders.add(h)
+                it.owner = min(holders, key=size.__getitem__)
+                size[it.owner] += it.storage_size
+    return its
+
 
 
 def _dcp():
@@ -99,61 +205,44 @@ def _dcp():
     return torch, metadata, filesystem
 
 
-class Writer:
-    """Builds state_dict_metadata, planner_data and storage_data with
-    torch's classes, and keeps each rank file's length."""
-
-    def __init__(self, ranks):
-        self.torch, self.md, self.fs = _dcp()
-        self.ranks = ranks
-        self.sdm, self.planner, self.storage = {}, {}, {}
-        self.sizes = [0] * ranks
-        self.paths = [f"__{r}_0.distcp" for r in range(ranks)]
-
-    def put(self, rank, fqn, offsets, nbytes):
-        length = nbytes + RECORD_OVERHEAD
-        # Fresh torch.Size objects, as after a gather: nothing shared with
-        # the chunk's own.
-        self.storage[self.md.MetadataIndex(fqn, self.torch.Size(offsets))] = self.fs._StorageInfo(
-            self.paths[rank], self.sizes[rank], length)
-        self.sizes[rank] += length
-
-    def sharded(self, fqn, path, shape, dtype, esize):
-        Size, chunks = self.torch.Size, []
-        for r, off, size, n in shards(shape, self.ranks):
-            chunks.append(self.md.ChunkStorageMetadata(offsets=Size(off), sizes=Size(size)))
-            self.put(r, fqn, off, n * esize)
-        self.sdm[fqn] = self.md.TensorStorageMetadata(self.md.TensorProperties(dtype=dtype), Size(shape), chunks)
-        self.planner[fqn] = path
-
-    def scalar(self, fqn, path):
-        Size = self.torch.Size
-        self.sdm[fqn] = self.md.TensorStorageMetadata(self.md.TensorProperties(dtype=self.torch.float32), Size(()),
-                                                      [self.md.ChunkStorageMetadata(offsets=Size(()), sizes=Size(()))])
-        self.planner[fqn] = path
-        self.put(0, fqn, (), 4)
-
-    def blob(self, fqn, path):
-        self.sdm[fqn] = self.md.BytesStorageMetadata()
-        self.planner[fqn] = path
-        self.storage[self.md.MetadataIndex(fqn)] = self.fs._StorageInfo(self.paths[0], self.sizes[0], 64)
-        self.sizes[0] += 64
-
-    def metadata(self):
-        return self.md.Metadata(state_dict_metadata=self.sdm, planner_data=self.planner, storage_data=self.storage)
+def fresh(x):
+    """A string equal to x but not x (pickle memoizes by identity)."""
+    return (x + ".")[:-1]
 
 
 def build(a):
-    """The Metadata built with torch's classes, and the rank files' lengths."""
-    w = Writer(a.ranks)
-    for kind, fqn, path, shape, dtype, esize in items(a):
-        if kind == "sharded":
-            w.sharded(fqn, path, shape, getattr(w.torch, dtype), esize)
-        elif kind == "scalar":
-            w.scalar(fqn, path)
-        else:
-            w.blob(fqn, path)
-    return w.metadata(), w.sizes
+    """The Metadata of write_fast(a), built with torch's classes and the
+    same objects shared (what pickle.dumps of it must equal: the tests'
+    check of Stream's pickling rules at sizes dcp.save cannot reach here),
+    and the rank files' lengths."""
+    torch, md, fs = _dcp()
+    its = plan(a)
+    keys = {it.fqn: fresh(it.fqn) for it in its}  # planner_data's: the last rank's
+    one = {}  # the paths' strings, one object per value
+    planner = {keys[it.fqn]: tuple(e if isinstance(e, int) else one.setdefault(e, fresh(e)) for e in it.path)
+               for it in its}
+    sdm, seen = {}, set()
+    for r in range(a.ranks):
+        for it in its:
+            if id(it) in seen or not it.held(r):
+                continue
+            seen.add(id(it))
+            key = keys[it.fqn] if r == a.ranks - 1 else fresh(it.fqn)
+            if it.kind == "bytes":
+                sdm[key] = md.BytesStorageMetadata()
+                continue
+            props = md.TensorProperties(dtype=getattr(torch, it.dtype), strides=strides(it.shape))
+            chunks = [md.ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(z)) for o, z in it.chunk_list()]
+            sdm[key] = md.TensorStorageMetadata(props, torch.Size(it.shape), chunks)
+    storage, sizes = {}, [0] * a.ranks
+    for r in range(a.ranks):
+        path = f"__{r}_0.distcp"
+        for it, off, index, nbytes in records(its, r):
+            mi = md.MetadataIndex(fresh(it.fqn), None if off is None else torch.Size(off), index)
+            storage[mi] = fs._StorageInfo(path, sizes[r], nbytes + RECORD_OVERHEAD)
+            sizes[r] += nbytes + RECORD_OVERHEAD
+    meta = md.StorageMeta(checkpoint_id=pathlib.Path(a.checkpoint_id), save_id=a.save_id)
+    return md.Metadata(sdm, planner, storage, meta, fresh("1.0.0")), sizes
 
 
 # dcp.save pickles with the default protocol; 4 and 5 write these objects
@@ -341,9 +430,9 @@ class Stream:
 
     # torch's DCP classes, as dcp.save's pickle holds them.
 
-    def properties(self, dtype):
+    def properties(self, dtype, strides):
         """TensorProperties(dtype): its state is a tuple (dtype, layout,
-        requires_grad, memory_format, pin_memory, None)."""
+        requires_grad, memory_format, pin_memory, strides)."""
         self.newobj(MD, "TensorProperties", 0)
         self.b()
         self.buf += b"("
@@ -366,7 +455,7 @@ class Stream:
             self.buf += b"R"
             self.memoize("contiguous")
         self.const(b"\x89")
-        self.const(b"N")
+        self.tuple(strides)
         self.buf += b"t"
         self.memoize()
         self.buf += b"b"
@@ -406,12 +495,13 @@ class Stream:
         self.size(sizes)
         self.state_end(2)
 
-    def tensor(self, fqn, dtype, shape, chunks):
-        """An item of state_dict_metadata: fqn -> TensorStorageMetadata."""
-        self.str(fqn, ("fqn", fqn))
+    def tensor(self, fqn, dtype, shape, chunks, key=None):
+        """An item of state_dict_metadata: fqn (the string of the gathered
+        plan that holds it first, memoized under key) -> TensorStorageMetadata."""
+        self.str(fqn, key)
         self.newobj(MD, "TensorStorageMetadata", 3)
         self.str("properties", "properties")
-        self.properties(dtype)
+        self.properties(dtype, strides(shape))
         self.str("size", "size")
         self.size(shape)
         self.str("chunks", "chunks")
@@ -423,13 +513,15 @@ class Stream:
             g = g or self.warm(self.CHUNK_REFS)
         self.state_end(3)
 
-    def storage(self, fqn, offsets, rank, offset, length, g=None):
-        """An item of storage_data: MetadataIndex -> _StorageInfo."""
+    def storage(self, fqn, offsets, index, rank, offset, length, g=None):
+        """An item of storage_data: MetadataIndex -> _StorageInfo. The fqn
+        is a string of its own (each rank's write results are gathered),
+        the rank's path one string for all of the rank's entries."""
         keys = 2 if offsets is None else 3
-        if g is not None and keys == 3 and ("fqn", fqn) in self.memo:
+        if g is not None and keys == 3:
             a, m = self.size_segs(g["Size"], offsets, b"ub")
-            self.saves([g["MetadataIndex"], b")\x81\x94", b"}\x94(", g["fqn"], get_op(self.memo[("fqn", fqn)]),
-                        g["index"], b"N", g["offset"], *a], 2 + m)
+            self.saves([g["MetadataIndex"], b")\x81\x94", b"}\x94(", g["fqn"], str_op(fqn) + b"\x94",
+                        g["index"], INTS[index] if index < 1 << 16 else int_op(index), g["offset"], *a], 3 + m)
             i = self.memo.get(("path", rank))
             path = get_op(i) if i is not None else str_op(f"__{rank}_0.distcp") + b"\x94"
             if i is None:
@@ -440,9 +532,12 @@ class Stream:
             return
         self.newobj(MD, "MetadataIndex", keys)
         self.str("fqn", "fqn")
-        self.str(fqn, ("fqn", fqn))
+        self.str(fqn)
         self.str("index", "index")
-        self.const(b"N")
+        if index is None:
+            self.const(b"N")
+        else:
+            self.int(index)
         if offsets is not None:
             self.str("offset", "offset")
             self.size(offsets)
@@ -456,74 +551,85 @@ class Stream:
         self.int(length)
         self.state_end(3)
 
-
-def places(kind, shape, esize, ranks, sizes):
-    """storage_data's entries of an item: (rank, offsets, offset in the
-    rank file, length), each rank file's length in sizes grown by its
-    records. The empty chunks past a tensor's last row all have the same
-    MetadataIndex: the dict keeps the first one's place and the last one's
-    value (only the record's length is left of the others)."""
-    if kind == "scalar":
-        out = [(0, (), sizes[0], 4 + RECORD_OVERHEAD)]
-    elif kind == "bytes":
-        out = [(0, None, sizes[0], 64)]
-    else:
-        out, seen = [], {}
-        for r, off, _, e in shards(shape, ranks):
-            place = (r, off, sizes[r], e * esize + RECORD_OVERHEAD)
-            sizes[r] += place[3]
-            if off in seen:
-                out[seen[off]] = place
-            else:
-                seen[off] = len(out)
-                out.append(place)
-        return out
-    sizes[0] += out[0][3]
-    return out
+    def storage_meta(self, checkpoint_id, save_id):
+        """StorageMeta(checkpoint_id=PosixPath(checkpoint_id), save_id):
+        the path REDUCEd from its parts."""
+        self.newobj(MD, "StorageMeta", 4)
+        self.str("checkpoint_id")
+        self.glob("pathlib", "PosixPath", "pathlib")
+        self.b()
+        parts = pathlib.PurePosixPath(checkpoint_id).parts
+        if len(parts) > 3:
+            self.buf += b"("
+        for p in parts:
+            self.str(p)
+        self.buf += b"\x85\x86\x87"[len(parts) - 1:len(parts)] if len(parts) <= 3 else b"t"
+        self.memoize()
+        self.buf += b"R"
+        self.memoize()
+        self.str("save_id")
+        self.str(save_id)
+        self.str("load_id")
+        self.const(b"N")
+        self.str("modules")
+        self.container(b"]", 0)
+        self.state_end(4)
 
 
 def write_fast(a, f):
-    """Writes build(a)'s pickle to f, tensor by tensor; returns the rank
-    files' lengths."""
-    its = list(items(a))
+    """Writes the .metadata dcp.save writes for a's checkpoint to f;
+    returns the rank files' lengths."""
+    its = plan(a)
     s = Stream(f)
     s.newobj(MD, "Metadata", 5)
     s.str("state_dict_metadata")
-    s.container(b"}", len(its))
-    for i, (kind, fqn, path, shape, dtype, esize) in enumerate(its):
-        if kind == "sharded":
-            s.tensor(fqn, dtype, shape, [(off, size) for _, off, size, _ in shards(shape, a.ranks)])
-        elif kind == "scalar":
-            s.tensor(fqn, dtype, (), [((), ())])
-        else:
-            s.str(fqn, ("fqn", fqn))
+    # the order create_default_global_save_plan meets the fqns in: rank
+    # by rank, each plan's items in order
+    # (rank, item). planner_data is dict(ChainMap(*each rank's mapping)):
+    # its keys are the last rank's strings, which the last rank's plan
+    # (pickled with them) names its items by, so a key met first in the
+    # last rank's plan is one string with planner_data's.
+    order, seen = [], set()
+    for r in range(a.ranks):
+        for it in its:
+            if id(it) not in seen and it.held(r):
+                seen.add(id(it))
+                order.append((r, it))
+    s.container(b"}", len(order))
+    for i, (r, it) in enumerate(order):
+        key = ("fqn", it.fqn) if r == a.ranks - 1 else None
+        if it.kind == "bytes":
+            s.str(it.fqn, key)
             s.newobj(MD, "BytesStorageMetadata", 0)
-        s.dict_item_done(i, len(its))
-    s.dict_end(len(its))
+        else:
+            s.tensor(it.fqn, it.dtype, it.shape, it.chunk_list(), key)
+        s.dict_item_done(i, len(order))
+    s.dict_end(len(order))
     s.str("planner_data")
     s.container(b"}", len(its))
-    for i, (kind, fqn, path, *_) in enumerate(its):
-        s.str(fqn, ("fqn", fqn))
-        s.tuple(path)
+    for i, it in enumerate(its):
+        s.str(it.fqn, ("fqn", it.fqn))
+        s.tuple(it.path)
         s.dict_item_done(i, len(its))
     s.dict_end(len(its))
     s.str("storage_data")
     sizes = [0] * a.ranks
-    n = sum(len(places(kind, shape, esize, a.ranks, [0] * a.ranks)) for kind, _, _, shape, _, esize in its)
+    n = sum(it.k + (it.owner is not None) for it in its)
     s.container(b"}", n)
-    i = 0
-    for kind, fqn, path, shape, dtype, esize in its:
-        g = s.warm(s.STORAGE_REFS)
-        for r, off, at, length in places(kind, shape, esize, a.ranks, sizes):
-            s.storage(fqn, off, r, at, length, g)
+    i, g = 0, None
+    for r in range(a.ranks):
+        for it, off, index, nbytes in records(its, r):
+            length = nbytes + RECORD_OVERHEAD
             g = g or s.warm(s.STORAGE_REFS)
+            s.storage(it.fqn, off, index, r, sizes[r], length, g)
+            sizes[r] += length
             s.dict_item_done(i, n)
             i += 1
     s.dict_end(n)
     s.str("storage_meta")
-    s.const(b"N")
+    s.storage_meta(a.checkpoint_id, a.save_id)
     s.str("version")
-    s.const(b"N")
+    s.str("1.0.0")
     s.state_end(5)
     s.end()
     return sizes
@@ -540,17 +646,16 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--slow", action="store_true", help="build torch's Metadata objects and pickle.dump them")
+    ap.add_argument("--checkpoint-id", help="the path dcp.save was given (storage_meta.checkpoint_id; default: OUT)")
+    ap.add_argument("--save-id", help="storage_meta.save_id (default: a fresh uuid4, as dcp.save's)")
     a = ap.parse_args()
+    a.checkpoint_id = a.checkpoint_id or a.out
+    a.save_id = a.save_id or str(uuid.uuid4())
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
     meta = os.path.join(a.out, ".metadata")
     with open(meta, "wb") as f:
-        if a.slow:
-            md, sizes = build(a)
-            pickle.dump(md, f)
-        else:
-            sizes = write_fast(a, f)
+        sizes = write_fast(a, f)
     for r in range(a.ranks):
         with open(os.path.join(a.out, f"__{r}_0.distcp"), "wb") as f:
             f.truncate(sizes[r])
