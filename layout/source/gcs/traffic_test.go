@@ -1,0 +1,27 @@
+package gcs_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ckptfs/ckptfs/layout/source/gcs"
+	"github.com/ckptfs/ckptfs/layout/source/gcs/gcstest"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
+)
+
+// TestTraffic: what reads cost against fake-gcs-server, counted by a proxy
+// in front of it (objstoretest.RunTraffic): a listing at open and one of
+// the directory, then one ranged GET of the opened generation per request,
+// no metadata call per read, connections reused.
+func TestTraffic(t *testing.T) {
+	srv := gcstest.Start(t)
+	srv.Bucket(t, "ckpts")
+	p := objstoretest.Proxy(t, srv.Endpoint)
+	t.Setenv("STORAGE_EMULATOR_HOST", p.Host) // srv.Client, which puts, goes on reaching the server
+	objstoretest.RunTraffic(t, p,
+		func(key string, data []byte) error { return srv.Put("ckpts", "run/"+key, data) },
+		func(l objstore.Limits) (*objstore.Tree, error) {
+			return gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{Limits: l})
+		})
+}
