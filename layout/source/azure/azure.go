@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"regexp"
@@ -95,8 +96,9 @@ var ErrNoAccount = errors.New("az: no storage account: set AZURE_STORAGE_CONNECT
 // attempt per call.
 func newClient(o Options, c *objstore.Counters) (*azblob.Client, error) {
 	co := &azblob.ClientOptions{ClientOptions: azcore.ClientOptions{
-		Transport: objstore.HTTPClient(o.Limits, c),
-		Retry:     policy.RetryOptions{MaxRetries: -1}, // objstore.Attempts retries
+		Transport:       objstore.HTTPClient(o.Limits, c),
+		Retry:           policy.RetryOptions{MaxRetries: -1}, // objstore.Attempts retries
+		PerCallPolicies: []policy.Policy{storedBytes{}},
 	}}
 	if conn := os.Getenv("AZURE_STORAGE_CONNECTION_STRING"); conn != "" && !o.Anonymous && o.Account == "" && o.Endpoint == "" {
 		return azblob.NewClientFromConnectionString(conn, co)
@@ -137,6 +139,18 @@ func newClient(o Options, c *objstore.Counters) (*azblob.Client, error) {
 		return nil, fmt.Errorf("az: no credentials found (%v); a public container reads with --no-sign-request", err)
 	}
 	return azblob.NewClient(endpoint, cred, co)
+}
+
+// storedBytes asks for a blob's bytes as stored. Azure's range is the
+// x-ms-range header, not Range, so Go's HTTP client would otherwise ask for
+// gzip itself and decompress a response with Content-Encoding: gzip: a
+// blob stored so (azcopy --content-encoding) would fail every read, its
+// Content-Length gone and a range of it no gzip stream.
+type storedBytes struct{}
+
+func (storedBytes) Do(req *policy.Request) (*http.Response, error) {
+	req.Raw().Header.Set("Accept-Encoding", "identity")
+	return req.Next()
 }
 
 // store is the Blob calls on one container.
