@@ -2,7 +2,9 @@ package objstoretest
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,4 +179,81 @@ func RunTraffic(t *testing.T, p *Traffic, put func(key string, data []byte) erro
 		// request when bodies are left unread or connections closed.
 		assert.LessOrEqual(t, p.Conns(), 4, "connections for %d requests one after another", ranged+lists)
 	})
+}
+
+// BenchRanged measures ranged reads of objects through a tree against the
+// store's SDK alone, reading the same objects in the same ranges, as many
+// in flight (1 and 8: a view read, and the block cache's fills): what the
+// tree adds to what the store and its SDK cost. put writes an object under
+// the tree's prefix; get is the SDK's plain ranged read of the object at
+// key (the prefix's); open opens the tree with every read its own request.
+func BenchRanged(b *testing.B, put func(key string, data []byte) error,
+	get func(ctx context.Context, key string, off, n int64) (io.ReadCloser, error), open func(objstore.Limits) (*objstore.Tree, error)) {
+	const objects, size, req = 4, 64 << 20, 16 << 20
+	data := make([]byte, size)
+	rand.NewChaCha8([32]byte{}).Read(data)
+	for i := range objects {
+		if err := put(fmt.Sprintf("shard%d", i), data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tree, err := open(objstore.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tree.Close()
+	files := make([]source.File, objects)
+	for i := range files {
+		if files[i], err = tree.Open(fmt.Sprintf("shard%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	type job struct{ obj, off int }
+	run := func(b *testing.B, workers int, read func(buf []byte, j job) error) {
+		b.SetBytes(objects * size)
+		for b.Loop() {
+			jobs := make(chan job)
+			var wg sync.WaitGroup
+			var failed atomic.Pointer[error]
+			for range workers {
+				wg.Go(func() {
+					buf := make([]byte, req)
+					for j := range jobs {
+						if err := read(buf, j); err != nil {
+							failed.CompareAndSwap(nil, &err)
+						}
+					}
+				})
+			}
+			for off := 0; off < size; off += req {
+				for i := range objects {
+					jobs <- job{i, off}
+				}
+			}
+			close(jobs)
+			wg.Wait()
+			if err := failed.Load(); err != nil {
+				b.Fatal(*err)
+			}
+		}
+	}
+	for _, workers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("sdk/x%d", workers), func(b *testing.B) {
+			run(b, workers, func(buf []byte, j job) error {
+				r, err := get(context.Background(), fmt.Sprintf("shard%d", j.obj), int64(j.off), req)
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				_, err = io.ReadFull(r, buf)
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("tree/x%d", workers), func(b *testing.B) {
+			run(b, workers, func(buf []byte, j job) error {
+				_, err := files[j.obj].ReadAt(buf, int64(j.off))
+				return err
+			})
+		})
+	}
 }
