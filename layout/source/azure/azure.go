@@ -12,8 +12,9 @@
 // credential chain (environment, workload identity, managed identity,
 // Azure CLI).
 //
-// An object's version is its ETag: every read is a ranged GET with
-// If-Match on it, checked against the ETag, range and size of the response,
+// An object's version is its ETag: every read is a ranged GET of the bytes
+// as stored (no decompression of a gzip-encoded blob) with If-Match on it,
+// checked against the ETag, range and size of the response,
 // so a replaced blob fails with source.ErrChanged, never with mixed bytes.
 // The SDK's own retries are off: objstore.Attempts retries with a deadline
 // on every attempt.
