@@ -150,6 +150,10 @@ func RunTraffic(t *testing.T, p *Traffic, put func(key string, data []byte) erro
 				require.True(t, bytes.Equal(data[i][off:off+k], buf), "%s at %d", f.Info().Name, off)
 			}
 		}
+		// A stream's bytes are counted when its request ends, after readers
+		// had them.
+		require.Eventually(t, func() bool { return tree.Stats().BytesFetched >= int64(n*size) },
+			30*time.Second, 10*time.Millisecond, "bytes counted as the requests end")
 		require.Equal(t, int64(n*size), tree.Stats().BytesFetched, "bytes fetched")
 		for _, r := range p.Requests() {
 			switch {
