@@ -12,8 +12,9 @@
 // credential chain (environment, workload identity, managed identity,
 // Azure CLI).
 //
-// An object's version is its ETag: every read is a ranged GET with
-// If-Match on it, checked against the ETag, range and size of the response,
+// An object's version is its ETag: every read is a ranged GET of the bytes
+// as stored (no decompression of a gzip-encoded blob) with If-Match on it,
+// checked against the ETag, range and size of the response,
 // so a replaced blob fails with source.ErrChanged, never with mixed bytes.
 // The SDK's own retries are off: objstore.Attempts retries with a deadline
 // on every attempt.
@@ -24,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"regexp"
@@ -95,8 +97,9 @@ var ErrNoAccount = errors.New("az: no storage account: set AZURE_STORAGE_CONNECT
 // attempt per call.
 func newClient(o Options, c *objstore.Counters) (*azblob.Client, error) {
 	co := &azblob.ClientOptions{ClientOptions: azcore.ClientOptions{
-		Transport: objstore.HTTPClient(o.Limits, c),
-		Retry:     policy.RetryOptions{MaxRetries: -1}, // objstore.Attempts retries
+		Transport:       objstore.HTTPClient(o.Limits, c),
+		Retry:           policy.RetryOptions{MaxRetries: -1}, // objstore.Attempts retries
+		PerCallPolicies: []policy.Policy{storedBytes{}},
 	}}
 	if conn := os.Getenv("AZURE_STORAGE_CONNECTION_STRING"); conn != "" && !o.Anonymous && o.Account == "" && o.Endpoint == "" {
 		return azblob.NewClientFromConnectionString(conn, co)
@@ -137,6 +140,18 @@ func newClient(o Options, c *objstore.Counters) (*azblob.Client, error) {
 		return nil, fmt.Errorf("az: no credentials found (%v); a public container reads with --no-sign-request", err)
 	}
 	return azblob.NewClient(endpoint, cred, co)
+}
+
+// storedBytes asks for a blob's bytes as stored. Azure's range is the
+// x-ms-range header, not Range, so Go's HTTP client would otherwise ask for
+// gzip itself and decompress a response with Content-Encoding: gzip: a
+// blob stored so (azcopy --content-encoding) would fail every read, its
+// Content-Length gone and a range of it no gzip stream.
+type storedBytes struct{}
+
+func (storedBytes) Do(req *policy.Request) (*http.Response, error) {
+	req.Raw().Header.Set("Accept-Encoding", "identity")
+	return req.Next()
 }
 
 // store is the Blob calls on one container.

@@ -2,6 +2,7 @@ package azure_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"io/fs"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/sas"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -144,4 +147,36 @@ func TestIfMatchIgnored(t *testing.T) {
 	assert.Contains(t, err.Error(), "If-Match ignored")
 	objstoretest.RequireEIO(t, err, "az://ckpts/run/shard")
 	assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another version were served")
+}
+
+// TestContentEncodingGzip: a blob stored with Content-Encoding: gzip (as
+// azcopy --content-encoding or a web upload leaves it) is read as the bytes
+// stored, at any range: Azure does not transcode, and the client must not
+// decompress a range of it either.
+func TestContentEncodingGzip(t *testing.T) {
+	srv := azuretest.Start(t)
+	srv.Container(t, "ckpts")
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, err := zw.Write(bytes.Repeat([]byte("compressible tensor bytes "), 64<<10))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	stored := gz.Bytes()
+	enc := "gzip"
+	_, err = srv.Client.UploadBuffer(context.Background(), "ckpts", "run/shard.gz", stored,
+		&azblob.UploadBufferOptions{HTTPHeaders: &blob.HTTPHeaders{BlobContentEncoding: &enc}})
+	require.NoError(t, err)
+	tree, err := azure.Open(context.Background(), "az://ckpts/run", azure.Options{})
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("shard.gz")
+	require.NoError(t, err)
+	require.Equal(t, int64(len(stored)), f.Info().Size)
+	for _, r := range [][2]int{{0, len(stored)}, {0, 100}, {len(stored) / 3, len(stored) / 2}} {
+		buf := make([]byte, r[1])
+		n, err := f.ReadAt(buf, int64(r[0]))
+		require.NoError(t, err, "%d bytes at %d", r[1], r[0])
+		require.Equal(t, r[1], n)
+		require.True(t, bytes.Equal(stored[r[0]:r[0]+r[1]], buf), "%d bytes at %d: not the bytes stored", r[1], r[0])
+	}
 }

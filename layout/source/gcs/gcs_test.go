@@ -2,6 +2,7 @@ package gcs_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"net/http"
@@ -102,4 +103,37 @@ func TestGenerationIgnored(t *testing.T) {
 	assert.Contains(t, err.Error(), fmt.Sprintf("generation %d, not %s", attrs.Generation, f.Info().Version))
 	objstoretest.RequireEIO(t, err, "gs://ckpts/run/shard")
 	assert.False(t, bytes.Contains(buf, []byte("new!")), "bytes of another generation were served")
+}
+
+// TestContentEncodingGzip: an object stored with Content-Encoding: gzip is
+// read as the bytes stored, at any range, its size the stored one: GCS
+// would otherwise decompress it for a client that does not accept gzip
+// (decompressive transcoding), ignoring the range.
+func TestContentEncodingGzip(t *testing.T) {
+	srv := gcstest.Start(t)
+	srv.Bucket(t, "ckpts")
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, err := zw.Write(bytes.Repeat([]byte("compressible tensor bytes "), 64<<10))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	stored := gz.Bytes()
+	w := srv.Client.Bucket("ckpts").Object("run/shard.gz").NewWriter(context.Background())
+	w.ContentEncoding = "gzip"
+	_, err = w.Write(stored)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	tree, err := gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{})
+	require.NoError(t, err)
+	defer tree.Close()
+	f, err := tree.Open("shard.gz")
+	require.NoError(t, err)
+	require.Equal(t, int64(len(stored)), f.Info().Size)
+	for _, r := range [][2]int{{0, len(stored)}, {0, 100}, {len(stored) / 3, len(stored) / 2}} {
+		buf := make([]byte, r[1])
+		n, err := f.ReadAt(buf, int64(r[0]))
+		require.NoError(t, err, "%d bytes at %d", r[1], r[0])
+		require.Equal(t, r[1], n)
+		require.True(t, bytes.Equal(stored[r[0]:r[0]+r[1]], buf), "%d bytes at %d: not the bytes stored", r[1], r[0])
+	}
 }

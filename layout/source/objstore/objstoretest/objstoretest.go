@@ -1,7 +1,8 @@
 // Package objstoretest runs the real servers the object store tests start
 // on 127.0.0.1 (versitygw, fake-gcs-server, Azurite): finding the tool,
 // starting it on a free port, waiting for it to answer, stopping,
-// freezing and killing it, and the checks every store's tests make.
+// freezing and killing it, a proxy that counts what a client sends it
+// (traffic.go), and the checks every store's tests make.
 package objstoretest
 
 import (

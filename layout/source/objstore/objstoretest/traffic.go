@@ -1,0 +1,263 @@
+package objstoretest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore"
+)
+
+// Traffic is a reverse proxy in front of a store's server that records
+// what a client sends it: each request (method, path, query, range) and
+// each TCP connection opened to it. A store that reuses its connections
+// opens as few as it has requests in flight at once.
+type Traffic struct {
+	// Endpoint is the proxy's URL: http://127.0.0.1:PORT.
+	Endpoint string
+	// Host is its host:port.
+	Host string
+
+	mu    sync.Mutex
+	reqs  []Request
+	conns int
+}
+
+// Request is one request the proxy passed on.
+type Request struct {
+	Method, Path, Query string
+	// Range is the Range or x-ms-range header ("" for none): a ranged read.
+	Range string
+	// IfMatch is the If-Match header: an Azure or S3 read's pin (a GCS
+	// read's is its generation= query).
+	IfMatch string
+}
+
+// Proxy starts a proxy to target (http://HOST:PORT), closed at the end of
+// the test.
+func Proxy(t testing.TB, target string) *Traffic {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = ""
+	p := &Traffic{}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.FlushInterval = -1 // bodies as they come, not buffered
+	direct := rp.Director
+	rp.Director = func(r *http.Request) {
+		direct(r)
+		r.Host = u.Host // fake-gcs-server tells its XML API by the host
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rg := r.Header.Get("Range")
+		if rg == "" {
+			rg = r.Header.Get("X-Ms-Range")
+		}
+		p.mu.Lock()
+		p.reqs = append(p.reqs, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Range: rg, IfMatch: r.Header.Get("If-Match")})
+		p.mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			p.mu.Lock()
+			p.conns++
+			p.mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	p.Endpoint = srv.URL
+	p.Host = srv.Listener.Addr().String()
+	return p
+}
+
+// Requests are the requests passed on so far.
+func (p *Traffic) Requests() []Request {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Request(nil), p.reqs...)
+}
+
+// Conns is how many connections clients opened to the proxy so far.
+func (p *Traffic) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conns
+}
+
+// Reset forgets the requests and connections so far.
+func (p *Traffic) Reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reqs, p.conns = nil, 0
+}
+
+// RunTraffic checks what reading objects costs a store reached through p,
+// counted by the proxy: a view's reads of several objects in turn, in 1 MiB
+// reads, with streams (objstore.Limits.MinRequest), are a listing of the
+// prefix at open, one of the directory, and one ranged, pinned GET per
+// request's worth of each object, nothing else (no HEAD, no metadata call
+// per read), over as many connections as objects read at once; read one
+// request at a time, an object's reads reuse one connection. put writes an
+// object under the tree's prefix; open opens the tree.
+func RunTraffic(t *testing.T, p *Traffic, put func(key string, data []byte) error, open func(objstore.Limits) (*objstore.Tree, error)) {
+	const objects, size, req = 4, 16 << 20, 4 << 20
+	data := make([][]byte, objects)
+	for i := range data {
+		data[i] = make([]byte, size)
+		rand.NewChaCha8([32]byte{byte(i)}).Read(data[i])
+		if err := put(fmt.Sprintf("shard%d", i), data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ListTTL: no second listing however slow the test runs.
+	read := func(t *testing.T, l objstore.Limits, n int) (ranged, lists int) {
+		t.Helper()
+		p.Reset()
+		l.ListTTL = time.Hour
+		tree, err := open(l)
+		require.NoError(t, err)
+		defer tree.Close()
+		files := make([]source.File, n)
+		for i := range files {
+			files[i], err = tree.Open(fmt.Sprintf("shard%d", i))
+			require.NoError(t, err)
+		}
+		buf := make([]byte, 1<<20)
+		for off := 0; off < size; off += len(buf) {
+			for i, f := range files {
+				k, err := f.ReadAt(buf, int64(off))
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(data[i][off:off+k], buf), "%s at %d", f.Info().Name, off)
+			}
+		}
+		// A stream's bytes are counted when its request ends, after readers
+		// had them.
+		require.Eventually(t, func() bool { return tree.Stats().BytesFetched >= int64(n*size) },
+			30*time.Second, 10*time.Millisecond, "bytes counted as the requests end")
+		require.Equal(t, int64(n*size), tree.Stats().BytesFetched, "bytes fetched")
+		for _, r := range p.Requests() {
+			switch {
+			case r.Method == http.MethodGet && r.Range != "":
+				ranged++
+				assert.True(t, r.IfMatch != "" || strings.Contains(r.Query, "generation="), "a read not pinned to the version opened: %+v", r)
+			case r.Method == http.MethodGet && (strings.Contains(r.Query, "comp=list") || strings.HasSuffix(r.Path, "/o")):
+				lists++
+			default:
+				t.Errorf("a request that is neither a ranged read nor a listing: %+v", r)
+			}
+		}
+		return ranged, lists
+	}
+	t.Run("streamed, objects in turn", func(t *testing.T) {
+		ranged, lists := read(t, objstore.Limits{MinRequest: req, AheadMemory: objects * req}, objects)
+		assert.Equal(t, objects*size/req, ranged, "ranged GETs: one per request's worth of each object")
+		assert.Equal(t, 2, lists, "listings: the prefix at open, the directory once")
+		assert.LessOrEqual(t, p.Conns(), objects+1, "connections: one per object read at once, and the listings'")
+	})
+	t.Run("one read at a time", func(t *testing.T) {
+		ranged, lists := read(t, objstore.Limits{}, 1)
+		assert.Equal(t, size>>20, ranged, "ranged GETs: one per read")
+		assert.Equal(t, 2, lists, "listings")
+		// One connection, reused: a few more when a request is sent before
+		// the last one's connection is back in the pool; a new one per
+		// request when bodies are left unread or connections closed.
+		assert.LessOrEqual(t, p.Conns(), 4, "connections for %d requests one after another", ranged+lists)
+	})
+}
+
+// BenchRanged measures ranged reads of objects through a tree against the
+// store's SDK alone, reading the same objects in the same ranges, as many
+// in flight (1 and 8: a view read, and the block cache's fills): what the
+// tree adds to what the store and its SDK cost. put writes an object under
+// the tree's prefix; get is the SDK's plain ranged read of the object at
+// key (the prefix's); open opens the tree with every read its own request.
+func BenchRanged(b *testing.B, put func(key string, data []byte) error,
+	get func(ctx context.Context, key string, off, n int64) (io.ReadCloser, error), open func(objstore.Limits) (*objstore.Tree, error)) {
+	const objects, size, req = 4, 64 << 20, 16 << 20
+	data := make([]byte, size)
+	rand.NewChaCha8([32]byte{}).Read(data)
+	for i := range objects {
+		if err := put(fmt.Sprintf("shard%d", i), data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tree, err := open(objstore.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tree.Close()
+	files := make([]source.File, objects)
+	for i := range files {
+		if files[i], err = tree.Open(fmt.Sprintf("shard%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	type job struct{ obj, off int }
+	run := func(b *testing.B, workers int, read func(buf []byte, j job) error) {
+		b.SetBytes(objects * size)
+		for b.Loop() {
+			jobs := make(chan job)
+			var wg sync.WaitGroup
+			var failed atomic.Pointer[error]
+			for range workers {
+				wg.Go(func() {
+					buf := make([]byte, req)
+					for j := range jobs {
+						if err := read(buf, j); err != nil {
+							failed.CompareAndSwap(nil, &err)
+						}
+					}
+				})
+			}
+			for off := 0; off < size; off += req {
+				for i := range objects {
+					jobs <- job{i, off}
+				}
+			}
+			close(jobs)
+			wg.Wait()
+			if err := failed.Load(); err != nil {
+				b.Fatal(*err)
+			}
+		}
+	}
+	for _, workers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("sdk/x%d", workers), func(b *testing.B) {
+			run(b, workers, func(buf []byte, j job) error {
+				r, err := get(context.Background(), fmt.Sprintf("shard%d", j.obj), int64(j.off), req)
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				_, err = io.ReadFull(r, buf)
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("tree/x%d", workers), func(b *testing.B) {
+			run(b, workers, func(buf []byte, j job) error {
+				_, err := files[j.obj].ReadAt(buf, int64(j.off))
+				return err
+			})
+		})
+	}
+}
