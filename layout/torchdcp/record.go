@@ -66,7 +66,8 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 	}
 	nbytes := numel * want.ElemSize
 
-	a, err := torchzip.Open(r, size)
+	// Its zip structures in one or two reads, not a dozen (torchzip.Windowed).
+	a, err := torchzip.Open(torchzip.Windowed(r, size), size)
 	if err != nil {
 		return loc, err
 	}

@@ -241,3 +241,46 @@ func TestRealRecordsLocate(t *testing.T) {
 	}
 	assert.Greater(t, total, 100)
 }
+
+// countingReader counts the reads through it.
+type countingReader struct {
+	r     io.ReaderAt
+	reads int
+}
+
+func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
+	c.reads++
+	return c.r.ReadAt(p, off)
+}
+
+// TestLocateRecordReads: locating a chunk reads the record's zip structures
+// in one read (a record no larger than torchzip's two windows: the records
+// torch wrote in testdata) or two (head and tail of a larger one, ZIP64 too),
+// not one read per header (BENCHMARKS.md, run Z-records).
+func TestLocateRecordReads(t *testing.T) {
+	recs := loadManifest(t).records(t)
+	for _, name := range []string{"offset", "param", "f8", "scalar"} {
+		rec := recs[name]
+		data, err := os.ReadFile(filepath.Join("testdata", "records", name+".pt"))
+		require.NoError(t, err)
+		_, es, ok := dtypeOf(rec.DType)
+		require.True(t, ok)
+		r := &countingReader{r: bytes.NewReader(data)}
+		_, err = locateRecord(r, int64(len(data)), recordWant{DType: rec.DType, ElemSize: es, Sizes: rec.Shape})
+		require.NoError(t, err, name)
+		assert.Equal(t, 1, r.reads, "%s: %d bytes", name, len(data))
+	}
+	for _, z64 := range []bool{false, true} {
+		if z64 {
+			defer func(n int64) { zip64Limit = n }(zip64Limit)
+			zip64Limit = 16
+		}
+		c := recordCase{"large", "float32", 4, []int64{300, 300}} // 360 KB: past both windows
+		rec, data := writeRecord(t, c, 5)
+		r := &countingReader{r: bytes.NewReader(rec)}
+		loc, err := locateRecord(r, int64(len(rec)), recordWant{DType: c.dtype, ElemSize: c.es, Sizes: c.shape})
+		require.NoError(t, err)
+		assert.Equal(t, data, rec[loc.off:loc.off+int64(len(data))])
+		assert.Equal(t, 2, r.reads, "zip64=%v", z64)
+	}
+}

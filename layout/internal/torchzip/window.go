@@ -1,0 +1,65 @@
+package torchzip
+
+import "io"
+
+// Windows a record's zip structures are read through: a torch.save
+// archive's local headers, data.pkl and byteorder sit at its head, its
+// central directory and end record at its tail, each a few hundred bytes.
+// Read through archive/zip they are a dozen small reads, each waiting on
+// the disk when cold (BENCHMARKS.md, run Z-records); read as two windows
+// they are two reads, and one for an archive no larger than both.
+const (
+	headWindow = 64 << 10
+	tailWindow = 64 << 10
+)
+
+// Windowed returns a reader of r (size bytes) that reads the archive's head
+// and tail windows each in one read, on the first read inside it, and
+// serves reads inside them from memory; an archive no larger than both
+// windows is one window. A read not inside a window, or inside one whose
+// read failed, goes to r as it is, so errors are r's. Not safe for
+// concurrent use: it is for one locating of one archive.
+func Windowed(r io.ReaderAt, size int64) io.ReaderAt {
+	w := &windowed{r: r}
+	if size <= headWindow+tailWindow {
+		w.wins[0] = window{off: 0, n: size}
+	} else {
+		w.wins[0] = window{off: 0, n: headWindow}
+		w.wins[1] = window{off: size - tailWindow, n: tailWindow}
+	}
+	return w
+}
+
+type windowed struct {
+	r    io.ReaderAt
+	wins [2]window
+}
+
+// window is bytes [off, off+n) of the archive, read once (tried).
+type window struct {
+	off, n int64
+	tried  bool
+	buf    []byte // nil until read, or when the read failed
+}
+
+func (w *windowed) ReadAt(p []byte, off int64) (int, error) {
+	end := off + int64(len(p))
+	for i := range w.wins {
+		win := &w.wins[i]
+		if win.n == 0 || off < win.off || end > win.off+win.n {
+			continue
+		}
+		if !win.tried {
+			win.tried = true
+			buf := make([]byte, win.n)
+			if n, err := w.r.ReadAt(buf, win.off); n == len(buf) && (err == nil || err == io.EOF) {
+				win.buf = buf
+			}
+		}
+		if win.buf == nil {
+			break
+		}
+		return copy(p, win.buf[off-win.off:]), nil
+	}
+	return w.r.ReadAt(p, off)
+}
