@@ -67,7 +67,11 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 	nbytes := numel * want.ElemSize
 
 	// Its zip structures in one or two reads, not a dozen (torchzip.Windowed).
-	a, err := torchzip.Open(torchzip.Windowed(r, size), size)
+	// Nothing read through the windows is kept: data.pkl is decoded into
+	// values of its own, the result is offsets.
+	w := torchzip.Windowed(r, size)
+	defer w.Release()
+	a, err := torchzip.Open(w, size)
 	if err != nil {
 		return loc, err
 	}

@@ -1,6 +1,9 @@
 package torchzip
 
-import "io"
+import (
+	"io"
+	"sync"
+)
 
 // Windows a record's zip structures are read through: a torch.save
 // archive's local headers, data.pkl and byteorder sit at its head, its
@@ -18,9 +21,10 @@ const (
 // serves reads inside them from memory; an archive no larger than both
 // windows is one window. A read not inside a window, or inside one whose
 // read failed, goes to r as it is, so errors are r's. Not safe for
-// concurrent use: it is for one locating of one archive.
-func Windowed(r io.ReaderAt, size int64) io.ReaderAt {
-	w := &windowed{r: r}
+// concurrent use: it is for one locating of one archive, after which
+// Release hands its memory back (a DCP view locates a record per chunk).
+func Windowed(r io.ReaderAt, size int64) *Windows {
+	w := &Windows{r: r}
 	if size <= headWindow+tailWindow {
 		w.wins[0] = window{off: 0, n: size}
 	} else {
@@ -30,19 +34,35 @@ func Windowed(r io.ReaderAt, size int64) io.ReaderAt {
 	return w
 }
 
-type windowed struct {
+// Windows is Windowed's reader.
+type Windows struct {
 	r    io.ReaderAt
 	wins [2]window
 }
+
+// windowBufs recycles the windows' memory.
+var windowBufs = sync.Pool{New: func() any { b := make([]byte, headWindow+tailWindow); return &b }}
 
 // window is bytes [off, off+n) of the archive, read once (tried).
 type window struct {
 	off, n int64
 	tried  bool
 	buf    []byte // nil until read, or when the read failed
+	pooled *[]byte
 }
 
-func (w *windowed) ReadAt(p []byte, off int64) (int, error) {
+// Release hands the windows' memory back; nothing read through w may be
+// used after it, nor w itself.
+func (w *Windows) Release() {
+	for i := range w.wins {
+		if b := w.wins[i].pooled; b != nil {
+			windowBufs.Put(b)
+		}
+		w.wins[i] = window{}
+	}
+}
+
+func (w *Windows) ReadAt(p []byte, off int64) (int, error) {
 	end := off + int64(len(p))
 	for i := range w.wins {
 		win := &w.wins[i]
@@ -51,7 +71,8 @@ func (w *windowed) ReadAt(p []byte, off int64) (int, error) {
 		}
 		if !win.tried {
 			win.tried = true
-			buf := make([]byte, win.n)
+			win.pooled = windowBufs.Get().(*[]byte)
+			buf := (*win.pooled)[:win.n]
 			if n, err := w.r.ReadAt(buf, win.off); n == len(buf) && (err == nil || err == io.EOF) {
 				win.buf = buf
 			}
