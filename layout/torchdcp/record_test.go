@@ -2,6 +2,7 @@ package torchdcp
 
 import (
 	"bytes"
+	"fmt"
 	"hash/crc32"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip/ziptest"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 )
 
 func TestLocateRecordFiles(t *testing.T) {
@@ -283,4 +285,41 @@ func TestLocateRecordReads(t *testing.T) {
 		assert.Equal(t, data, rec[loc.off:loc.off+int64(len(data))])
 		assert.Equal(t, 2, r.reads, "zip64=%v", z64)
 	}
+}
+
+// TestLocateAfterRewriteInPlace: a shard rewritten in place once open (the
+// same bytes, its mtime put back) fails the next chunk's locating with
+// ErrSourceChanged, though its record's windows read well: the windows are
+// read in one checked batch.
+func TestLocateAfterRewriteInPlace(t *testing.T) {
+	dir := copyDir(t, "plain")
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	p := filepath.Join(dir, "__0_0.distcp")
+	var inFile []*ckpt.Tensor
+	for _, tn := range c.Tensors {
+		if s, ok := tn.Chunks.At(0).Source.(ckpt.Backed); ok && s.Backing().Path == p {
+			inFile = append(inFile, tn)
+		}
+	}
+	require.GreaterOrEqual(t, len(inFile), 2, "tensors with a chunk in %s", p)
+	_, err = treetest.ReadChunk(t, inFile[0], inFile[0].Chunks.At(0))
+	require.NoError(t, err) // the shard is open now
+
+	info, err := os.Stat(p)
+	require.NoError(t, err)
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(b, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Chtimes(p, info.ModTime(), info.ModTime()))
+
+	tn := inFile[1]
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks.At(0))
+	require.ErrorIs(t, err, ckpt.ErrSourceChanged)
+	assert.ErrorContains(t, err, fmt.Sprintf("tensor %q chunk", tn.Name))
 }
