@@ -19,8 +19,10 @@ const (
 // Windowed returns a reader of r (size bytes) that reads the archive's head
 // and tail windows each in one read, on the first read inside it, and
 // serves reads inside them from memory; an archive no larger than both
-// windows is one window. A read not inside a window, or inside one whose
-// read failed, goes to r as it is, so errors are r's. Not safe for
+// windows is one window. A read not inside a window goes to r as it is;
+// one inside a window whose read failed gets that read's error, r's, not
+// asked again (an object store's read that timed out is not waited for
+// twice). Not safe for
 // concurrent use: it is for one locating of one archive, after which
 // Release hands its memory back (a DCP view locates a record per chunk).
 func Windowed(r io.ReaderAt, size int64) *Windows {
@@ -48,6 +50,7 @@ type window struct {
 	off, n int64
 	tried  bool
 	buf    []byte // nil until read, or when the read failed
+	err    error  // the failed read's
 	pooled *[]byte
 }
 
@@ -73,12 +76,18 @@ func (w *Windows) ReadAt(p []byte, off int64) (int, error) {
 			win.tried = true
 			win.pooled = windowBufs.Get().(*[]byte)
 			buf := (*win.pooled)[:win.n]
-			if n, err := w.r.ReadAt(buf, win.off); n == len(buf) && (err == nil || err == io.EOF) {
+			n, err := w.r.ReadAt(buf, win.off)
+			switch {
+			case n == len(buf) && (err == nil || err == io.EOF):
 				win.buf = buf
+			case err == nil || err == io.EOF:
+				win.err = io.ErrUnexpectedEOF // r is shorter than its size
+			default:
+				win.err = err
 			}
 		}
 		if win.buf == nil {
-			break
+			return 0, win.err
 		}
 		return copy(p, win.buf[off-win.off:]), nil
 	}

@@ -68,14 +68,22 @@ func TestWindowed(t *testing.T) {
 	}
 	assert.Len(t, log.reads, 1)
 
-	// The window's read fails: each read goes to the reader, whose error
-	// it returns.
+	// The window's read fails: a read inside it gets that error, the
+	// window not read again; a read outside both windows is the reader's.
 	log = &readLog{r: bytes.NewReader(data), failAt: size - 100}
 	w = Windowed(log, size)
 	_, err := read(size-22, 22)
 	assert.ErrorIs(t, err, errRead)
-	got, err := read(size-tailWindow, 10)
+	_, err = read(size-tailWindow, 10)
+	assert.ErrorIs(t, err, errRead)
+	got, err := read(headWindow+1, 10)
 	require.NoError(t, err)
-	assert.Equal(t, data[size-tailWindow:size-tailWindow+10], got)
-	assert.Len(t, log.reads, 3) // the window, the failed read, the read that works
+	assert.Equal(t, data[headWindow+1:headWindow+11], got)
+	assert.Len(t, log.reads, 2) // the tail window, the read outside
+
+	// A reader shorter than the size it was given: a short window is an
+	// unexpected EOF, as archive/zip words a truncated directory.
+	w = Windowed(bytes.NewReader(data[:500]), 1000)
+	_, err = read(978, 22)
+	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
 }
