@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -322,4 +323,37 @@ func TestLocateAfterRewriteInPlace(t *testing.T) {
 	_, err = treetest.ReadChunk(t, tn, tn.Chunks.At(0))
 	require.ErrorIs(t, err, ckpt.ErrSourceChanged)
 	assert.ErrorContains(t, err, fmt.Sprintf("tensor %q chunk", tn.Name))
+}
+
+// TestLocateRecordMemo: a record whose data.pkl is the bytes the memo holds
+// takes the memo's call (shown by planting a wrong one), one with other
+// bytes is decoded and checked anew and replaces it; the memo never lets a
+// record through that its own data.pkl would refuse.
+func TestLocateRecordMemo(t *testing.T) {
+	a, _ := writeRecord(t, recordCase{"a", "float32", 4, []int64{3, 4}}, 1)
+	b, dataB := writeRecord(t, recordCase{"b", "float32", 4, []int64{4, 3}}, 2)
+	wantA := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{3, 4}}
+	wantB := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{4, 3}}
+	var memo atomic.Pointer[pklMemo]
+
+	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo)
+	require.NoError(t, err)
+	m := memo.Load()
+	require.NotNil(t, m)
+	require.Equal(t, []int64{3, 4}, m.call.Size)
+
+	// The same bytes: the memo's call is taken, not the bytes decoded.
+	wrong := *m.call
+	wrong.Size = []int64{12}
+	memo.Store(&pklMemo{data: m.data, call: &wrong})
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo)
+	assert.ErrorContains(t, err, "record holds shape [12], chunk sizes are [3 4]")
+
+	// Other bytes: decoded, checked against the metadata, kept.
+	loc, err := locateRecordMemo(bytes.NewReader(b), int64(len(b)), wantB, &memo)
+	require.NoError(t, err)
+	assert.Equal(t, dataB, b[loc.off:loc.off+int64(len(dataB))])
+	assert.Equal(t, []int64{4, 3}, memo.Load().call.Size)
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantB, &memo)
+	assert.ErrorContains(t, err, "record holds shape [3 4], chunk sizes are [4 3]")
 }
