@@ -63,6 +63,11 @@ type pklMemo struct {
 	call *torchzip.Rebuild
 }
 
+// maxMemoPkl bounds the data.pkl a tensor keeps (torch writes about 200
+// bytes for a chunk's tensor; a record may hold up to torchzip.Record's MiB),
+// so that what a view keeps per tensor stays small whatever the records.
+var maxMemoPkl = 4 << 10 // a variable for tests
+
 // locateRecord finds a chunk's raw bytes inside the torch.save zip archive
 // read through r (size bytes) and checks them against want. The chunk is
 // numel(want.Sizes)*want.ElemSize bytes long from the offset returned.
@@ -110,7 +115,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 		if call, err = parseDataPkl(data); err != nil {
 			return loc, err
 		}
-		if memo != nil {
+		if memo != nil && len(data) <= maxMemoPkl {
 			memo.Store(&pklMemo{data: data, call: call})
 		}
 	}

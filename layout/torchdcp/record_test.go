@@ -357,3 +357,21 @@ func TestLocateRecordMemo(t *testing.T) {
 	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantB, &memo)
 	assert.ErrorContains(t, err, "record holds shape [3 4], chunk sizes are [4 3]")
 }
+
+// TestLocateRecordMemoBound: a data.pkl over maxMemoPkl is decoded but not
+// kept (a tensor's memo stays small).
+func TestLocateRecordMemoBound(t *testing.T) {
+	a, _ := writeRecord(t, recordCase{"a", "float32", 4, []int64{3, 4}}, 1)
+	want := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{3, 4}}
+	var memo atomic.Pointer[pklMemo]
+	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo)
+	require.NoError(t, err)
+	require.NotNil(t, memo.Load())
+
+	defer func(n int) { maxMemoPkl = n }(maxMemoPkl)
+	memo.Store(nil)
+	maxMemoPkl = 10
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo)
+	require.NoError(t, err)
+	assert.Nil(t, memo.Load())
+}
