@@ -1,9 +1,11 @@
 package torchdcp
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"slices"
+	"sync/atomic"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
@@ -50,10 +52,33 @@ type recordLoc struct {
 	crc       uint32 // CRC32 (IEEE) of the entry's bytes
 }
 
+// pklMemo is a record's data.pkl and what it decoded to, kept by a tensor
+// for its next chunk: the chunks of one tensor from many ranks mostly have
+// byte-identical data.pkl (the same dtype, shape and storage key), and the
+// same bytes decode to the same call, so only bytes that differ are decoded
+// (decoding was most of locating a small record: BENCHMARKS.md, run
+// Z-records). The call is only read.
+type pklMemo struct {
+	data []byte
+	call *torchzip.Rebuild
+}
+
+// maxMemoPkl bounds the data.pkl a tensor keeps (torch writes about 200
+// bytes for a chunk's tensor; a record may hold up to torchzip.Record's MiB),
+// so that what a view keeps per tensor stays small whatever the records.
+var maxMemoPkl = 4 << 10 // a variable for tests
+
 // locateRecord finds a chunk's raw bytes inside the torch.save zip archive
 // read through r (size bytes) and checks them against want. The chunk is
 // numel(want.Sizes)*want.ElemSize bytes long from the offset returned.
 func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, err error) {
+	return locateRecordMemo(r, size, want, nil)
+}
+
+// locateRecordMemo is locateRecord reusing memo's decoded data.pkl where the
+// record's is the same bytes, and keeping the record's there (memo may be
+// nil).
+func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.Pointer[pklMemo]) (loc recordLoc, err error) {
 	if want.ElemSize <= 0 {
 		return loc, fmt.Errorf("bad element size %d", want.ElemSize)
 	}
@@ -66,7 +91,12 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 	}
 	nbytes := numel * want.ElemSize
 
-	a, err := torchzip.Open(r, size)
+	// Its zip structures in one or two reads, not a dozen (torchzip.Windowed).
+	// Nothing read through the windows is kept: data.pkl is decoded into
+	// values of its own, the result is offsets.
+	w := torchzip.Windowed(r, size)
+	defer w.Release()
+	a, err := torchzip.Open(w, size)
 	if err != nil {
 		return loc, err
 	}
@@ -78,9 +108,16 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 	if err != nil {
 		return loc, err
 	}
-	call, err := parseDataPkl(data)
-	if err != nil {
-		return loc, err
+	var call *torchzip.Rebuild
+	if m := memoOf(memo); m != nil && bytes.Equal(m.data, data) {
+		call = m.call
+	} else {
+		if call, err = parseDataPkl(data); err != nil {
+			return loc, err
+		}
+		if memo != nil && len(data) <= maxMemoPkl {
+			memo.Store(&pklMemo{data: data, call: call})
+		}
 	}
 
 	// The dtype, from the typed storage class or the v3 argument.
@@ -129,6 +166,13 @@ func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, er
 		return loc, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name, off, off+entrySize, size)
 	}
 	return recordLoc{off: off + start, entry: df.Name, entryOff: off, entrySize: entrySize, crc: df.CRC32}, nil
+}
+
+func memoOf(memo *atomic.Pointer[pklMemo]) *pklMemo {
+	if memo == nil {
+		return nil
+	}
+	return memo.Load()
 }
 
 // contiguous is torchzip.Contiguous.

@@ -2,12 +2,14 @@ package torchdcp
 
 import (
 	"bytes"
+	"fmt"
 	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip/ziptest"
+	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 )
 
 func TestLocateRecordFiles(t *testing.T) {
@@ -240,4 +243,135 @@ func TestRealRecordsLocate(t *testing.T) {
 		}
 	}
 	assert.Greater(t, total, 100)
+}
+
+// countingReader counts the reads through it.
+type countingReader struct {
+	r     io.ReaderAt
+	reads int
+}
+
+func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
+	c.reads++
+	return c.r.ReadAt(p, off)
+}
+
+// TestLocateRecordReads: locating a chunk reads the record's zip structures
+// in one read (a record no larger than torchzip's two windows: the records
+// torch wrote in testdata) or two (head and tail of a larger one, ZIP64 too),
+// not one read per header (BENCHMARKS.md, run Z-records).
+func TestLocateRecordReads(t *testing.T) {
+	recs := loadManifest(t).records(t)
+	for _, name := range []string{"offset", "param", "f8", "scalar"} {
+		rec := recs[name]
+		data, err := os.ReadFile(filepath.Join("testdata", "records", name+".pt"))
+		require.NoError(t, err)
+		_, es, ok := dtypeOf(rec.DType)
+		require.True(t, ok)
+		r := &countingReader{r: bytes.NewReader(data)}
+		_, err = locateRecord(r, int64(len(data)), recordWant{DType: rec.DType, ElemSize: es, Sizes: rec.Shape})
+		require.NoError(t, err, name)
+		assert.Equal(t, 1, r.reads, "%s: %d bytes", name, len(data))
+	}
+	for _, z64 := range []bool{false, true} {
+		if z64 {
+			defer func(n int64) { zip64Limit = n }(zip64Limit)
+			zip64Limit = 16
+		}
+		c := recordCase{"large", "float32", 4, []int64{300, 300}} // 360 KB: past both windows
+		rec, data := writeRecord(t, c, 5)
+		r := &countingReader{r: bytes.NewReader(rec)}
+		loc, err := locateRecord(r, int64(len(rec)), recordWant{DType: c.dtype, ElemSize: c.es, Sizes: c.shape})
+		require.NoError(t, err)
+		assert.Equal(t, data, rec[loc.off:loc.off+int64(len(data))])
+		assert.Equal(t, 2, r.reads, "zip64=%v", z64)
+	}
+}
+
+// TestLocateAfterRewriteInPlace: a shard rewritten in place once open (the
+// same bytes, its mtime put back) fails the next chunk's locating with
+// ErrSourceChanged, though its record's windows read well: the windows are
+// read in one checked batch.
+func TestLocateAfterRewriteInPlace(t *testing.T) {
+	dir := copyDir(t, "plain")
+	c, err := Open(dir)
+	require.NoError(t, err)
+	defer c.Close()
+	p := filepath.Join(dir, "__0_0.distcp")
+	var inFile []*ckpt.Tensor
+	for _, tn := range c.Tensors {
+		if s, ok := tn.Chunks.At(0).Source.(ckpt.Backed); ok && s.Backing().Path == p {
+			inFile = append(inFile, tn)
+		}
+	}
+	require.GreaterOrEqual(t, len(inFile), 2, "tensors with a chunk in %s", p)
+	_, err = treetest.ReadChunk(t, inFile[0], inFile[0].Chunks.At(0))
+	require.NoError(t, err) // the shard is open now
+
+	info, err := os.Stat(p)
+	require.NoError(t, err)
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(b, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Chtimes(p, info.ModTime(), info.ModTime()))
+
+	tn := inFile[1]
+	_, err = treetest.ReadChunk(t, tn, tn.Chunks.At(0))
+	require.ErrorIs(t, err, ckpt.ErrSourceChanged)
+	assert.ErrorContains(t, err, fmt.Sprintf("tensor %q chunk", tn.Name))
+}
+
+// TestLocateRecordMemo: a record whose data.pkl is the bytes the memo holds
+// takes the memo's call (shown by planting a wrong one), one with other
+// bytes is decoded and checked anew and replaces it; the memo never lets a
+// record through that its own data.pkl would refuse.
+func TestLocateRecordMemo(t *testing.T) {
+	a, _ := writeRecord(t, recordCase{"a", "float32", 4, []int64{3, 4}}, 1)
+	b, dataB := writeRecord(t, recordCase{"b", "float32", 4, []int64{4, 3}}, 2)
+	wantA := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{3, 4}}
+	wantB := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{4, 3}}
+	var memo atomic.Pointer[pklMemo]
+
+	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo)
+	require.NoError(t, err)
+	m := memo.Load()
+	require.NotNil(t, m)
+	require.Equal(t, []int64{3, 4}, m.call.Size)
+
+	// The same bytes: the memo's call is taken, not the bytes decoded.
+	wrong := *m.call
+	wrong.Size = []int64{12}
+	memo.Store(&pklMemo{data: m.data, call: &wrong})
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo)
+	assert.ErrorContains(t, err, "record holds shape [12], chunk sizes are [3 4]")
+
+	// Other bytes: decoded, checked against the metadata, kept.
+	loc, err := locateRecordMemo(bytes.NewReader(b), int64(len(b)), wantB, &memo)
+	require.NoError(t, err)
+	assert.Equal(t, dataB, b[loc.off:loc.off+int64(len(dataB))])
+	assert.Equal(t, []int64{4, 3}, memo.Load().call.Size)
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantB, &memo)
+	assert.ErrorContains(t, err, "record holds shape [3 4], chunk sizes are [4 3]")
+}
+
+// TestLocateRecordMemoBound: a data.pkl over maxMemoPkl is decoded but not
+// kept (a tensor's memo stays small).
+func TestLocateRecordMemoBound(t *testing.T) {
+	a, _ := writeRecord(t, recordCase{"a", "float32", 4, []int64{3, 4}}, 1)
+	want := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{3, 4}}
+	var memo atomic.Pointer[pklMemo]
+	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo)
+	require.NoError(t, err)
+	require.NotNil(t, memo.Load())
+
+	defer func(n int) { maxMemoPkl = n }(maxMemoPkl)
+	memo.Store(nil)
+	maxMemoPkl = 10
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo)
+	require.NoError(t, err)
+	assert.Nil(t, memo.Load())
 }

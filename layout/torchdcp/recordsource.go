@@ -84,6 +84,7 @@ type recordTensor struct {
 	files    *ckpt.FileSet // owns the scratch file of a large zstd record
 	chunks   *ckpt.Chunks  // the tensor's
 	srcs     []recordSource
+	pkl      atomic.Pointer[pklMemo] // the data.pkl last decoded for a chunk
 }
 
 // Source implements ckpt.SourceTable: the chunks' sources, in one array.
@@ -262,7 +263,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 		var at recordLoc
 		err = s.file.Batch(func(r io.ReaderAt) error {
 			var err error
-			at, err = locateRecord(io.NewSectionReader(r, s.off, s.length), s.length, s.want())
+			at, err = locateRecordMemo(io.NewSectionReader(r, s.off, s.length), s.length, s.want(), &s.t.pkl)
 			return err
 		})
 		if err == nil {
@@ -290,7 +291,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 
 // resolve locates the chunk in the record read through r.
 func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
-	at, err := locateRecord(r, size, s.want())
+	at, err := locateRecordMemo(r, size, s.want(), &s.t.pkl)
 	if err != nil {
 		return nil, err
 	}

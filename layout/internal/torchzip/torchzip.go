@@ -4,7 +4,9 @@
 // every reader, with the same hostile checks for all; data.pkl decoded by
 // the restricted pickle VM (nothing is executed) within one of the named
 // Limits sets; the storage persistent ids and tensor rebuild calls, the
-// storage dtypes, the contiguity rule, and bounded reads of small entries.
+// storage dtypes, the contiguity rule, and bounded reads of small entries;
+// Windowed, an archive's head and tail read in one read each, for a reader
+// that opens many small archives (a DCP chunk record per chunk).
 // The formats own where archives sit and what they must hold.
 package torchzip
 

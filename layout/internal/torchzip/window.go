@@ -1,0 +1,95 @@
+package torchzip
+
+import (
+	"io"
+	"sync"
+)
+
+// Windows a record's zip structures are read through: a torch.save
+// archive's local headers, data.pkl and byteorder sit at its head, its
+// central directory and end record at its tail, each a few hundred bytes.
+// Read through archive/zip they are a dozen small reads, each waiting on
+// the disk when cold (BENCHMARKS.md, run Z-records); read as two windows
+// they are two reads, and one for an archive no larger than both.
+const (
+	headWindow = 64 << 10
+	tailWindow = 64 << 10
+)
+
+// Windowed returns a reader of r (size bytes) that reads the archive's head
+// and tail windows each in one read, on the first read inside it, and
+// serves reads inside them from memory; an archive no larger than both
+// windows is one window. A read not inside a window goes to r as it is;
+// one inside a window whose read failed gets that read's error, r's, not
+// asked again (an object store's read that timed out is not waited for
+// twice). Not safe for
+// concurrent use: it is for one locating of one archive, after which
+// Release hands its memory back (a DCP view locates a record per chunk).
+func Windowed(r io.ReaderAt, size int64) *Windows {
+	w := &Windows{r: r}
+	if size <= headWindow+tailWindow {
+		w.wins[0] = window{off: 0, n: size}
+	} else {
+		w.wins[0] = window{off: 0, n: headWindow}
+		w.wins[1] = window{off: size - tailWindow, n: tailWindow}
+	}
+	return w
+}
+
+// Windows is Windowed's reader.
+type Windows struct {
+	r    io.ReaderAt
+	wins [2]window
+}
+
+// windowBufs recycles the windows' memory.
+var windowBufs = sync.Pool{New: func() any { b := make([]byte, headWindow+tailWindow); return &b }}
+
+// window is bytes [off, off+n) of the archive, read once (tried).
+type window struct {
+	off, n int64
+	tried  bool
+	buf    []byte // nil until read, or when the read failed
+	err    error  // the failed read's
+	pooled *[]byte
+}
+
+// Release hands the windows' memory back; nothing read through w may be
+// used after it, nor w itself.
+func (w *Windows) Release() {
+	for i := range w.wins {
+		if b := w.wins[i].pooled; b != nil {
+			windowBufs.Put(b)
+		}
+		w.wins[i] = window{}
+	}
+}
+
+func (w *Windows) ReadAt(p []byte, off int64) (int, error) {
+	end := off + int64(len(p))
+	for i := range w.wins {
+		win := &w.wins[i]
+		if win.n == 0 || off < win.off || end > win.off+win.n {
+			continue
+		}
+		if !win.tried {
+			win.tried = true
+			win.pooled = windowBufs.Get().(*[]byte)
+			buf := (*win.pooled)[:win.n]
+			n, err := w.r.ReadAt(buf, win.off)
+			switch {
+			case n == len(buf) && (err == nil || err == io.EOF):
+				win.buf = buf
+			case err == nil || err == io.EOF:
+				win.err = io.ErrUnexpectedEOF // r is shorter than its size
+			default:
+				win.err = err
+			}
+		}
+		if win.buf == nil {
+			return 0, win.err
+		}
+		return copy(p, win.buf[off-win.off:]), nil
+	}
+	return w.r.ReadAt(p, off)
+}
