@@ -25,6 +25,7 @@ package pickle
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"strings"
 )
@@ -59,6 +60,12 @@ type Options struct {
 	// PersistentLoad resolves BINPERSID persistent ids (torch.save data.pkl
 	// storages). Without it BINPERSID is an error.
 	PersistentLoad func(pid any) (any, error)
+	// Release, when set, is told of each part of data the decoder is done
+	// with (the whole of it once scanned, then the part behind the VM as
+	// it goes, in order): a mapped input may drop those pages from the
+	// process's memory, as nothing decoded points into data. Data must
+	// stay readable (the VM may read a released byte again, rarely).
+	Release func(lo, hi int)
 }
 
 // Defaults for Options.
@@ -127,9 +134,15 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 	if int64(len(data)) > opts.MaxInputBytes {
 		return nil, &Error{Msg: fmt.Sprintf("input larger than %d bytes", opts.MaxInputBytes), Err: ErrLimit}
 	}
-	d := &decoder{data: data, opts: opts}
+	d := &decoder{data: data, opts: opts, releaseAt: math.MaxInt}
 	if opts.Sink != nil {
 		d.refs = scanRefs(data, opts)
+	}
+	if opts.Release != nil {
+		if opts.Sink != nil {
+			opts.Release(0, len(data)) // scanned: read again from its start
+		}
+		d.releaseAt = releaseStep
 	}
 	if rs, ok := opts.Sink.(RecordSink); ok && d.refs != nil {
 		d.rec = &recorder{sink: rs, data: data, declined: -1}
@@ -180,6 +193,9 @@ type decoder struct {
 	// (nil: memo is the memo).
 	refs   *refs
 	pruned int
+	// releaseAt is where the VM next tells opts.Release of the part
+	// behind it (MaxInt: never), released where the last part ended.
+	releaseAt, released int
 	// rec reads the objects a RecordSink takes as records (record.go);
 	// nil without one, or when the memo is not pruned.
 	rec *recorder

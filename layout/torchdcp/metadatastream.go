@@ -54,7 +54,10 @@ type stream struct {
 	records, built int
 	noRecords      bool
 	hinted         int // storage entries placed by their index hint
-	slabs          refSlabs
+	// release drops the pages of the mapped .metadata the decoder is
+	// done with (pickle.Options.Release); nil when it is not mapped.
+	release func(lo, hi int)
+	slabs   refSlabs
 }
 
 // streamTensor is one TensorStorageMetadata and the storage of its chunks.
