@@ -146,6 +146,7 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 	}
 	if rs, ok := opts.Sink.(RecordSink); ok && d.refs != nil {
 		d.rec = &recorder{sink: rs, data: data, declined: -1}
+		d.rec.known, _ = rs.(StrSink)
 	}
 	return d.run()
 }

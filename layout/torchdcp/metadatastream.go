@@ -48,6 +48,7 @@ type stream struct {
 
 	storageDict *pickle.Dict  // the dict the storage entries went into
 	last        *streamTensor // the tensor of the last storage entry
+	named       *streamTensor // the tensor whose name Str found last
 	// records and built count the chunks, indexes and storage infos
 	// taken as records (BuiltRecord) and as objects (Built); noRecords
 	// takes none as records (tests compare the two ways).
@@ -64,6 +65,8 @@ type stream struct {
 type streamTensor struct {
 	t     *TensorMetadata
 	fqn   string
+	box   any           // fqn, boxed once for Str
+	after *streamTensor // the tensor whose name Str found after this one's, last time
 	store []storedChunk
 	order []int32 // chunk indices sorted by offsets, made on first look-up
 	next  int     // where in order the last look-up ended
@@ -92,6 +95,9 @@ type (
 		// tensor's chunks (-1: none); torch itself only trusts it once
 		// the chunk's offsets match, and so does put.
 		hint int64
+		// t is the tensor Str found its fqn for (nil: none), which put
+		// checks.
+		t *streamTensor
 	}
 	infoRef struct{ info StorageInfo }
 )
@@ -99,6 +105,7 @@ type (
 type streamEntry struct {
 	idx  Index
 	hint int64
+	t    *streamTensor
 	info StorageInfo
 }
 
@@ -206,7 +213,10 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 		}
 		s.records++
 		ref := s.slabs.index()
-		ref.idx, ref.hint = idx, hint
+		ref.idx, ref.hint, ref.t = idx, hint, nil
+		if n := s.named; n != nil && n.fqn == idx.FQN { // its fqn field, read by Str
+			ref.t = n
+		}
 		return ref, true, nil
 	case recordInfo:
 		var info StorageInfo
@@ -355,7 +365,7 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 			return nil, false, err
 		}
 		s.built++
-		return &indexRef{idx, indexHint(obj)}, true, nil
+		return &indexRef{idx: idx, hint: indexHint(obj)}, true, nil
 	case recordInfo:
 		info, err := decodeStorageInfo(obj)
 		if err != nil {
@@ -432,7 +442,7 @@ func (s *stream) SetItem(dict *pickle.Dict, key, value any) (bool, error) {
 		if !ok || tr.t.fqn != "" || s.byFQN[fqn] != nil {
 			return false, errStream
 		}
-		tr.t.fqn = fqn
+		tr.t.fqn, tr.t.box = fqn, fqn
 		s.byFQN[fqn] = tr.t
 		return false, nil
 	}
@@ -445,30 +455,34 @@ func (s *stream) SetItem(dict *pickle.Dict, key, value any) (bool, error) {
 		return false, errStream
 	}
 	s.storageDict = dict
-	if !s.put(ir.idx, ir.hint, fr.info) {
-		s.late = append(s.late, streamEntry{ir.idx, ir.hint, fr.info})
+	if e := (streamEntry{ir.idx, ir.hint, ir.t, fr.info}); !s.put(e) {
+		s.late = append(s.late, e)
 	}
 	return true, nil
 }
 
 // put records a storage entry; false when its tensor is not named yet. A
-// later entry of the same key replaces an earlier one, as in Python. hint
-// is the entry's MetadataIndex.index (-1: none).
-func (s *stream) put(idx Index, hint int64, info StorageInfo) bool {
+// later entry of the same key replaces an earlier one, as in Python.
+func (s *stream) put(e streamEntry) bool {
+	idx, info := e.idx, e.info
 	if idx.Offset == nil {
 		s.objects[idx.FQN] = info
 		return true
 	}
-	st := s.last // storage entries come tensor by tensor
+	// The tensor Str found the name for (then idx.FQN is its string:
+	// equal at the first compare), or the last entry's, or by the map.
+	st := e.t
 	if st == nil || st.fqn != idx.FQN {
-		if st = s.byFQN[idx.FQN]; st == nil {
-			return false
+		if st = s.last; st == nil || st.fqn != idx.FQN {
+			if st = s.byFQN[idx.FQN]; st == nil {
+				return false
+			}
 		}
-		s.last = st
 	}
+	s.last = st
 	sc := storedChunk{file: s.file(info.RelativePath), xform: s.xform(info.TransformDescriptors),
 		off: info.Offset, length: info.Length}
-	if i, ok := st.hinted(hint, idx.Offset); ok {
+	if i, ok := st.hinted(e.hint, idx.Offset); ok {
 		st.store[i] = sc
 		s.hinted++
 		return true
@@ -477,6 +491,28 @@ func (s *stream) put(idx Index, hint int64, info StorageInfo) bool {
 		st.store[i] = sc
 	}
 	return true
+}
+
+// Str implements pickle.StrSink: a storage entry's fqn (pickled in full
+// for each, in a real .metadata) is its tensor's name, boxed once, not a
+// new string. Entries come rank by rank, and each rank's visit the tensors
+// in the order the last one's did: the tensor of the name found last, then
+// the one whose name came after it last time, are tried before the map.
+func (s *stream) Str(b []byte) any {
+	st := s.named
+	if st != nil && st.fqn != string(b) {
+		st = st.after
+	}
+	if st == nil || st.fqn != string(b) {
+		if st = s.byFQN[string(b)]; st == nil {
+			return nil
+		}
+		if s.named != nil {
+			s.named.after = st
+		}
+	}
+	s.named = st
+	return st.box
 }
 
 func (s *stream) file(rel string) int32 {
@@ -580,7 +616,7 @@ func (st *streamTensor) find(offs []int64) []int32 {
 // and every tensor is named, and checks that every tensor was.
 func (s *stream) finish() error {
 	for _, e := range s.late {
-		s.put(e.idx, e.hint, e.info) // a tensor never named: torch ignores the entry too
+		s.put(e) // a tensor never named: torch ignores the entry too
 	}
 	s.late = nil
 	for _, st := range s.tensors {

@@ -125,3 +125,46 @@ func TestStreamIndexHint(t *testing.T) {
 		})
 	}
 }
+
+// A storage entry's fqn, pickled in full, is its tensor's name (the same
+// string, boxed once) when a tensor has it: found as the tensor Str found
+// last, the one found after it last time, or by the map; else the VM's
+// own. put takes the tensor Str found only if its name is the entry's.
+func TestStreamStr(t *testing.T) {
+	s := newStream()
+	var ts []*streamTensor
+	for _, name := range []string{"a", "b", "c"} {
+		st := &streamTensor{t: &TensorMetadata{}}
+		_, err := s.SetItem(nil, name, tensorRef{st})
+		require.NoError(t, err)
+		ts = append(ts, st)
+	}
+	str := func(name string) {
+		box := s.Str([]byte(name))
+		require.NotNil(t, box, name)
+		require.Equal(t, name, box.(string))
+		require.Same(t, s.byFQN[name], s.named, name)
+	}
+	for range 2 { // two "ranks"
+		str("a")
+		str("b")
+		str("c")
+	}
+	require.Same(t, ts[1], ts[0].after)
+	require.Same(t, ts[2], ts[1].after)
+	require.Same(t, ts[0], ts[2].after)
+	require.Nil(t, s.Str([]byte("d")))
+	require.Nil(t, s.Str([]byte("")))
+	str("c") // the last one again
+	str("b") // by the map
+	require.Same(t, ts[1], ts[2].after)
+
+	for _, e := range []streamEntry{
+		{idx: Index{FQN: "a", Offset: []int64{}}, t: ts[0]},
+		{idx: Index{FQN: "a", Offset: []int64{}}, t: ts[2]}, // not its tensor
+		{idx: Index{FQN: "b", Offset: []int64{}}},
+	} {
+		require.True(t, s.put(e))
+		require.Same(t, s.byFQN[e.idx.FQN], s.last)
+	}
+}
