@@ -61,10 +61,11 @@ type Options struct {
 	// storages). Without it BINPERSID is an error.
 	PersistentLoad func(pid any) (any, error)
 	// Release, when set, is told of each part of data the decoder is done
-	// with (the whole of it once scanned, then the part behind the VM as
+	// with (each part the scan has read, from each of its goroutines at
+	// once; the whole of it once scanned; then the part behind the VM as
 	// it goes, in order): a mapped input may drop those pages from the
 	// process's memory, as nothing decoded points into data. Data must
-	// stay readable (the VM may read a released byte again, rarely).
+	// stay readable (a byte released may be read again, rarely).
 	Release func(lo, hi int)
 }
 

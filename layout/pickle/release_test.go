@@ -2,6 +2,8 @@ package pickle
 
 import (
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,13 +30,26 @@ func TestRelease(t *testing.T) {
 			want, err := DecodeBytes(data, opts)
 			require.NoError(t, err)
 			var calls [][2]int
-			opts.Release = func(lo, hi int) { calls = append(calls, [2]int{lo, hi}) }
+			var mu sync.Mutex // the scan's segments call at once
+			opts.Release = func(lo, hi int) {
+				mu.Lock()
+				defer mu.Unlock()
+				calls = append(calls, [2]int{lo, hi})
+			}
 			got, err := DecodeBytes(data, opts)
 			require.NoError(t, err)
 			require.Equal(t, Repr(want), Repr(got))
 			if sink {
-				require.Equal(t, [2]int{0, len(data)}, calls[0], "the scanned input")
-				calls = calls[1:]
+				// The scan's parts, in any order, then the whole input.
+				i := slices.Index(calls, [2]int{0, len(data)})
+				require.GreaterOrEqual(t, i, len(data)/releaseStep-1, "the scan's parts: %v", calls)
+				scanned := 0
+				for _, c := range calls[:i] {
+					require.True(t, 0 <= c[0] && c[0] < c[1] && c[1] <= len(data), "%v", calls)
+					scanned += c[1] - c[0]
+				}
+				require.Greater(t, scanned, len(data)-2*releaseStep)
+				calls = calls[i+1:]
 			}
 			require.GreaterOrEqual(t, len(calls), len(data)/releaseStep-1)
 			end := 0
@@ -45,5 +60,39 @@ func TestRelease(t *testing.T) {
 			}
 			require.LessOrEqual(t, end, len(data)-releaseLag)
 		})
+	}
+}
+
+// A scan in parts (with Options.Release: runIn) gives the scan in one run,
+// parts of any size, of every seed and hostile pickle, in one segment and
+// in segments; each part released once, none outside the input.
+func TestScanInParts(t *testing.T) {
+	old := scanPart
+	t.Cleanup(func() { scanPart = old })
+	for _, b := range sinkSeeds(t) {
+		for _, size := range []int{64, 7} {
+			f := reframe(b, size)
+			want := scanOnce(f, Options{}.withDefaults())
+			for _, part := range []int{1, 3, 16, 1 << 20} {
+				scanPart = part
+				var mu sync.Mutex
+				released := 0
+				opts := Options{Release: func(lo, hi int) {
+					mu.Lock()
+					defer mu.Unlock()
+					require.True(t, 0 <= lo && lo < hi && hi <= len(f), "%d-%d of %d", lo, hi, len(f))
+					released += hi - lo
+				}}.withDefaults()
+				require.True(t, sameRefs(want, scanOnce(f, opts)), "part %d of %x", part, f[:min(len(f), 32)])
+				if want != nil {
+					require.LessOrEqual(t, released, len(f))
+				}
+				if starts := frameStarts(f, 2); len(starts) > 1 {
+					if got, ok := scanSegments(f, starts, opts); ok {
+						require.True(t, sameRefs(want, got), "segments, part %d", part)
+					}
+				}
+			}
+		}
 	}
 }
