@@ -15,6 +15,9 @@
 // writes for nearly all of them, in one pass). With a Sink the memo keeps
 // only the entries the pickle gets again, found by a scan of the opcodes
 // before decoding (scan.go: a large framed pickle in segments at once).
+// A StrSink hands the record reader strings it knows already (a name
+// pickled in full for every chunk), and Options.Release hears of the input
+// the scan and the VM are done with (a mapped input drops those pages).
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.
