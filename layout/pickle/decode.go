@@ -15,6 +15,9 @@
 // writes for nearly all of them, in one pass). With a Sink the memo keeps
 // only the entries the pickle gets again, found by a scan of the opcodes
 // before decoding (scan.go: a large framed pickle in segments at once).
+// A StrSink hands the record reader strings it knows already (a name
+// pickled in full for every chunk), and Options.Release hears of the input
+// the scan and the VM are done with (a mapped input drops those pages).
 //
 // Every resource an attacker controls is bounded by Options: input size,
 // string length, container items, nesting depth, stack depth and memo size.
@@ -25,6 +28,7 @@ package pickle
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"strings"
 )
@@ -59,6 +63,13 @@ type Options struct {
 	// PersistentLoad resolves BINPERSID persistent ids (torch.save data.pkl
 	// storages). Without it BINPERSID is an error.
 	PersistentLoad func(pid any) (any, error)
+	// Release, when set, is told of each part of data the decoder is done
+	// with (each part the scan has read, from each of its goroutines at
+	// once; the whole of it once scanned; then the part behind the VM as
+	// it goes, in order): a mapped input may drop those pages from the
+	// process's memory, as nothing decoded points into data. Data must
+	// stay readable (a byte released may be read again, rarely).
+	Release func(lo, hi int)
 }
 
 // Defaults for Options.
@@ -127,12 +138,19 @@ func DecodeBytes(data []byte, opts Options) (any, error) {
 	if int64(len(data)) > opts.MaxInputBytes {
 		return nil, &Error{Msg: fmt.Sprintf("input larger than %d bytes", opts.MaxInputBytes), Err: ErrLimit}
 	}
-	d := &decoder{data: data, opts: opts}
+	d := &decoder{data: data, opts: opts, releaseAt: math.MaxInt}
 	if opts.Sink != nil {
 		d.refs = scanRefs(data, opts)
 	}
+	if opts.Release != nil {
+		if opts.Sink != nil {
+			opts.Release(0, len(data)) // scanned: read again from its start
+		}
+		d.releaseAt = releaseStep
+	}
 	if rs, ok := opts.Sink.(RecordSink); ok && d.refs != nil {
 		d.rec = &recorder{sink: rs, data: data, declined: -1}
+		d.rec.known, _ = rs.(StrSink)
 	}
 	return d.run()
 }
@@ -180,6 +198,9 @@ type decoder struct {
 	// (nil: memo is the memo).
 	refs   *refs
 	pruned int
+	// releaseAt is where the VM next tells opts.Release of the part
+	// behind it (MaxInt: never), released where the last part ended.
+	releaseAt, released int
 	// rec reads the objects a RecordSink takes as records (record.go);
 	// nil without one, or when the memo is not pruned.
 	rec *recorder

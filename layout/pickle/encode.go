@@ -123,6 +123,25 @@ func (e *Encoder) Str(s string) {
 	e.b = append(e.b, s...)
 }
 
+// NewStr pushes a str as a pickler writes a str object it has not met,
+// though equal to one it has (torch's MetadataIndex.fqn, made anew for
+// each chunk): in full, memoized, never got again. Str, in an encoder
+// without a memo.
+func (e *Encoder) NewStr(s string) {
+	if e.memo == nil || len(s) >= 1<<8 {
+		memo := e.memo
+		e.memo = nil
+		e.Str(s)
+		if e.memo = memo; memo != nil {
+			e.put()
+		}
+		return
+	}
+	e.b = append(e.b, opSHORT_BINUNICODE, byte(len(s)))
+	e.b = append(e.b, s...)
+	e.put()
+}
+
 // Int pushes an int with the shortest opcode CPython uses.
 func (e *Encoder) Int(v int64) {
 	switch {

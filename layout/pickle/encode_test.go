@@ -3,6 +3,7 @@ package pickle
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -160,4 +161,27 @@ func TestMemoEncoderBatches(t *testing.T) {
 	e.DictOf(1, func(int) { e.Int(1); e.None() })
 	e.DictOf(0, nil)
 	assert.Equal(t, "80047d944b014e737d942e", hex.EncodeToString(e.Bytes()))
+}
+
+// NewStr writes a str equal to one written before in full, memoized and
+// never got, as CPython does for a distinct str object: pickle.dumps([a, b,
+// a], 4) with a = 'ab' and b = ”.join(['a', 'b']), its FRAME left out.
+func TestMemoEncoderNewStr(t *testing.T) {
+	e := NewMemoEncoder()
+	e.List(func() {
+		e.Str("ab")
+		e.NewStr("ab")
+		e.Str("ab")
+	})
+	assert.Equal(t, "80045d94288c026162948c026162946801652e", hex.EncodeToString(e.Bytes()))
+	e = NewMemoEncoder()
+	e.List(func() { e.NewStr(strings.Repeat("x", 300)); e.NewStr("y") })
+	v, err := DecodeBytes(e.Bytes(), Options{})
+	require.NoError(t, err)
+	assert.Equal(t, `["`+strings.Repeat("x", 300)+`", "y"]`, Repr(v))
+	// Without a memo, NewStr is Str.
+	e, e2 := NewEncoder(), NewEncoder()
+	e.NewStr("ab")
+	e2.Str("ab")
+	assert.Equal(t, e2.Bytes(), e.Bytes())
 }

@@ -138,6 +138,16 @@ func (r *Record) Field(name string) (Field, bool) {
 }
 
 // RecordSink is a Sink that takes the objects of some classes as records.
+// StrSink is a RecordSink that may know a record's strings already (a
+// .metadata pickles a tensor's name in full again for each of its chunks):
+// Str returns a string equal to b, boxed (an any holding the string), or
+// nil; the VM then makes and boxes one of its own. It saves a string and
+// its box for every such field.
+type StrSink interface {
+	RecordSink
+	Str(b []byte) any
+}
+
 type RecordSink interface {
 	Sink
 	// RecordClass returns a tag, not 0, when objects of class g are to
@@ -176,6 +186,7 @@ const (
 // one record to the next.
 type recorder struct {
 	sink    RecordSink
+	known   StrSink // sink, if it is one
 	classes []recClass
 	// bySlot is RecordClass's answer by the memo entry a class was got
 	// from (BINGET, EMPTY_TUPLE, NEWOBJ: nearly every record), so that a

@@ -178,7 +178,14 @@ func (d *decoder) fastStr(p, next int) (rval, int, int, bool) {
 		if n > d.opts.MaxStringLen || n > len(data)-p-2 {
 			return rval{}, p, next, false
 		}
-		v := rval{kind: rStr, w: 1 + int64(n)/itemBytes, box: r.boxOf(d.str(data[p+2 : p+2+n]))}
+		var box any
+		if r.known != nil {
+			box = r.known.Str(data[p+2 : p+2+n])
+		}
+		if box == nil {
+			box = d.str(data[p+2 : p+2+n])
+		}
+		v := rval{kind: rStr, w: 1 + int64(n)/itemBytes, box: r.boxOf(box)}
 		p, next, ok := d.fastMemoize(p+2+n, next)
 		return v, p, next, ok
 	}

@@ -57,7 +57,7 @@ func scanRefs(data []byte, opts Options) *refs {
 // scanOnce is the scan in one pass.
 func scanOnce(data []byte, opts Options) *refs {
 	s := scanSeg{end: len(data), known: true}
-	s.run(data)
+	s.runIn(data, opts.Release)
 	if s.bad || !s.stop {
 		return nil
 	}
@@ -96,8 +96,8 @@ type scanSeg struct {
 // on the common path, the opcodes of a .metadata's records first.
 func (s *scanSeg) run(data []byte) {
 	r := &s.r
-	puts := s.puts // entries put so far: the next index, less the unknown base
-	pos, end := s.start, s.end
+	puts := s.puts                         // entries put so far: the next index, less the unknown base
+	pos, end := max(s.start, s.pos), s.end // s.pos: where runIn stopped it
 	for pos < end {
 		op := data[pos]
 		// The opcodes of a .metadata's records first, each its own case:
@@ -227,6 +227,31 @@ func (s *scanSeg) run(data []byte) {
 	s.puts, s.pos = puts, pos
 }
 
+// scanPart is the part runIn scans between releases (a var: tests scan in
+// parts of a few bytes).
+var scanPart = releaseStep
+
+// runIn runs the segment in parts of scanPart bytes, telling release
+// (Options.Release; nil: the segment in one run) of each part scanned, so
+// that a mapped input is not all resident at the scan's end. run stops
+// after the opcode that crosses a part's end, and goes on from there.
+func (s *scanSeg) runIn(data []byte, release func(lo, hi int)) {
+	if release == nil {
+		s.run(data)
+		return
+	}
+	end := s.end
+	defer func() { s.end = end }()
+	for lo := s.start; ; lo = s.pos {
+		s.end = min(end, max(lo, s.start)+scanPart)
+		s.run(data)
+		if s.bad || s.stop || s.end == end {
+			return
+		}
+		release(lo, s.pos)
+	}
+}
+
 // early is a get of entry n, which the segment did not put, made after it
 // had put puts entries: an entry put before the segment when more than
 // n-puts were (checked by join). Each put is an opcode, so fewer than
@@ -303,12 +328,12 @@ func scanSegments(data []byte, starts []int, opts Options) (_ *refs, ok bool) {
 					failed[i] = true
 				}
 			}()
-			segs[i].run(data)
+			segs[i].runIn(data, opts.Release)
 		})
 	}
 	func() {
 		defer wg.Wait() // none left running, even if this one panics
-		segs[0].run(data)
+		segs[0].runIn(data, opts.Release)
 	}()
 
 	bits := segs[0].r.bits

@@ -16,6 +16,9 @@ func (d *decoder) run() (any, error) {
 			d.op = 0
 			return nil, &Error{Offset: d.pos, Msg: "truncated input: no STOP opcode"}
 		}
+		if d.pos >= d.releaseAt {
+			d.releaseBehind()
+		}
 		d.opPos = d.pos
 		d.op = d.data[d.pos]
 		d.pos++
@@ -33,6 +36,21 @@ func (d *decoder) run() (any, error) {
 			return nil, err
 		}
 	}
+}
+
+// The VM tells Options.Release of the part behind it every releaseStep
+// bytes, less the last releaseLag (a record read may step back a little).
+const (
+	releaseStep = 8 << 20
+	releaseLag  = 1 << 20
+)
+
+func (d *decoder) releaseBehind() {
+	if hi := d.pos - releaseLag; hi > d.released {
+		d.opts.Release(d.released, hi)
+		d.released = hi
+	}
+	d.releaseAt = d.pos + releaseStep
 }
 
 func (d *decoder) step() error {

@@ -3,6 +3,7 @@ package torchdcp
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 
 	"golang.org/x/sys/unix"
@@ -22,8 +23,9 @@ import (
 var errTruncated = fmt.Errorf("%w: it shrank while it was read", source.ErrChanged)
 
 // withMetadata calls decode with the bytes of dir's .metadata (at most
-// limit), mapped when the source is a local file.
-func withMetadata(dir source.Tree, limit int64, decode func([]byte) error) error {
+// limit), mapped when the source is a local file; then release (else nil)
+// drops the pages of b[lo:hi] from the process (pickle.Options.Release).
+func withMetadata(dir source.Tree, limit int64, decode func(b []byte, release func(lo, hi int)) error) error {
 	f, err := dir.Open(MetadataFile)
 	if err != nil {
 		return fmt.Errorf("torchdcp: %w", err)
@@ -39,7 +41,7 @@ func withMetadata(dir source.Tree, limit int64, decode func([]byte) error) error
 		if err != nil {
 			return fmt.Errorf("torchdcp: %w", err)
 		}
-		return decode(b)
+		return decode(b, nil)
 	}
 	b, err := unix.Mmap(int(d.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
@@ -49,7 +51,7 @@ func withMetadata(dir source.Tree, limit int64, decode func([]byte) error) error
 	// Its pages count in the process's memory as they are read: the Go
 	// limit leaves room for them.
 	defer memlimit.Outside(size)()
-	if err := decodeMapped(b, decode); err != nil {
+	if err := decodeMapped(b, func(b []byte) error { return decode(b, releaser(b)) }); err != nil {
 		if errors.Is(err, errTruncated) {
 			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 		}
@@ -60,6 +62,30 @@ func withMetadata(dir source.Tree, limit int64, decode func([]byte) error) error
 		return fmt.Errorf("torchdcp: %w", err)
 	}
 	return nil
+}
+
+// releaser drops pages of the mapping b once decoded: read, they count in
+// the process's memory (a 300 MB .metadata on top of what was decoded from
+// it); dropped, they stay in the page cache, and a page read again is a
+// minor fault (or, if the file shrank meanwhile, the fault decodeMapped
+// takes). An error leaves the pages where they are: it is advice.
+func releaser(b []byte) func(lo, hi int) {
+	pg := os.Getpagesize()
+	return func(lo, hi int) {
+		if lo, hi = pagesIn(lo, hi, len(b), pg); lo < hi {
+			_ = unix.Madvise(b[lo:hi], unix.MADV_DONTNEED)
+		}
+	}
+}
+
+// pagesIn is the whole pages of pg bytes in [lo, hi) of a mapping of n
+// bytes (which starts at a page; its last page ends at n).
+func pagesIn(lo, hi, n, pg int) (int, int) {
+	lo = (lo + pg - 1) / pg * pg
+	if hi < n {
+		hi = hi / pg * pg
+	}
+	return lo, hi
 }
 
 // decodeMapped runs decode on mapped bytes: a page past the end of a file

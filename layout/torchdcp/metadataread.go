@@ -61,7 +61,7 @@ func decodeMetadataWith(data []byte, maxBytes int64, s *stream) (*Metadata, erro
 	opts := pickle.Options{MaxInputBytes: maxBytes,
 		MaxItems: max(minMetadataItems, metadataItemsPerByte*int64(len(data)))}
 	if s != nil {
-		opts.Sink = s
+		opts.Sink, opts.Release = s, s.release
 	}
 	v, err := pickle.DecodeBytes(data, opts)
 	if err != nil {

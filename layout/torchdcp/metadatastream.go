@@ -48,21 +48,31 @@ type stream struct {
 
 	storageDict *pickle.Dict  // the dict the storage entries went into
 	last        *streamTensor // the tensor of the last storage entry
+	named       *streamTensor // the tensor whose name Str found last
 	// records and built count the chunks, indexes and storage infos
 	// taken as records (BuiltRecord) and as objects (Built); noRecords
 	// takes none as records (tests compare the two ways).
 	records, built int
 	noRecords      bool
-	slabs          refSlabs
+	hinted         int // storage entries placed by their index hint
+	// release drops the pages of the mapped .metadata the decoder is
+	// done with (pickle.Options.Release); nil when it is not mapped.
+	release func(lo, hi int)
+	slabs   refSlabs
 }
 
 // streamTensor is one TensorStorageMetadata and the storage of its chunks.
 type streamTensor struct {
 	t     *TensorMetadata
 	fqn   string
+	box   any           // fqn, boxed once for Str
+	after *streamTensor // the tensor whose name Str found after this one's, last time
 	store []storedChunk
 	order []int32 // chunk indices sorted by offsets, made on first look-up
 	next  int     // where in order the last look-up ended
+	// dup: two chunks have the same offsets (known once order is made);
+	// then an entry's index hint is not enough to place it.
+	dup bool
 }
 
 // storedChunk is where a chunk's record is: file -1 when no storage entry
@@ -79,12 +89,23 @@ type storedChunk struct {
 type (
 	chunkRef  int
 	tensorRef struct{ t *streamTensor }
-	indexRef  struct{ idx Index }
-	infoRef   struct{ info StorageInfo }
+	indexRef  struct {
+		idx Index
+		// hint is MetadataIndex.index, the chunk's position in its
+		// tensor's chunks (-1: none); torch itself only trusts it once
+		// the chunk's offsets match, and so does put.
+		hint int64
+		// t is the tensor Str found its fqn for (nil: none), which put
+		// checks.
+		t *streamTensor
+	}
+	infoRef struct{ info StorageInfo }
 )
 
 type streamEntry struct {
 	idx  Index
+	hint int64
+	t    *streamTensor
 	info StorageInfo
 }
 
@@ -163,8 +184,13 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 		var idx Index
 		var off []int64
 		var hasFQN, hasOff bool
+		hint := int64(-1)
 		for i := range r.Len() {
 			switch f := r.At(i); f.Name {
+			case "index":
+				if f.Kind() == pickle.KindInt {
+					hint = f.Int()
+				}
 			case "fqn":
 				if f.Kind() != pickle.KindStr {
 					return nil, false, nil
@@ -187,7 +213,10 @@ func (s *stream) BuiltRecord(r *pickle.Record) (any, bool, error) {
 		}
 		s.records++
 		ref := s.slabs.index()
-		ref.idx = idx
+		ref.idx, ref.hint, ref.t = idx, hint, nil
+		if n := s.named; n != nil && n.fqn == idx.FQN { // its fqn field, read by Str
+			ref.t = n
+		}
 		return ref, true, nil
 	case recordInfo:
 		var info StorageInfo
@@ -336,7 +365,7 @@ func (s *stream) Built(obj *pickle.Object) (any, bool, error) {
 			return nil, false, err
 		}
 		s.built++
-		return &indexRef{idx}, true, nil
+		return &indexRef{idx: idx, hint: indexHint(obj)}, true, nil
 	case recordInfo:
 		info, err := decodeStorageInfo(obj)
 		if err != nil {
@@ -413,7 +442,7 @@ func (s *stream) SetItem(dict *pickle.Dict, key, value any) (bool, error) {
 		if !ok || tr.t.fqn != "" || s.byFQN[fqn] != nil {
 			return false, errStream
 		}
-		tr.t.fqn = fqn
+		tr.t.fqn, tr.t.box = fqn, fqn
 		s.byFQN[fqn] = tr.t
 		return false, nil
 	}
@@ -426,32 +455,64 @@ func (s *stream) SetItem(dict *pickle.Dict, key, value any) (bool, error) {
 		return false, errStream
 	}
 	s.storageDict = dict
-	if !s.put(ir.idx, fr.info) {
-		s.late = append(s.late, streamEntry{ir.idx, fr.info})
+	if e := (streamEntry{ir.idx, ir.hint, ir.t, fr.info}); !s.put(e) {
+		s.late = append(s.late, e)
 	}
 	return true, nil
 }
 
 // put records a storage entry; false when its tensor is not named yet. A
 // later entry of the same key replaces an earlier one, as in Python.
-func (s *stream) put(idx Index, info StorageInfo) bool {
+func (s *stream) put(e streamEntry) bool {
+	idx, info := e.idx, e.info
 	if idx.Offset == nil {
 		s.objects[idx.FQN] = info
 		return true
 	}
-	st := s.last // storage entries come tensor by tensor
+	// The tensor Str found the name for (then idx.FQN is its string:
+	// equal at the first compare), or the last entry's, or by the map.
+	st := e.t
 	if st == nil || st.fqn != idx.FQN {
-		if st = s.byFQN[idx.FQN]; st == nil {
-			return false
+		if st = s.last; st == nil || st.fqn != idx.FQN {
+			if st = s.byFQN[idx.FQN]; st == nil {
+				return false
+			}
 		}
-		s.last = st
 	}
+	s.last = st
 	sc := storedChunk{file: s.file(info.RelativePath), xform: s.xform(info.TransformDescriptors),
 		off: info.Offset, length: info.Length}
+	if i, ok := st.hinted(e.hint, idx.Offset); ok {
+		st.store[i] = sc
+		s.hinted++
+		return true
+	}
 	for _, i := range st.find(idx.Offset) {
 		st.store[i] = sc
 	}
 	return true
+}
+
+// Str implements pickle.StrSink: a storage entry's fqn (pickled in full
+// for each, in a real .metadata) is its tensor's name, boxed once, not a
+// new string. Entries come rank by rank, and each rank's visit the tensors
+// in the order the last one's did: the tensor of the name found last, then
+// the one whose name came after it last time, are tried before the map.
+func (s *stream) Str(b []byte) any {
+	st := s.named
+	if st != nil && st.fqn != string(b) {
+		st = st.after
+	}
+	if st == nil || st.fqn != string(b) {
+		if st = s.byFQN[string(b)]; st == nil {
+			return nil
+		}
+		if s.named != nil {
+			s.named.after = st
+		}
+	}
+	s.named = st
+	return st.box
 }
 
 func (s *stream) file(rel string) int32 {
@@ -485,20 +546,58 @@ func (s *stream) xform(desc []string) uint32 {
 	return i
 }
 
+// hinted is chunk hint when its offsets are offs and no other chunk's
+// are: then it is the one chunk find would return, found with one
+// comparison (a real .metadata has every entry's hint, and its entries
+// come rank by rank, where find's own guess, the chunk after the last
+// look-up's, took four).
+func (st *streamTensor) hinted(hint int64, offs []int64) (int32, bool) {
+	st.sort()
+	if st.dup || hint < 0 || hint >= int64(len(st.order)) {
+		return 0, false
+	}
+	if o, _ := st.t.chunk(int(hint)); !slices.Equal(o, offs) {
+		return 0, false
+	}
+	return int32(hint), true
+}
+
+// sort makes order, once, and learns whether chunks repeat.
+func (st *streamTensor) sort() {
+	if st.order != nil {
+		return
+	}
+	at := func(i int32) []int64 { o, _ := st.t.chunk(int(i)); return o }
+	st.order = make([]int32, st.t.numChunks())
+	for i := range st.order {
+		st.order[i] = int32(i)
+	}
+	// One pass says both whether order is sorted already (as the chunks
+	// of a split on dim 0 are) and, if so, whether two chunks are equal.
+	sorted := true
+	for i := 1; i < len(st.order) && sorted; i++ {
+		switch slices.Compare(at(int32(i-1)), at(int32(i))) {
+		case 1:
+			sorted = false
+		case 0:
+			st.dup = true
+		}
+	}
+	if sorted {
+		return
+	}
+	st.dup = false
+	slices.SortStableFunc(st.order, func(a, b int32) int { return slices.Compare(at(a), at(b)) })
+	for i := 1; i < len(st.order) && !st.dup; i++ {
+		st.dup = slices.Equal(at(st.order[i-1]), at(st.order[i]))
+	}
+}
+
 // find returns the chunks whose offsets are offs (more than one only when
 // chunks repeat, which Validate reports).
 func (st *streamTensor) find(offs []int64) []int32 {
 	at := func(i int32) []int64 { o, _ := st.t.chunk(int(i)); return o }
-	if st.order == nil {
-		st.order = make([]int32, st.t.numChunks())
-		for i := range st.order {
-			st.order[i] = int32(i)
-		}
-		cmp := func(a, b int32) int { return slices.Compare(at(a), at(b)) }
-		if !slices.IsSortedFunc(st.order, cmp) { // as the chunks of a split on dim 0 are
-			slices.SortStableFunc(st.order, cmp)
-		}
-	}
+	st.sort()
 	// Storage entries come in the chunks' order, mostly: try where the
 	// last one ended first (the first of a run of equal offsets).
 	lo := st.next
@@ -517,7 +616,7 @@ func (st *streamTensor) find(offs []int64) []int32 {
 // and every tensor is named, and checks that every tensor was.
 func (s *stream) finish() error {
 	for _, e := range s.late {
-		s.put(e.idx, e.info) // a tensor never named: torch ignores the entry too
+		s.put(e) // a tensor never named: torch ignores the entry too
 	}
 	s.late = nil
 	for _, st := range s.tensors {
@@ -570,4 +669,21 @@ func decodeMetadataStreamWith(data []byte, maxBytes int64, s *stream) (*Metadata
 		return m, nil, err
 	}
 	return m, s, nil
+}
+
+// indexHint is a built MetadataIndex's index (-1: none, or not an int),
+// the hint BuiltRecord reads from a record.
+func indexHint(obj *pickle.Object) int64 {
+	st, err := classState(obj, modMetadata, "MetadataIndex")
+	if err != nil {
+		return -1
+	}
+	v, ok := st.Get("index")
+	if !ok {
+		return -1
+	}
+	if n, ok := pickle.Int(v); ok {
+		return n
+	}
+	return -1
 }

@@ -175,7 +175,7 @@ func encodeIndex(e *pickle.Encoder, idx Index, pos map[string]int) {
 	e.Object(modMetadata, "MetadataIndex", func() {
 		e.Dict(func() {
 			e.Str("fqn")
-			e.Str(idx.FQN)
+			e.NewStr(idx.FQN) // torch's is a new str for each
 			e.Str("index")
 			if i, ok := pos[idx.Key()]; ok && idx.Offset != nil {
 				e.Int(int64(i))

@@ -85,9 +85,11 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 	}
 	var m *Metadata
 	var st *stream
-	err := withMetadata(dir, opts.MaxMetadataBytes, func(b []byte) error {
+	err := withMetadata(dir, opts.MaxMetadataBytes, func(b []byte, release func(lo, hi int)) error {
 		var err error
-		if m, st, err = decodeMetadataStream(b, opts.MaxMetadataBytes); err != nil {
+		s := newStream()
+		s.release = release
+		if m, st, err = decodeMetadataStreamWith(b, opts.MaxMetadataBytes, s); err != nil {
 			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 		}
 		return nil

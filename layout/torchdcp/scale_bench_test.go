@@ -20,6 +20,11 @@ import (
 // {"model": ..., "optim": ...} from ranks FSDP ranks (dim 0 split into
 // ceil(rows/ranks) rows per rank, one file per rank), with Adam's exp_avg,
 // exp_avg_sq and step; it returns the metadata and each rank file's size.
+// Its storage entries come as dcp.save writes them: rank by rank (each
+// rank's bytes item, then its tensors in order), each MetadataIndex with
+// its index and its own fqn string (encodeIndex). Unlike gen_scale.py it
+// keeps every step and the lr on rank 0 (no de-duplication by bytes), an
+// empty chunk for each rank past a tensor's rows, and no strides.
 func llamaScale(ranks, layers int) (*Metadata, []int64) {
 	const hidden, ffn, kv, vocab, overhead = 16384, 53248, 8 * 128, 128256, 1024
 	type param struct {
@@ -39,11 +44,13 @@ func llamaScale(ranks, layers int) (*Metadata, []int64) {
 
 	m := &Metadata{}
 	sizes := make([]int64, ranks)
+	byRank := make([][]StorageEntry, ranks)
 	put := func(rank int, fqn string, off []int64, nbytes int64) {
-		m.Storage = append(m.Storage, StorageEntry{Index: Index{FQN: fqn, Offset: off},
+		byRank[rank] = append(byRank[rank], StorageEntry{Index: Index{FQN: fqn, Offset: off},
 			Info: StorageInfo{RelativePath: fmt.Sprintf("__%d_0.distcp", rank), Offset: sizes[rank], Length: nbytes + overhead}})
 		sizes[rank] += nbytes + overhead
 	}
+	put(0, "optim.param_groups.0.lr", nil, 64-overhead) // the bytes item first
 	add := func(fqn string, path []any, t *TensorMetadata) {
 		m.Items = append(m.Items, Item{FQN: fqn, Tensor: t})
 		m.Planner = append(m.Planner, PlannerEntry{Key: fqn, Path: path})
@@ -80,9 +87,9 @@ func llamaScale(ranks, layers int) (*Metadata, []int64) {
 	}
 	m.Items = append(m.Items, Item{FQN: "optim.param_groups.0.lr"})
 	m.Planner = append(m.Planner, PlannerEntry{Key: "optim.param_groups.0.lr", Path: []any{"optim", "param_groups", int64(0), "lr"}})
-	m.Storage = append(m.Storage, StorageEntry{Index: Index{FQN: "optim.param_groups.0.lr"},
-		Info: StorageInfo{RelativePath: "__0_0.distcp", Offset: sizes[0], Length: 64}})
-	sizes[0] += 64
+	for _, entries := range byRank {
+		m.Storage = append(m.Storage, entries...)
+	}
 	return m, sizes
 }
 
@@ -157,10 +164,14 @@ func TestLlamaScaleFile(t *testing.T) {
 	require.NotNil(t, st)
 	require.Equal(t, 3*chunks+2, st.records, "chunks, indexes and storage infos (and the BYTE_IO value's index and info) as records")
 	require.Zero(t, st.built)
+	require.Equal(t, chunks, st.hinted, "storage entries placed by their index")
 	want, _ := llamaScale(4, 1)
 	got, err := decodeMetadataBytes(data, DefaultMaxMetadataBytes)
 	require.NoError(t, err)
 	require.Equal(t, len(want.Storage), len(got.Storage))
+	for i, e := range got.Storage[1:] { // rank by rank, as dcp.save writes them
+		require.LessOrEqual(t, got.Storage[i].Info.RelativePath, e.Info.RelativePath)
+	}
 	for i, w := range want.Items {
 		require.Equal(t, w.FQN, got.Items[i].FQN)
 		if w.Tensor != nil {
