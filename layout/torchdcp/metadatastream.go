@@ -652,13 +652,9 @@ func (s *stream) info(sc storedChunk) StorageInfo {
 }
 
 // decodeMetadataStream decodes data as decodeMetadataBytes does, through
-// a stream, and returns the Metadata without storage entries (Storage is
-// empty; the stream has them).
-func decodeMetadataStream(data []byte, maxBytes int64) (*Metadata, *stream, error) {
-	return decodeMetadataStreamWith(data, maxBytes, newStream())
-}
-
-func decodeMetadataStreamWith(data []byte, maxBytes int64, s *stream) (*Metadata, *stream, error) {
+// the stream s, and returns the Metadata without storage entries (Storage
+// is empty; the stream has them), or nil and the general decoder's verdict.
+func decodeMetadataStream(data []byte, maxBytes int64, s *stream) (*Metadata, *stream, error) {
 	m, err := decodeMetadataWith(data, maxBytes, s)
 	if err == nil {
 		err = s.finish()

@@ -40,7 +40,7 @@ func checkStream(t testing.TB, data []byte) *stream {
 
 func checkStreamWith(t testing.TB, data []byte, s *stream) bool {
 	want, werr := decodeMetadataBytes(data, DefaultMaxMetadataBytes)
-	got, st, err := decodeMetadataStreamWith(data, DefaultMaxMetadataBytes, s)
+	got, st, err := decodeMetadataStream(data, DefaultMaxMetadataBytes, s)
 	if werr != nil {
 		require.EqualError(t, err, werr.Error())
 		return false

@@ -89,7 +89,7 @@ func OpenTree(dir source.Tree, opts Options) (*ckpt.Checkpoint, error) {
 		var err error
 		s := newStream()
 		s.release = release
-		if m, st, err = decodeMetadataStreamWith(b, opts.MaxMetadataBytes, s); err != nil {
+		if m, st, err = decodeMetadataStream(b, opts.MaxMetadataBytes, s); err != nil {
 			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 		}
 		return nil
