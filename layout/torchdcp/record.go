@@ -96,7 +96,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 	// values of its own, the result is offsets.
 	w := torchzip.Windowed(r, size)
 	defer w.Release()
-	a, err := torchzip.Open(w, size)
+	a, err := torchzip.OpenRecord(w, size)
 	if err != nil {
 		return loc, err
 	}
@@ -104,7 +104,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 	if err != nil {
 		return loc, err
 	}
-	data, err := torchzip.ReadEntry(pkl, torchzip.Record.DataPkl)
+	data, err := a.ReadEntry(pkl, torchzip.Record.DataPkl)
 	if err != nil {
 		return loc, err
 	}
@@ -116,7 +116,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 			return loc, err
 		}
 		if memo != nil && len(data) <= maxMemoPkl {
-			memo.Store(&pklMemo{data: data, call: call})
+			memo.Store(&pklMemo{data: bytes.Clone(data), call: call}) // data is the window's
 		}
 	}
 
@@ -154,18 +154,18 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 	if err != nil {
 		return loc, err
 	}
-	entrySize := int64(df.UncompressedSize64)
+	entrySize := int64(df.Uncompressed)
 	if start+nbytes > entrySize {
-		return loc, fmt.Errorf("%s holds %d bytes, the tensor needs [%d, %d)", df.Name, entrySize, start, start+nbytes)
+		return loc, fmt.Errorf("%s holds %d bytes, the tensor needs [%d, %d)", df.Name(), entrySize, start, start+nbytes)
 	}
-	off, err := df.DataOffset()
+	off, err := a.DataOffset(df)
 	if err != nil {
-		return loc, fmt.Errorf("%s: %w", df.Name, err)
+		return loc, fmt.Errorf("%s: %w", df.Name(), err)
 	}
 	if off < 0 || off > size || entrySize > size-off {
-		return loc, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name, off, off+entrySize, size)
+		return loc, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name(), off, off+entrySize, size)
 	}
-	return recordLoc{off: off + start, entry: df.Name, entryOff: off, entrySize: entrySize, crc: df.CRC32}, nil
+	return recordLoc{off: off + start, entry: df.Name(), entryOff: off, entrySize: entrySize, crc: df.CRC32}, nil
 }
 
 func memoOf(memo *atomic.Pointer[pklMemo]) *pklMemo {
