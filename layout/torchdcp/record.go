@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
@@ -66,7 +67,14 @@ type pklMemo struct {
 // maxMemoPkl bounds the data.pkl a tensor keeps (torch writes about 200
 // bytes for a chunk's tensor; a record may hold up to torchzip.Record's MiB),
 // so that what a view keeps per tensor stays small whatever the records.
-var maxMemoPkl = 4 << 10 // a variable for tests
+var maxMemoPkl = 512 // a variable for tests
+
+// memoBound is the most a tensor's memo holds, counted for the view's budget
+// before it is kept: the data.pkl, and the call decoded from it, whose
+// strings are at most the data.pkl's bytes and whose size and stride have at
+// most torchzip's 64 dimensions each.
+var memoBound = int64(unsafe.Sizeof(pklMemo{})+unsafe.Sizeof(torchzip.Rebuild{})+unsafe.Sizeof(torchzip.Storage{})) +
+	2*int64(maxMemoPkl) + 2*64*8
 
 // locateRecord finds a chunk's raw bytes inside the torch.save zip archive
 // read through r (size bytes) and checks them against want. The chunk is
