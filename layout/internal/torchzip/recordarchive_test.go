@@ -189,6 +189,9 @@ func TestOpenRecordHostile(t *testing.T) {
 	good := record(t, entry{name: "a/data.pkl", data: "pickle"}, entry{name: "a/byteorder", data: "little"}, entry{name: "a/data/0", data: "0123"})
 	endAt := len(good) - endLen
 	dirOff := int(binary.LittleEndian.Uint32(good[endAt+16:]))
+	dirSize := int(binary.LittleEndian.Uint32(good[endAt+12:]))
+	lastLen := dirLen + len("a/data/0") // the last directory header
+	require.Equal(t, uint32(sigDir), binary.LittleEndian.Uint32(good[endAt-lastLen:]))
 	for _, tc := range []struct {
 		name string
 		data []byte
@@ -202,6 +205,7 @@ func TestOpenRecordHostile(t *testing.T) {
 		{"directory offset past the end", patch(good, endAt+16, uint32(len(good)+10), 4), "runs past the end record"},
 		{"more entries than the directory holds", patch(good, endAt+10, 1000, 2), "cannot hold 1000 entries"},
 		{"fewer entries than the directory holds", patch(patch(good, endAt+10, 2, 2), endAt+8, 2, 2), "bytes after the directory's 2 entries"},
+		{"a directory header after the directory", patch(patch(patch(good, endAt+10, 2, 2), endAt+8, 2, 2), endAt+12, uint32(dirSize-lastLen), 4), "a directory header after the directory's 2 entries"},
 		{"bad directory header", patch(good, dirOff, 0x12345678, 4), "bad directory header"},
 		{"name past the directory", patch(good, dirOff+28, 5000, 2), "past the directory's end"},
 		{"a zip64 locator of another disk", zip64Locator(t, good, 3, 1), "multi-disk"},
