@@ -68,6 +68,9 @@ func (e *RecordEntry) Name() string { return string(e.name) }
 // OpenRecord reads and checks the directory of the torch.save archive that
 // w windows (size bytes), as Open does.
 func OpenRecord(w *Windows, size int64) (*RecordArchive, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("archive of %d bytes", size)
+	}
 	a := &RecordArchive{w: w, size: size}
 	a.entries = a.small[:0]
 	if err := a.readDir(); err != nil {

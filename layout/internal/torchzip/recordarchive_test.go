@@ -266,3 +266,12 @@ func FuzzOpenRecord(f *testing.F) {
 		_, _ = sameAsArchiveZip(t, data)
 	})
 }
+
+// TestOpenRecordNegativeSize: a size below zero (a forged record length) is
+// an error, not a panic.
+func TestOpenRecordNegativeSize(t *testing.T) {
+	w := Windowed(bytes.NewReader(nil), -5)
+	defer w.Release()
+	_, err := OpenRecord(w, -5)
+	require.ErrorContains(t, err, "archive of -5 bytes")
+}
