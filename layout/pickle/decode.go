@@ -226,13 +226,23 @@ type decoder struct {
 // slab hands out values from chunks of slabLen, one allocation per chunk.
 // A value keeps its whole chunk alive, which costs nothing when the values
 // are kept together, as a decoded pickle is.
-type slab[T any] struct{ free []T }
+type slab[T any] struct {
+	free []T
+	last int // the last chunk's length: chunks start small, for a small pickle
+}
 
 const slabLen = 256
 
+// chunk refills free with a chunk twice the last, up to slabLen: a 160-byte
+// data.pkl (a DCP chunk record's, decoded per chunk) does not pay for 256.
+func (s *slab[T]) chunk() {
+	s.last = min(slabLen, max(8, 2*s.last))
+	s.free = make([]T, s.last)
+}
+
 func (s *slab[T]) one() *T {
 	if len(s.free) == 0 {
-		s.free = make([]T, slabLen)
+		s.chunk()
 	}
 	p := &s.free[0]
 	s.free = s.free[1:]
@@ -246,7 +256,10 @@ func (s *slab[T]) many(n int) []T {
 		return make([]T, n)
 	}
 	if len(s.free) < n {
-		s.free = make([]T, slabLen)
+		s.chunk()
+		if len(s.free) < n {
+			return make([]T, n)
+		}
 	}
 	v := s.free[:n:n]
 	s.free = s.free[n:]
@@ -555,7 +568,11 @@ func (m *memo) put(idx uint32, s slot) {
 			m.n--
 		}
 		if idx%memoPage == 0 {
-			m.pages = append(m.pages, make([]slot, 0, memoPage))
+			n := memoPage
+			if idx == 0 {
+				n = 16 // the first page grows as it fills: most pickles are small
+			}
+			m.pages = append(m.pages, make([]slot, 0, n))
 		}
 		last := len(m.pages) - 1
 		m.pages[last] = append(m.pages[last], s)

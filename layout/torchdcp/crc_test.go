@@ -41,8 +41,7 @@ func flipDataByte(t *testing.T, dir, fqn string) {
 	_, rs := chunkSource(t, c, fqn)
 	loc, err := rs.located()
 	require.NoError(t, err)
-	_, entryOff, _ := loc.entry.Outer()
-	at := rs.off + entryOff + 1
+	at := loc.entryOff + 1
 	require.NoError(t, c.Close())
 
 	f, err := os.OpenFile(rs.file.Path, os.O_RDWR, 0)

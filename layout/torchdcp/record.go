@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip"
@@ -66,7 +67,14 @@ type pklMemo struct {
 // maxMemoPkl bounds the data.pkl a tensor keeps (torch writes about 200
 // bytes for a chunk's tensor; a record may hold up to torchzip.Record's MiB),
 // so that what a view keeps per tensor stays small whatever the records.
-var maxMemoPkl = 4 << 10 // a variable for tests
+var maxMemoPkl = 512 // a variable for tests
+
+// memoBound is the most a tensor's memo holds, counted for the view's budget
+// before it is kept: the data.pkl, and the call decoded from it, whose
+// strings are at most the data.pkl's bytes and whose size and stride have at
+// most torchzip's 64 dimensions each.
+var memoBound = int64(unsafe.Sizeof(pklMemo{})+unsafe.Sizeof(torchzip.Rebuild{})+unsafe.Sizeof(torchzip.Storage{})) +
+	2*int64(maxMemoPkl) + 2*64*8
 
 // locateRecord finds a chunk's raw bytes inside the torch.save zip archive
 // read through r (size bytes) and checks them against want. The chunk is
@@ -96,7 +104,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 	// values of its own, the result is offsets.
 	w := torchzip.Windowed(r, size)
 	defer w.Release()
-	a, err := torchzip.Open(w, size)
+	a, err := torchzip.OpenRecord(w, size)
 	if err != nil {
 		return loc, err
 	}
@@ -104,7 +112,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 	if err != nil {
 		return loc, err
 	}
-	data, err := torchzip.ReadEntry(pkl, torchzip.Record.DataPkl)
+	data, err := a.ReadEntry(pkl, torchzip.Record.DataPkl)
 	if err != nil {
 		return loc, err
 	}
@@ -116,7 +124,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 			return loc, err
 		}
 		if memo != nil && len(data) <= maxMemoPkl {
-			memo.Store(&pklMemo{data: data, call: call})
+			memo.Store(&pklMemo{data: bytes.Clone(data), call: call}) // data is the window's
 		}
 	}
 
@@ -154,18 +162,18 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 	if err != nil {
 		return loc, err
 	}
-	entrySize := int64(df.UncompressedSize64)
+	entrySize := int64(df.Uncompressed)
 	if start+nbytes > entrySize {
-		return loc, fmt.Errorf("%s holds %d bytes, the tensor needs [%d, %d)", df.Name, entrySize, start, start+nbytes)
+		return loc, fmt.Errorf("%s holds %d bytes, the tensor needs [%d, %d)", df.Name(), entrySize, start, start+nbytes)
 	}
-	off, err := df.DataOffset()
+	off, err := a.DataOffset(df)
 	if err != nil {
-		return loc, fmt.Errorf("%s: %w", df.Name, err)
+		return loc, fmt.Errorf("%s: %w", df.Name(), err)
 	}
 	if off < 0 || off > size || entrySize > size-off {
-		return loc, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name, off, off+entrySize, size)
+		return loc, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name(), off, off+entrySize, size)
 	}
-	return recordLoc{off: off + start, entry: df.Name, entryOff: off, entrySize: entrySize, crc: df.CRC32}, nil
+	return recordLoc{off: off + start, entry: df.Name(), entryOff: off, entrySize: entrySize, crc: df.CRC32}, nil
 }
 
 func memoOf(memo *atomic.Pointer[pklMemo]) *pklMemo {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/stretchr/testify/assert"
@@ -374,4 +375,42 @@ func TestLocateRecordMemoBound(t *testing.T) {
 	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo)
 	require.NoError(t, err)
 	assert.Nil(t, memo.Load())
+}
+
+// memoHeld is what a tensor's data.pkl memo holds.
+func memoHeld(m *pklMemo) int64 {
+	if m == nil {
+		return 0
+	}
+	c := m.call
+	return int64(unsafe.Sizeof(*m)+unsafe.Sizeof(*c)+unsafe.Sizeof(*c.Storage)) + int64(len(m.data)) +
+		int64(len(c.Storage.Key)+len(c.Storage.Type.Module)+len(c.Storage.Type.Name)+len(c.DType)) + 8*int64(len(c.Size)+len(c.Stride))
+}
+
+// TestResidentCountsMemo: what a DCP tensor's sources say they hold covers
+// the data.pkl memo that reading its chunks keeps, counted from the open
+// (when a mount's metadata budget reads it).
+func TestResidentCountsMemo(t *testing.T) {
+	for _, name := range []string{"plain", "sharded"} {
+		c, err := Open(filepath.Join("testdata", name))
+		require.NoError(t, err)
+		memos := 0
+		for _, tn := range c.Tensors {
+			for i := range tn.Chunks.Len() {
+				_, err := treetest.ReadChunk(t, tn, tn.Chunks.At(i))
+				require.NoError(t, err)
+			}
+			src, ok := tn.Chunks.Source(0).(*recordSource)
+			require.True(t, ok)
+			held := memoHeld(src.t.pkl.Load())
+			if held > 0 {
+				memos++
+			}
+			own := int64(unsafe.Sizeof(*src)+unsafe.Sizeof(*src.loc.Load())) + int64(len(src.loc.Load().name))
+			shared := src.ResidentBytes() - own
+			assert.GreaterOrEqual(t, shared, int64(unsafe.Sizeof(*src.t))+held, "%s: %s's memo of %d bytes", name, tn.Name, held)
+		}
+		assert.Positive(t, memos, "%s: no memo kept", name)
+		require.NoError(t, c.Close())
+	}
 }

@@ -107,18 +107,24 @@ func (s *recordSource) want() recordWant {
 	return recordWant{DType: s.t.dtype, ElemSize: s.t.elemSize, Sizes: s.sizes()}
 }
 
-// chunkBytes is a located chunk: readers of its bytes and of the whole data
-// entry holding them, and the entry's CRC32.
+// chunkBytes is a located chunk: where its bytes and the whole data entry
+// holding them lie in the record read through r, and the entry's CRC32. One
+// is kept per chunk read, so it holds offsets, not section readers.
 type chunkBytes struct {
-	chunk io.ReaderAt       // the chunk's nbytes bytes
-	off   int64             // where chunk starts in the record read
-	entry *io.SectionReader // the data entry
-	name  string            // the entry's name in the record
-	crc   uint32
-	whole bool // the chunk is the whole entry
+	r                   io.ReaderAt // the shard file, or a decompressed record
+	off                 int64       // where the chunk starts in r
+	entryOff, entrySize int64       // the data entry, in r
+	name                string      // the entry's name in the record
+	crc                 uint32
+	whole               bool // the chunk is the whole entry
 	// err, when set, is a lasting failure to locate the chunk (a bad
 	// record, a changed source), and nothing else is.
 	err error
+}
+
+// entry reads the data entry.
+func (c *chunkBytes) entry() *io.SectionReader {
+	return io.NewSectionReader(c.r, c.entryOff, c.entrySize)
 }
 
 func (c *chunkBytes) result() (*chunkBytes, error) {
@@ -171,7 +177,7 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	if int64(len(want)) > nbytes-off {
 		want = want[:nbytes-off]
 	}
-	n, err := loc.chunk.ReadAt(want, off)
+	n, err := loc.r.ReadAt(want, loc.off+off)
 	if err == io.EOF && n == len(want) {
 		err = nil
 	}
@@ -191,7 +197,7 @@ func (s *recordSource) Locate() (ckpt.Location, bool, error) {
 	if err != nil || s.zstd {
 		return ckpt.Location{}, false, err
 	}
-	l := ckpt.Location{File: s.file, Offset: s.off + loc.off}
+	l := ckpt.Location{File: s.file, Offset: loc.off}
 	if loc.whole {
 		l.Whole = s
 	}
@@ -217,7 +223,7 @@ func (s *recordSource) Verify() error {
 	if err != nil {
 		return err
 	}
-	sum, err := crcOf(loc.entry)
+	sum, err := crcOf(loc.entry())
 	if err != nil {
 		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), loc.name, err)
 	}
@@ -267,7 +273,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 			return err
 		})
 		if err == nil {
-			loc = s.chunkAt(io.NewSectionReader(s.file, s.off, s.length), at)
+			loc = s.chunkAt(s.file, s.off, at)
 		}
 	}
 	if err == nil {
@@ -295,19 +301,20 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.chunkAt(r, at), nil
+	return s.chunkAt(r, 0, at), nil
 }
 
-// chunkAt is the chunk located at in the record read through r.
-func (s *recordSource) chunkAt(r io.ReaderAt, at recordLoc) *chunkBytes {
+// chunkAt is the chunk located at in the record at base in r.
+func (s *recordSource) chunkAt(r io.ReaderAt, base int64, at recordLoc) *chunkBytes {
 	nbytes := s.nbytes()
 	return &chunkBytes{
-		chunk: io.NewSectionReader(r, at.off, nbytes),
-		off:   at.off,
-		entry: io.NewSectionReader(r, at.entryOff, at.entrySize),
-		name:  at.entry,
-		crc:   at.crc,
-		whole: at.off == at.entryOff && nbytes == at.entrySize,
+		r:         r,
+		off:       base + at.off,
+		entryOff:  base + at.entryOff,
+		entrySize: at.entrySize,
+		name:      at.entry,
+		crc:       at.crc,
+		whole:     at.off == at.entryOff && nbytes == at.entrySize,
 	}
 }
 
@@ -368,7 +375,7 @@ func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 	if err != nil {
 		return nil, err
 	}
-	sum, err := crcOf(loc.entry)
+	sum, err := crcOf(loc.entry())
 	if err != nil {
 		return nil, fmt.Errorf("reading back the decompressed record: %w", err)
 	}
@@ -389,11 +396,16 @@ var torchOnlyDTypes = torchzip.TorchOnlyDTypes
 func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DType(torch) }
 
 // ResidentBytes implements ckpt.Resident: the source, and what locating it
-// added.
+// added; a tensor's first source counts what its sources share, its data.pkl
+// memo at its bound (a budget reads this when the view opens, before any
+// memo is kept).
 func (s *recordSource) ResidentBytes() int64 {
 	n := int64(unsafe.Sizeof(*s))
 	if loc := s.loc.Load(); loc != nil && loc.err == nil {
-		n += int64(unsafe.Sizeof(*loc)+unsafe.Sizeof(io.SectionReader{})) + int64(len(loc.name))
+		n += int64(unsafe.Sizeof(*loc)) + int64(len(loc.name))
+	}
+	if s.i == 0 {
+		n += int64(unsafe.Sizeof(*s.t)) + int64(len(s.t.name)+len(s.t.dtype)) + memoBound
 	}
 	return n
 }

@@ -40,19 +40,12 @@ func Open(r io.ReaderAt, size int64) (*Archive, error) {
 		return nil, fmt.Errorf("torch.save archive entry %q has no top-level folder", zr.File[0].Name)
 	}
 	a := &Archive{Prefix: prefix, Entries: make(map[string]*zip.File, len(zr.File)), Files: zr.File, size: size}
-	var total uint64
+	var c entryChecker
 	for _, e := range zr.File {
-		if _, dup := a.Entries[e.Name]; dup {
-			return nil, fmt.Errorf("entry %s appears twice", e.Name)
-		}
-		a.Entries[e.Name] = e
-		if err := a.stored(e); err != nil {
+		if err := c.add([]byte(e.Name), e.Method, e.CompressedSize64, e.UncompressedSize64, size, len(zr.File)); err != nil {
 			return nil, err
 		}
-		total += e.UncompressedSize64
-		if total > uint64(size) {
-			return nil, fmt.Errorf("entries claim more than the archive's %d bytes (overlapping or huge entries, up to %s)", size, e.Name)
-		}
+		a.Entries[e.Name] = e
 	}
 	if bo := a.Entries[prefix+"/byteorder"]; bo != nil {
 		b, err := ReadEntry(bo, 16)
@@ -74,18 +67,6 @@ func (a *Archive) Entry(name string) (*zip.File, error) {
 		return nil, fmt.Errorf("torch.save archive has no %s/%s", a.Prefix, name)
 	}
 	return e, nil
-}
-
-// stored checks that e can be read in place: stored uncompressed, its size
-// within the archive's.
-func (a *Archive) stored(e *zip.File) error {
-	if e.Method != zip.Store {
-		return fmt.Errorf("entry %s is compressed (method %d): torch.save stores records uncompressed, and only those can be read in place", e.Name, e.Method)
-	}
-	if e.CompressedSize64 != e.UncompressedSize64 || e.UncompressedSize64 > uint64(a.size) {
-		return fmt.Errorf("entry %s: sizes %d/%d past end of file (%d bytes)", e.Name, e.CompressedSize64, e.UncompressedSize64, a.size)
-	}
-	return nil
 }
 
 // Limits bound what decoding an archive's data.pkl may read and build.

@@ -1,7 +1,9 @@
 // Package torchzip is what torch.save zip archives have in common wherever
 // they appear (a DCP chunk record, an HF pytorch_model.bin, a Megatron
-// model_optim_rng.pt or common.pt): Open, the one way into an archive for
-// every reader, with the same hostile checks for all; data.pkl decoded by
+// model_optim_rng.pt or common.pt): Open, the way into an archive for
+// every reader, with the same hostile checks for all (OpenRecord: the same
+// checks on a DCP chunk record's windows, without archive/zip's
+// allocations, for a reader that opens one per chunk); data.pkl decoded by
 // the restricted pickle VM (nothing is executed) within one of the named
 // Limits sets; the storage persistent ids and tensor rebuild calls, the
 // storage dtypes, the contiguity rule, and bounded reads of small entries;

@@ -71,10 +71,22 @@ func (w *Windows) Release() {
 }
 
 func (w *Windows) ReadAt(p []byte, off int64) (int, error) {
-	end := off + int64(len(p))
+	win, err := w.window(off, int64(len(p)))
+	if win == nil {
+		return w.r.ReadAt(p, off)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return copy(p, win.buf[off-win.off:]), nil
+}
+
+// window is the window holding [off, off+n), read on first use, or nil.
+func (w *Windows) window(off, n int64) (*window, error) {
+	end := off + n
 	for i := range w.wins {
 		win := &w.wins[i]
-		if win.n == 0 || off < win.off || end > win.off+win.n {
+		if win.n == 0 || off < win.off || end > win.off+win.n || n < 0 {
 			continue
 		}
 		if !win.tried {
@@ -92,9 +104,31 @@ func (w *Windows) ReadAt(p []byte, off int64) (int, error) {
 			}
 		}
 		if win.buf == nil {
-			return 0, win.err
+			return win, win.err
 		}
-		return copy(p, win.buf[off-win.off:]), nil
+		return win, nil
 	}
-	return w.r.ReadAt(p, off)
+	return nil, nil
+}
+
+// bytes is [off, off+n) of the archive: the window's own memory where a
+// window holds it (valid until Release, not to be written), else read into
+// new memory. A read that ends early is io.ErrUnexpectedEOF.
+func (w *Windows) bytes(off, n int64) ([]byte, error) {
+	win, err := w.window(off, n)
+	if err != nil {
+		return nil, err
+	}
+	if win != nil {
+		return win.buf[off-win.off : off-win.off+n : off-win.off+n], nil
+	}
+	b := make([]byte, n)
+	m, err := w.r.ReadAt(b, off)
+	if m == len(b) {
+		return b, nil
+	}
+	if err == nil || err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return nil, err
 }
