@@ -6,8 +6,6 @@ import (
 	"context"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"testing"
 	"time"
@@ -121,21 +119,14 @@ func TestIfMatchIgnored(t *testing.T) {
 	require.NoError(t, err)
 	u, err := url.Parse(sasURL)
 	require.NoError(t, err)
-	target, err := url.Parse(srv.Endpoint)
-	require.NoError(t, err)
-	target.Path = ""
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	director := proxy.Director
-	proxy.Director = func(r *http.Request) {
-		director(r)
-		r.Host = target.Host
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
+	p.SetFault(func(r *http.Request) objstoretest.Fault {
 		r.Header.Del("If-Match")
-	}
-	ps := httptest.NewServer(proxy)
-	t.Cleanup(ps.Close)
+		return objstoretest.Fault{}
+	})
 	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", "")
 	t.Setenv("AZURE_STORAGE_SAS_TOKEN", u.RawQuery)
-	tree, err := azure.Open(context.Background(), "az://ckpts/run", azure.Options{Account: azuretest.Account, Endpoint: ps.URL + "/" + azuretest.Account})
+	tree, err := azure.Open(context.Background(), "az://ckpts/run", azure.Options{Account: azuretest.Account, Endpoint: p.URL + "/" + azuretest.Account})
 	require.NoError(t, err)
 	defer tree.Close()
 	f, err := tree.Open("shard")

@@ -20,13 +20,13 @@ import (
 func TestTraffic(t *testing.T) {
 	srv := azuretest.Start(t)
 	srv.Container(t, "ckpts")
-	p := objstoretest.Proxy(t, srv.Endpoint)
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
 	t.Setenv("AZURE_STORAGE_KEY", azuretest.Key)
 	objstoretest.RunTraffic(t, p,
 		func(key string, data []byte) error { return srv.Put("ckpts", "run/"+key, data) },
 		func(l objstore.Limits) (*objstore.Tree, error) {
 			return azure.Open(context.Background(), "az://ckpts/run", azure.Options{Limits: l,
-				Account: azuretest.Account, Endpoint: p.Endpoint + "/" + azuretest.Account})
+				Account: azuretest.Account, Endpoint: p.URL + "/" + azuretest.Account})
 		})
 }
 

@@ -6,9 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -72,23 +69,17 @@ func TestGenerationIgnored(t *testing.T) {
 	srv.Bucket(t, "ckpts")
 	old := bytes.Repeat([]byte("old!"), 16<<10)
 	require.NoError(t, srv.Put("ckpts", "run/shard", old))
-	target, err := url.Parse(srv.Endpoint)
-	require.NoError(t, err)
 	var latest atomic.Int64 // the generation the proxy asks for instead, once set
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	director := proxy.Director
-	proxy.Director = func(r *http.Request) {
-		director(r)
-		r.Host = target.Host // fake-gcs-server routes XML reads by Host
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{TargetHost: true})
+	p.SetFault(func(r *http.Request) objstoretest.Fault {
 		if q := r.URL.Query(); q.Has("generation") && latest.Load() != 0 {
 			q.Set("generation", strconv.FormatInt(latest.Load(), 10))
 			r.URL.RawQuery = q.Encode()
 		}
-	}
-	ps := httptest.NewServer(proxy)
-	t.Cleanup(ps.Close)
+		return objstoretest.Fault{}
+	})
 	t.Setenv("STORAGE_EMULATOR_HOST", "")
-	tree, err := gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{Endpoint: ps.URL, Anonymous: true})
+	tree, err := gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{Endpoint: p.URL, Anonymous: true})
 	require.NoError(t, err)
 	defer tree.Close()
 	f, err := tree.Open("shard")

@@ -18,7 +18,7 @@ import (
 func TestTraffic(t *testing.T) {
 	srv := gcstest.Start(t)
 	srv.Bucket(t, "ckpts")
-	p := objstoretest.Proxy(t, srv.Endpoint)
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{TargetHost: true})
 	t.Setenv("STORAGE_EMULATOR_HOST", p.Host) // srv.Client, which puts, goes on reaching the server
 	objstoretest.RunTraffic(t, p,
 		func(key string, data []byte) error { return srv.Put("ckpts", "run/"+key, data) },

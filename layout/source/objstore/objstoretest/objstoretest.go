@@ -1,8 +1,9 @@
 // Package objstoretest runs the real servers the object store tests start
 // on 127.0.0.1 (versitygw, fake-gcs-server, Azurite): finding the tool,
 // starting it on a free port, waiting for it to answer, stopping,
-// freezing and killing it, a proxy that counts what a client sends it
-// (traffic.go), and the checks every store's tests make.
+// freezing and killing it, a reverse proxy in front of any of them that records what a client
+// sends and injects faults (proxy.go), and the checks every store's tests
+// make (suite.go, traffic.go).
 package objstoretest
 
 import (

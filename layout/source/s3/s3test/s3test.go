@@ -3,8 +3,9 @@
 // server (PyPI moto[server], installed in the e2e virtual environment;
 // without it a test is skipped, unless CKPTFS_REQUIRE_PYTHON=1, which makes
 // it fail, as make test sets) or versitygw (StartGateway), a Go S3 gateway
-// that checks signatures and bucket policies. Proxy sits between a client
-// and either, recording requests and injecting faults.
+// that checks signatures and bucket policies. objstoretest.StartProxy
+// sits between a client and either, recording requests and injecting
+// faults.
 package s3test
 
 import (
