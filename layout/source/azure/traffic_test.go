@@ -18,7 +18,7 @@ import (
 // directory, then one ranged GET If-Match the opened ETag per request, no
 // GetBlobProperties per read, connections reused.
 func TestTraffic(t *testing.T) {
-	srv := azuretest.Start(t)
+	srv := azuretest.Shared(t)
 	srv.Container(t, "ckpts")
 	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
 	t.Setenv("AZURE_STORAGE_KEY", azuretest.Key)
@@ -33,7 +33,7 @@ func TestTraffic(t *testing.T) {
 // BenchmarkRanged: ranged reads through the tree against the SDK's own
 // ranged reads of the same blobs, on Azurite (objstoretest.BenchRanged).
 func BenchmarkRanged(b *testing.B) {
-	srv := azuretest.Start(b)
+	srv := azuretest.Shared(b)
 	srv.Container(b, "ckpts")
 	objstoretest.BenchRanged(b,
 		func(key string, data []byte) error { return srv.Put("ckpts", "run/"+key, data) },

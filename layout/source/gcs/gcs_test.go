@@ -26,6 +26,7 @@ import (
 func TestEmulator(t *testing.T) {
 	objstoretest.RunEmulator(t, objstoretest.Emulated[*gcstest.Server]{
 		Scheme: "gs",
+		Shared: gcstest.Shared,
 		Start:  gcstest.Start,
 		Bucket: func(t testing.TB, srv *gcstest.Server, name string) { srv.Bucket(t, name) },
 		Open: func(url string, l objstore.Limits) (*objstore.Tree, error) {
@@ -39,7 +40,7 @@ func TestEmulator(t *testing.T) {
 // anywhere, a signed client fails the open in one line that points at
 // --no-sign-request.
 func TestEndpointAnonymous(t *testing.T) {
-	srv := gcstest.Start(t)
+	srv := gcstest.Shared(t)
 	srv.Bucket(t, "public")
 	require.NoError(t, srv.Put("public", "run/shard", []byte("bytes")))
 	t.Setenv("STORAGE_EMULATOR_HOST", "")
@@ -65,7 +66,7 @@ func TestEndpointAnonymous(t *testing.T) {
 // generation asked for) fails the read with ErrChanged naming both, never
 // serving the new bytes.
 func TestGenerationIgnored(t *testing.T) {
-	srv := gcstest.Start(t)
+	srv := gcstest.Shared(t)
 	srv.Bucket(t, "ckpts")
 	old := bytes.Repeat([]byte("old!"), 16<<10)
 	require.NoError(t, srv.Put("ckpts", "run/shard", old))
@@ -101,7 +102,7 @@ func TestGenerationIgnored(t *testing.T) {
 // would otherwise decompress it for a client that does not accept gzip
 // (decompressive transcoding), ignoring the range.
 func TestContentEncodingGzip(t *testing.T) {
-	srv := gcstest.Start(t)
+	srv := gcstest.Shared(t)
 	srv.Bucket(t, "ckpts")
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
