@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
 )
@@ -298,37 +298,21 @@ func TestErrorsCounted(t *testing.T) {
 func faultProxy(t *testing.T, target string) (url string, faults, cuts *atomic.Int64) {
 	var n atomic.Int64
 	faults, cuts = new(atomic.Int64), new(atomic.Int64)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p := objstoretest.StartProxy(t, target, objstoretest.ProxyOptions{})
+	p.SetFault(func(r *http.Request) objstoretest.Fault {
 		i := n.Add(1)
-		if i%3 == 0 {
+		switch {
+		case i%3 == 0:
 			faults.Add(1)
-			w.WriteHeader(http.StatusServiceUnavailable)
-			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`)
-			return
-		}
-		req, _ := http.NewRequest(r.Method, target+r.URL.RequestURI(), r.Body)
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultTransport.RoundTrip(req)
-		if err != nil {
-			w.WriteHeader(http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		for k, v := range resp.Header {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(resp.StatusCode)
-		if i%3 == 1 && r.Method == http.MethodGet && resp.ContentLength > 1 {
+			return objstoretest.Fault{Status: http.StatusServiceUnavailable, Code: "SlowDown"}
+		case i%3 == 1 && r.Method == http.MethodGet:
 			faults.Add(1)
 			cuts.Add(1)
-			io.CopyN(w, resp.Body, resp.ContentLength/2)
-			w.(http.Flusher).Flush()
-			panic(http.ErrAbortHandler) // cuts the connection
+			return objstoretest.Fault{Cut: true}
 		}
-		io.Copy(w, resp.Body)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL, faults, cuts
+		return objstoretest.Fault{}
+	})
+	return p.URL, faults, cuts
 }
 
 // TestRetries: throttling and cut connections are retried (the SDK retries

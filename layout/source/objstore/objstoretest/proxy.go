@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -47,11 +48,17 @@ type Fault struct {
 	// Status, if set, answers the request with this status and an XML
 	// error body (as S3 and Azure write one) instead of forwarding it.
 	Status int
+	// Code is the error body's code (default InternalError; S3's
+	// throttling is SlowDown).
+	Code string
 	// Delay holds the request this long before forwarding it (or
 	// answering Status).
 	Delay time.Duration
 	// Rate, if set, sends the response body at this many bytes per second.
 	Rate int
+	// Cut forwards the response's headers and the first half of its body
+	// (by its Content-Length: none without one), then cuts the connection.
+	Cut bool
 }
 
 // ProxyOptions configure StartProxy.
@@ -104,15 +111,24 @@ func StartProxy(t testing.TB, target string, o ProxyOptions) *Proxy {
 			}
 		}
 		if f.Status != 0 {
+			if f.Code == "" {
+				f.Code = "InternalError"
+			}
 			w.Header().Set("Content-Type", "application/xml")
 			w.WriteHeader(f.Status)
-			fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code><Message>injected %d</Message></Error>`, f.Status)
+			fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>injected %d</Message></Error>`, f.Code, f.Status)
 			return
+		}
+		if f.Cut {
+			w = &cutting{ResponseWriter: w}
 		}
 		if f.Rate > 0 {
 			w = &throttled{ResponseWriter: w, rate: f.Rate}
 		}
 		rp.ServeHTTP(w, r)
+		if f.Cut {
+			panic(http.ErrAbortHandler) // a body shorter than its half, or none
+		}
 	}))
 	p.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -162,6 +178,35 @@ func (p *Proxy) Reset() {
 // Close stops the proxy: connections to it are then refused, as to a
 // server that is gone, while the server behind it goes on serving others.
 func (p *Proxy) Close() { p.srv.Close() }
+
+// cutting writes the first half of a response body, then aborts the
+// connection (the server recovers http.ErrAbortHandler in silence).
+type cutting struct {
+	http.ResponseWriter
+	left int64 // bytes still to write
+}
+
+func (w *cutting) WriteHeader(code int) {
+	n, _ := strconv.ParseInt(w.Header().Get("Content-Length"), 10, 64)
+	w.left = n / 2
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *cutting) Write(b []byte) (int, error) {
+	if int64(len(b)) < w.left {
+		w.left -= int64(len(b))
+		return w.ResponseWriter.Write(b)
+	}
+	w.ResponseWriter.Write(b[:w.left])
+	w.Flush()
+	panic(http.ErrAbortHandler)
+}
+
+func (w *cutting) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
 
 // throttled writes a response body at rate bytes per second, in pieces of
 // a tenth of a second's worth.
