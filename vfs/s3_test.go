@@ -28,7 +28,7 @@ import (
 // every view file equals the export of the local checkpoint, the stats show
 // the requests, and an object replaced under the mount gives EIO.
 func TestTreeMount(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "ckpts")
 	cases := []string{"fsdp2_4ranks", "hf_sharded"}
 	for _, name := range cases {
@@ -61,7 +61,7 @@ func TestTreeMount(t *testing.T) {
 // of a handle opened before (uncached blocks) and every later open with
 // EIO, never serving a mix.
 func TestTreeObjectReplaced(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "ckpts")
 	dir := filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt")
 	srv.Upload(t, "ckpts", "run/step", dir)
@@ -149,7 +149,7 @@ func TestTreeMountGatewayFrozen(t *testing.T) {
 // the same prefix answering 503 (the store not answering) is an outage, and
 // other names then fail at once without asking (vfs/outage.go).
 func TestDeniedPrefixIsNoOutage(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "ckpts")
 	srv.Upload(t, "ckpts", "run/open", filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt"))
 	srv.Upload(t, "ckpts", "run/secret", filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt"))

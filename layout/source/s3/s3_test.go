@@ -63,7 +63,7 @@ func TestParseURL(t *testing.T) {
 // world is a bucket laid out to test naming and confinement: the tree is
 // s3://world/run; "secret" and "run-other/" lie outside it.
 func world(t *testing.T) (*s3test.Server, *s3.Tree) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "world")
 	for key, data := range map[string]string{
 		"secret":                  "outside",
@@ -192,7 +192,7 @@ func TestStatFresh(t *testing.T) {
 }
 
 func TestRangedReads(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	data := make([]byte, 3<<20+17)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -242,7 +242,7 @@ func TestRangedReads(t *testing.T) {
 // object, and never returns new bytes for it; a reopen sees the new
 // content.
 func TestObjectReplaced(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	srv.Put(t, "data", "ckpt/shard", bytes.Repeat([]byte("old!"), 50_000))
 	tree, err := s3.Open(context.Background(), "s3://data/ckpt", s3.Options{})
@@ -318,7 +318,7 @@ func faultProxy(t *testing.T, target string) (url string, faults, cuts *atomic.I
 // TestRetries: throttling and cut connections are retried (the SDK retries
 // a failed request, the tree resumes a cut body) and the bytes are exact.
 func TestRetries(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	data := make([]byte, 1<<20)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -355,7 +355,7 @@ func TestRetries(t *testing.T) {
 // file's open checks every shard it reads): none within ListTTL of the
 // open, whose listing answers; and sees a replaced object.
 func TestStatFromListing(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	for i := range 5 {
 		srv.Put(t, "data", fmt.Sprintf("ckpt/__%d_0.distcp", i), []byte("shard"))
