@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +34,11 @@ func TestEmulator(t *testing.T) {
 		Bucket: func(t testing.TB, srv *azuretest.Server, name string) { srv.Container(t, name) },
 		Open: func(url string, l objstore.Limits) (*objstore.Tree, error) {
 			return azure.Open(context.Background(), url, azure.Options{Limits: l})
+		},
+		Proxy: func(t *testing.T, srv *azuretest.Server) *objstoretest.Proxy {
+			p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
+			t.Setenv("AZURE_STORAGE_CONNECTION_STRING", strings.Replace(srv.ConnectionString, srv.Endpoint, p.URL+"/"+azuretest.Account, 1))
+			return p
 		},
 	})
 }

@@ -32,6 +32,11 @@ func TestEmulator(t *testing.T) {
 		Open: func(url string, l objstore.Limits) (*objstore.Tree, error) {
 			return gcs.Open(context.Background(), url, gcs.Options{Limits: l})
 		},
+		Proxy: func(t *testing.T, srv *gcstest.Server) *objstoretest.Proxy {
+			p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{TargetHost: true})
+			t.Setenv("STORAGE_EMULATOR_HOST", p.Host) // srv.Client, which puts, goes on reaching the server
+			return p
+		},
 	})
 }
 

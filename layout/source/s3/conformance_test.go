@@ -30,6 +30,11 @@ func TestEmulator(t *testing.T) {
 				MinRate: l.MinRate, ListTTL: l.ListTTL, ObserveRequest: l.ObserveRequest, MinRequest: l.MinRequest,
 				AheadMemory: l.AheadMemory})
 		},
+		Proxy: func(t *testing.T, g gateway) *objstoretest.Proxy {
+			p := objstoretest.StartProxy(t, g.srv.Endpoint, objstoretest.ProxyOptions{})
+			t.Setenv("AWS_ENDPOINT_URL", p.URL)
+			return p
+		},
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
+	"net/http"
 	"syscall"
 	"testing"
 	"time"
@@ -30,13 +31,18 @@ type Store interface {
 	Open(url string, l objstore.Limits) (*objstore.Tree, error)
 	// Process is the server, to kill or freeze.
 	Process() *Process
+	// Proxy starts a proxy in front of the server, which the trees opened
+	// from now on in t reach it through (Put and Delete do not).
+	Proxy(t *testing.T) *Proxy
 }
 
 // Run runs the cases every store passes: listings as directories, hostile
 // keys confined, byte-exact ranged reads, an object read in order in few
 // requests (streams), a replaced or deleted object
 // failing with ErrChanged and never its new bytes, a missing name ENOENT,
-// and a killed or frozen server failing a read with EIO within the bound.
+// a denied read or lookup failing as denied (not as an outage), a burst of
+// 5xx shorter than the attempts retried through, and a killed or frozen
+// server failing a read with EIO within the bound.
 // start makes an empty bucket on a server the cases share, or, when own is
 // set, on a server of its own (which the case kills or freezes).
 func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
@@ -194,6 +200,46 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		require.ErrorIs(t, err, fs.ErrNotExist, "an empty prefix is a missing directory")
 	})
 
+	// A proxy answers 403 (a bucket policy's denial), then one 503 and the
+	// store's answers: a read and a lookup of an object opened before fail
+	// as denied, with EIO, neither unavailable (an outage, which would fail
+	// every other name too) nor ENOENT; the read is then retried through
+	// the 503, byte-exact.
+	t.Run("denied, and a 5xx burst retried", func(t *testing.T) {
+		s := start(t, false)
+		data := bytes.Repeat([]byte("old!"), 32<<10)
+		put(t, s, "ckpt/shard", data)
+		p := s.Proxy(t)
+		// ListTTL: a lookup asks the store, not the open's listing.
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: 2, ListTTL: time.Nanosecond})
+		require.NoError(t, err)
+		defer tree.Close()
+		f, err := tree.Open("shard")
+		require.NoError(t, err)
+		p.SetFault(func(*http.Request) Fault { return Fault{Status: http.StatusForbidden, Code: "AccessDenied"} })
+		buf := make([]byte, 32<<10)
+		_, err = f.ReadAt(buf, 4096)
+		for name, err := range map[string]error{"shard": err, "other": second(tree.Stat("other"))} {
+			t.Log(err)
+			require.ErrorIs(t, err, source.ErrDenied, name)
+			require.False(t, source.IsUnavailable(err), "a denial is no outage: %v", err)
+			RequireEIO(t, err, s.URL("ckpt/"+name))
+		}
+		burst := 1
+		p.SetFault(func(*http.Request) Fault {
+			if burst > 0 {
+				burst-- // under the proxy's lock
+				return Fault{Status: http.StatusServiceUnavailable}
+			}
+			return Fault{}
+		})
+		clear(buf)
+		_, err = f.ReadAt(buf, 4096)
+		require.NoError(t, err, "one 503 in 2 attempts")
+		require.Equal(t, data[4096:4096+len(buf)], buf)
+		require.Zero(t, burst, "the 503 was sent")
+	})
+
 	// One server of its own, frozen (SIGSTOP), resumed, then killed: a read
 	// of 32 KiB (past the small-read windows) of an object opened before
 	// each fault, with MaxAttempts 2 and ReadTimeout 1 s, fails within the
@@ -251,6 +297,8 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		failsInBound(0)
 	})
 }
+
+func second[T any](_ T, err error) error { return err }
 
 func put(t *testing.T, s Store, key string, data []byte) {
 	t.Helper()
