@@ -41,8 +41,8 @@ type Store interface {
 // requests (streams), a replaced or deleted object
 // failing with ErrChanged and never its new bytes, a missing name ENOENT,
 // a denied read or lookup failing as denied (not as an outage), a burst of
-// 5xx shorter than the attempts retried through, and a killed or frozen
-// server failing a read with EIO within the bound.
+// 5xx shorter than the attempts retried through, and a body that trickles
+// or a killed or frozen server failing a read with EIO within the bound.
 // start makes an empty bucket on a server the cases share, or, when own is
 // set, on a server of its own (which the case kills or freezes).
 func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
@@ -240,18 +240,31 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		require.Zero(t, burst, "the 503 was sent")
 	})
 
-	// One server of its own, frozen (SIGSTOP), resumed, then killed: a read
-	// of 32 KiB (past the small-read windows) of an object opened before
-	// each fault, with MaxAttempts 2 and ReadTimeout 1 s, fails within the
-	// bound with EIO, as a lookup does; once resumed, the same handle reads
-	// again.
+	// A body that trickles (4 KiB/s, under MinRate) through a proxy: the
+	// read of an object opened before fails within the bound, each attempt
+	// cut at its deadline, as unavailable, with EIO.
+	t.Run("slow body", func(t *testing.T) {
+		s := start(t, false)
+		put(t, s, "ckpt/shard", bytes.Repeat([]byte("old!"), 32<<10))
+		p := s.Proxy(t)
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: faultAttempts, ReadTimeout: faultTimeout})
+		require.NoError(t, err)
+		defer tree.Close()
+		f, err := tree.Open("shard")
+		require.NoError(t, err)
+		p.SetFault(func(*http.Request) Fault { return Fault{Rate: 4 << 10} })
+		readFailsInBound(t, f, s.URL("ckpt/shard"), faultAttempts*faultTimeout)
+	})
+
+	// One server of its own, frozen (SIGSTOP), resumed, then killed: the
+	// read of an object opened before each fault fails within the bound
+	// (readFailsInBound), as a lookup does; once resumed, the same handle
+	// reads again.
 	t.Run("frozen, resumed, killed", func(t *testing.T) {
-		const attempts, timeout, n = 2, time.Second, 32 << 10
-		bound := attempts*(timeout+time.Duration(n)*time.Second/objstore.DefaultMinRate) + 2*time.Second
 		s := start(t, true)
 		data := bytes.Repeat([]byte("old!"), 32<<10)
 		put(t, s, "ckpt/shard", data)
-		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: attempts, ReadTimeout: timeout})
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: faultAttempts, ReadTimeout: faultTimeout})
 		require.NoError(t, err)
 		defer tree.Close()
 		f, err := tree.Open("shard")
@@ -259,25 +272,7 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		p := s.Process()
 		failsInBound := func(min time.Duration) {
 			t.Helper()
-			start := time.Now()
-			done := make(chan error, 1)
-			go func() {
-				_, err := f.ReadAt(make([]byte, n), 4096)
-				done <- err
-			}()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(bound + 5*time.Second):
-				t.Fatalf("read still going after %v", bound+5*time.Second)
-			}
-			took := time.Since(start)
-			t.Logf("%v after %v (bound %v)", err, took, bound)
-			assert.GreaterOrEqual(t, took, min)
-			assert.Less(t, took, bound)
-			require.ErrorIs(t, err, objstore.ErrRequest)
-			RequireEIO(t, err, s.URL("ckpt/shard"))
-			require.True(t, source.IsUnavailable(err), "a store that does not answer is unavailable: %v", err)
+			readFailsInBound(t, f, s.URL("ckpt/shard"), min)
 			// A lookup fails as a read does: EIO, never ENOENT.
 			_, err = tree.Stat("other")
 			require.ErrorIs(t, err, objstore.ErrRequest)
@@ -287,15 +282,47 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		}
 
 		p.Signal(t, syscall.SIGSTOP)
-		failsInBound(attempts * timeout)
+		failsInBound(faultAttempts * faultTimeout)
 		p.Signal(t, syscall.SIGCONT)
-		buf := make([]byte, n)
+		buf := make([]byte, faultRead)
 		_, err = f.ReadAt(buf, 4096)
 		require.NoError(t, err, "the store is back")
-		require.Equal(t, data[4096:4096+n], buf)
+		require.Equal(t, data[4096:4096+faultRead], buf)
 		p.Kill(t)
 		failsInBound(0)
 	})
+}
+
+// The faults' reads: 32 KiB (past the small-read windows) with
+// MaxAttempts 2 and ReadTimeout 1 s.
+const faultAttempts, faultTimeout, faultRead = 2, time.Second, 32 << 10
+
+// readFailsInBound reads faultRead bytes at 4096 of f (the object at url)
+// and requires the read to fail with EIO as unavailable, after min and
+// within the bound: every attempt up to its deadline, plus backoff and
+// slack.
+func readFailsInBound(t *testing.T, f source.File, url string, min time.Duration) {
+	t.Helper()
+	bound := faultAttempts*(faultTimeout+time.Duration(faultRead)*time.Second/objstore.DefaultMinRate) + 2*time.Second
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.ReadAt(make([]byte, faultRead), 4096)
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(bound + 5*time.Second):
+		t.Fatalf("read still going after %v", bound+5*time.Second)
+	}
+	took := time.Since(start)
+	t.Logf("%v after %v (bound %v)", err, took, bound)
+	assert.GreaterOrEqual(t, took, min)
+	assert.Less(t, took, bound)
+	require.ErrorIs(t, err, objstore.ErrRequest)
+	RequireEIO(t, err, url)
+	require.True(t, source.IsUnavailable(err), "a store that does not answer is unavailable: %v", err)
 }
 
 func second[T any](_ T, err error) error { return err }
