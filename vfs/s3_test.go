@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
 )
@@ -27,7 +28,7 @@ import (
 // every view file equals the export of the local checkpoint, the stats show
 // the requests, and an object replaced under the mount gives EIO.
 func TestTreeMount(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "ckpts")
 	cases := []string{"fsdp2_4ranks", "hf_sharded"}
 	for _, name := range cases {
@@ -60,7 +61,7 @@ func TestTreeMount(t *testing.T) {
 // of a handle opened before (uncached blocks) and every later open with
 // EIO, never serving a mix.
 func TestTreeObjectReplaced(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "ckpts")
 	dir := filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt")
 	srv.Upload(t, "ckpts", "run/step", dir)
@@ -148,20 +149,20 @@ func TestTreeMountGatewayFrozen(t *testing.T) {
 // the same prefix answering 503 (the store not answering) is an outage, and
 // other names then fail at once without asking (vfs/outage.go).
 func TestDeniedPrefixIsNoOutage(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "ckpts")
 	srv.Upload(t, "ckpts", "run/open", filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt"))
 	srv.Upload(t, "ckpts", "run/secret", filepath.Join(fixture(t, "fsdp2_4ranks"), "ckpt"))
-	p := s3test.StartProxy(t, srv.Endpoint)
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
 	var status atomic.Int32
 	var faulty atomic.Value // the prefix the fault applies to
 	faulty.Store("run/secret")
-	p.SetFault(func(r *http.Request) s3test.Fault {
+	p.SetFault(func(r *http.Request) objstoretest.Fault {
 		prefix := faulty.Load().(string)
 		if strings.Contains(r.URL.Path, "/"+prefix) || strings.HasPrefix(r.URL.Query().Get("prefix"), prefix) {
-			return s3test.Fault{Status: int(status.Load())}
+			return objstoretest.Fault{Status: int(status.Load())}
 		}
-		return s3test.Fault{}
+		return objstoretest.Fault{}
 	})
 	tree, err := s3.Open(context.Background(), "s3://ckpts/run", s3.Options{Endpoint: p.URL, MaxAttempts: 2, ReadTimeout: time.Second})
 	require.NoError(t, err)

@@ -6,9 +6,8 @@ import (
 	"context"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,10 +29,16 @@ import (
 func TestEmulator(t *testing.T) {
 	objstoretest.RunEmulator(t, objstoretest.Emulated[*azuretest.Server]{
 		Scheme: "az",
+		Shared: azuretest.Shared,
 		Start:  azuretest.Start,
 		Bucket: func(t testing.TB, srv *azuretest.Server, name string) { srv.Container(t, name) },
 		Open: func(url string, l objstore.Limits) (*objstore.Tree, error) {
 			return azure.Open(context.Background(), url, azure.Options{Limits: l})
+		},
+		Proxy: func(t *testing.T, srv *azuretest.Server) *objstoretest.Proxy {
+			p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
+			t.Setenv("AZURE_STORAGE_CONNECTION_STRING", strings.Replace(srv.ConnectionString, srv.Endpoint, p.URL+"/"+azuretest.Account, 1))
+			return p
 		},
 	})
 }
@@ -44,7 +49,7 @@ func TestEmulator(t *testing.T) {
 // requests to a private container, and a wrong key, fail the open with an
 // error that is no ENOENT.
 func TestCredentials(t *testing.T) {
-	srv := azuretest.Start(t)
+	srv := azuretest.Shared(t)
 	srv.Container(t, "private")
 	require.NoError(t, srv.Put("private", "run/shard", []byte("bytes")))
 	sasURL, err := srv.Client.ServiceClient().GetSASURL(sas.AccountResourceTypes{Container: true, Object: true},
@@ -94,11 +99,14 @@ func TestCredentials(t *testing.T) {
 	// whether the store answered or could not be reached.
 	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", "")
 	t.Setenv("AZURE_STORAGE_SAS_TOKEN", u.RawQuery)
-	opts := azure.Options{Account: azuretest.Account, Endpoint: srv.Endpoint}
+	// Through a proxy, closed for the store that cannot be reached (the
+	// shared server goes on serving).
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
+	opts := azure.Options{Account: azuretest.Account, Endpoint: p.URL + "/" + azuretest.Account}
 	opts.MaxAttempts = 1
 	_, err = azure.Open(context.Background(), "az://nosuch/run", opts)
 	require.Error(t, err)
-	srv.Process().Kill(t)
+	p.Close()
 	_, err2 := azure.Open(context.Background(), "az://private/run", opts)
 	require.Error(t, err2)
 	for _, err := range []error{err, err2} {
@@ -113,7 +121,7 @@ func TestCredentials(t *testing.T) {
 // bytes fails the read with ErrChanged naming both ETags, never serving
 // the new bytes.
 func TestIfMatchIgnored(t *testing.T) {
-	srv := azuretest.Start(t)
+	srv := azuretest.Shared(t)
 	srv.Container(t, "ckpts")
 	require.NoError(t, srv.Put("ckpts", "run/shard", bytes.Repeat([]byte("old!"), 16<<10)))
 	sasURL, err := srv.Client.ServiceClient().GetSASURL(sas.AccountResourceTypes{Container: true, Object: true},
@@ -121,21 +129,14 @@ func TestIfMatchIgnored(t *testing.T) {
 	require.NoError(t, err)
 	u, err := url.Parse(sasURL)
 	require.NoError(t, err)
-	target, err := url.Parse(srv.Endpoint)
-	require.NoError(t, err)
-	target.Path = ""
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	director := proxy.Director
-	proxy.Director = func(r *http.Request) {
-		director(r)
-		r.Host = target.Host
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
+	p.SetFault(func(r *http.Request) objstoretest.Fault {
 		r.Header.Del("If-Match")
-	}
-	ps := httptest.NewServer(proxy)
-	t.Cleanup(ps.Close)
+		return objstoretest.Fault{}
+	})
 	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", "")
 	t.Setenv("AZURE_STORAGE_SAS_TOKEN", u.RawQuery)
-	tree, err := azure.Open(context.Background(), "az://ckpts/run", azure.Options{Account: azuretest.Account, Endpoint: ps.URL + "/" + azuretest.Account})
+	tree, err := azure.Open(context.Background(), "az://ckpts/run", azure.Options{Account: azuretest.Account, Endpoint: p.URL + "/" + azuretest.Account})
 	require.NoError(t, err)
 	defer tree.Close()
 	f, err := tree.Open("shard")
@@ -154,7 +155,7 @@ func TestIfMatchIgnored(t *testing.T) {
 // stored, at any range: Azure does not transcode, and the client must not
 // decompress a range of it either.
 func TestContentEncodingGzip(t *testing.T) {
-	srv := azuretest.Start(t)
+	srv := azuretest.Shared(t)
 	srv.Container(t, "ckpts")
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)

@@ -18,22 +18,22 @@ import (
 // directory, then one ranged GET If-Match the opened ETag per request, no
 // GetBlobProperties per read, connections reused.
 func TestTraffic(t *testing.T) {
-	srv := azuretest.Start(t)
+	srv := azuretest.Shared(t)
 	srv.Container(t, "ckpts")
-	p := objstoretest.Proxy(t, srv.Endpoint)
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{})
 	t.Setenv("AZURE_STORAGE_KEY", azuretest.Key)
 	objstoretest.RunTraffic(t, p,
 		func(key string, data []byte) error { return srv.Put("ckpts", "run/"+key, data) },
 		func(l objstore.Limits) (*objstore.Tree, error) {
 			return azure.Open(context.Background(), "az://ckpts/run", azure.Options{Limits: l,
-				Account: azuretest.Account, Endpoint: p.Endpoint + "/" + azuretest.Account})
+				Account: azuretest.Account, Endpoint: p.URL + "/" + azuretest.Account})
 		})
 }
 
 // BenchmarkRanged: ranged reads through the tree against the SDK's own
 // ranged reads of the same blobs, on Azurite (objstoretest.BenchRanged).
 func BenchmarkRanged(b *testing.B) {
-	srv := azuretest.Start(b)
+	srv := azuretest.Shared(b)
 	srv.Container(b, "ckpts")
 	objstoretest.BenchRanged(b,
 		func(key string, data []byte) error { return srv.Put("ckpts", "run/"+key, data) },

@@ -6,9 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -29,10 +26,16 @@ import (
 func TestEmulator(t *testing.T) {
 	objstoretest.RunEmulator(t, objstoretest.Emulated[*gcstest.Server]{
 		Scheme: "gs",
+		Shared: gcstest.Shared,
 		Start:  gcstest.Start,
 		Bucket: func(t testing.TB, srv *gcstest.Server, name string) { srv.Bucket(t, name) },
 		Open: func(url string, l objstore.Limits) (*objstore.Tree, error) {
 			return gcs.Open(context.Background(), url, gcs.Options{Limits: l})
+		},
+		Proxy: func(t *testing.T, srv *gcstest.Server) *objstoretest.Proxy {
+			p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{TargetHost: true})
+			t.Setenv("STORAGE_EMULATOR_HOST", p.Host) // srv.Client, which puts, goes on reaching the server
+			return p
 		},
 	})
 }
@@ -42,7 +45,7 @@ func TestEmulator(t *testing.T) {
 // anywhere, a signed client fails the open in one line that points at
 // --no-sign-request.
 func TestEndpointAnonymous(t *testing.T) {
-	srv := gcstest.Start(t)
+	srv := gcstest.Shared(t)
 	srv.Bucket(t, "public")
 	require.NoError(t, srv.Put("public", "run/shard", []byte("bytes")))
 	t.Setenv("STORAGE_EMULATOR_HOST", "")
@@ -68,27 +71,21 @@ func TestEndpointAnonymous(t *testing.T) {
 // generation asked for) fails the read with ErrChanged naming both, never
 // serving the new bytes.
 func TestGenerationIgnored(t *testing.T) {
-	srv := gcstest.Start(t)
+	srv := gcstest.Shared(t)
 	srv.Bucket(t, "ckpts")
 	old := bytes.Repeat([]byte("old!"), 16<<10)
 	require.NoError(t, srv.Put("ckpts", "run/shard", old))
-	target, err := url.Parse(srv.Endpoint)
-	require.NoError(t, err)
 	var latest atomic.Int64 // the generation the proxy asks for instead, once set
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	director := proxy.Director
-	proxy.Director = func(r *http.Request) {
-		director(r)
-		r.Host = target.Host // fake-gcs-server routes XML reads by Host
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{TargetHost: true})
+	p.SetFault(func(r *http.Request) objstoretest.Fault {
 		if q := r.URL.Query(); q.Has("generation") && latest.Load() != 0 {
 			q.Set("generation", strconv.FormatInt(latest.Load(), 10))
 			r.URL.RawQuery = q.Encode()
 		}
-	}
-	ps := httptest.NewServer(proxy)
-	t.Cleanup(ps.Close)
+		return objstoretest.Fault{}
+	})
 	t.Setenv("STORAGE_EMULATOR_HOST", "")
-	tree, err := gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{Endpoint: ps.URL, Anonymous: true})
+	tree, err := gcs.Open(context.Background(), "gs://ckpts/run", gcs.Options{Endpoint: p.URL, Anonymous: true})
 	require.NoError(t, err)
 	defer tree.Close()
 	f, err := tree.Open("shard")
@@ -110,7 +107,7 @@ func TestGenerationIgnored(t *testing.T) {
 // would otherwise decompress it for a client that does not accept gzip
 // (decompressive transcoding), ignoring the range.
 func TestContentEncodingGzip(t *testing.T) {
-	srv := gcstest.Start(t)
+	srv := gcstest.Shared(t)
 	srv.Bucket(t, "ckpts")
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)

@@ -16,9 +16,9 @@ import (
 // the directory, then one ranged GET of the opened generation per request,
 // no metadata call per read, connections reused.
 func TestTraffic(t *testing.T) {
-	srv := gcstest.Start(t)
+	srv := gcstest.Shared(t)
 	srv.Bucket(t, "ckpts")
-	p := objstoretest.Proxy(t, srv.Endpoint)
+	p := objstoretest.StartProxy(t, srv.Endpoint, objstoretest.ProxyOptions{TargetHost: true})
 	t.Setenv("STORAGE_EMULATOR_HOST", p.Host) // srv.Client, which puts, goes on reaching the server
 	objstoretest.RunTraffic(t, p,
 		func(key string, data []byte) error { return srv.Put("ckpts", "run/"+key, data) },
@@ -31,7 +31,7 @@ func TestTraffic(t *testing.T) {
 // ranged reads of the same objects, on fake-gcs-server
 // (objstoretest.BenchRanged).
 func BenchmarkRanged(b *testing.B) {
-	srv := gcstest.Start(b)
+	srv := gcstest.Shared(b)
 	srv.Bucket(b, "ckpts")
 	bkt := srv.Client.Bucket("ckpts")
 	objstoretest.BenchRanged(b,

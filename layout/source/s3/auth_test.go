@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
 )
@@ -75,18 +76,18 @@ func TestRequesterPays(t *testing.T) {
 	g.Bucket(t, "pays")
 	g.Put(t, "pays", "ckpt/shard", []byte("billed to the reader"))
 	for _, pays := range []bool{true, false} {
-		proxy := s3test.StartProxy(t, g.Endpoint)
+		proxy := objstoretest.StartProxy(t, g.Endpoint, objstoretest.ProxyOptions{})
 		tree, err := s3.Open(context.Background(), "s3://pays/ckpt", s3.Options{Endpoint: proxy.URL, RequesterPays: pays,
 			ListTTL: time.Nanosecond})
 		require.NoError(t, err)
 		_, err = tree.ReadDir(".")
 		require.NoError(t, err)
 		// Listings refused from now on: lookups are HEADs.
-		proxy.SetFault(func(r *http.Request) s3test.Fault {
+		proxy.SetFault(func(r *http.Request) objstoretest.Fault {
 			if r.URL.Query().Has("list-type") {
-				return s3test.Fault{Status: http.StatusForbidden}
+				return objstoretest.Fault{Status: http.StatusForbidden}
 			}
-			return s3test.Fault{}
+			return objstoretest.Fault{}
 		})
 		_, err = tree.Stat("shard")
 		require.NoError(t, err)
@@ -121,13 +122,13 @@ func TestRegion(t *testing.T) {
 	g.Bucket(t, "regional")
 	g.Put(t, "regional", "ckpt/shard", []byte("in paris"))
 	t.Setenv("AWS_REGION", "")
-	proxy := s3test.StartProxy(t, g.Endpoint)
+	proxy := objstoretest.StartProxy(t, g.Endpoint, objstoretest.ProxyOptions{})
 
 	_, err := s3.Open(context.Background(), "s3://regional/ckpt", s3.Options{Endpoint: proxy.URL})
 	require.ErrorIs(t, err, s3.ErrRequest)
 	t.Log(err)
 
-	proxy = s3test.StartProxy(t, g.Endpoint)
+	proxy = objstoretest.StartProxy(t, g.Endpoint, objstoretest.ProxyOptions{})
 	tree, err := s3.Open(context.Background(), "s3://regional/ckpt", s3.Options{Endpoint: proxy.URL, Region: "eu-west-3"})
 	require.NoError(t, err)
 	defer tree.Close()

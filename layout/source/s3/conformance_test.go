@@ -22,14 +22,26 @@ import (
 func TestEmulator(t *testing.T) {
 	objstoretest.RunEmulator(t, objstoretest.Emulated[gateway]{
 		Scheme: "s3",
-		Start:  func(t testing.TB) gateway { return gateway{s3test.StartGateway(t, s3test.GatewayOptions{})} },
+		Shared: startGateway,
+		Start:  startGateway,
 		Bucket: func(t testing.TB, g gateway, name string) { g.srv.Bucket(t, name) },
 		Open: func(url string, l objstore.Limits) (*objstore.Tree, error) {
 			return s3.Open(context.Background(), url, s3.Options{MaxAttempts: l.MaxAttempts, ReadTimeout: l.ReadTimeout,
 				MinRate: l.MinRate, ListTTL: l.ListTTL, ObserveRequest: l.ObserveRequest, MinRequest: l.MinRequest,
 				AheadMemory: l.AheadMemory})
 		},
+		Proxy: func(t *testing.T, g gateway) *objstoretest.Proxy {
+			p := objstoretest.StartProxy(t, g.srv.Endpoint, objstoretest.ProxyOptions{})
+			t.Setenv("AWS_ENDPOINT_URL", p.URL)
+			return p
+		},
 	})
+}
+
+// startGateway starts a versitygw of the test's own: one starts in a
+// fraction of a second.
+func startGateway(t testing.TB) gateway {
+	return gateway{s3test.StartGateway(t, s3test.GatewayOptions{})}
 }
 
 // gateway is a versitygw as objstoretest.Emulator sees a server: errors

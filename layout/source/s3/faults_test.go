@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
 )
@@ -41,41 +42,43 @@ func TestGatewayFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		direct bool // no proxy: the client talks to the gateway's own socket
-		fault  func(t *testing.T, g *s3test.Server, p *s3test.Proxy)
+		fault  func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy)
 		want   error // nil: the read succeeds
 		class  error // what the failure says of the store (source.ErrUnavailable, source.ErrDenied)
 		cause  string
 		min    time.Duration
 	}{
-		{name: "killed", direct: true, fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) { g.Kill(t) },
+		{name: "killed", direct: true, fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) { g.Kill(t) },
 			want: s3.ErrRequest, class: source.ErrUnavailable, cause: "connection refused"},
-		{name: "frozen", direct: true, fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+		{name: "frozen", direct: true, fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
 			g.Signal(t, syscall.SIGSTOP)
 			t.Cleanup(func() { g.Signal(t, syscall.SIGCONT) })
 		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "timeout limit, 1s", min: attempts * timeout},
-		{name: "slow body", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
-			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Rate: 4 << 10} })
+		{name: "slow body", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
+			p.SetFault(func(*http.Request) objstoretest.Fault { return objstoretest.Fault{Rate: 4 << 10} })
 		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "attempt deadline", min: attempts * timeout},
-		{name: "slow headers", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
-			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Delay: time.Minute} })
+		{name: "slow headers", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
+			p.SetFault(func(*http.Request) objstoretest.Fault { return objstoretest.Fault{Delay: time.Minute} })
 		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "timeout limit, 1s", min: attempts * timeout},
-		{name: "5xx burst longer than the attempts", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
-			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Status: http.StatusServiceUnavailable} })
+		{name: "5xx burst longer than the attempts", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
+			p.SetFault(func(*http.Request) objstoretest.Fault {
+				return objstoretest.Fault{Status: http.StatusServiceUnavailable}
+			})
 		}, want: s3.ErrRequest, class: source.ErrUnavailable, cause: "StatusCode: 503"},
-		{name: "403 denied", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
-			p.SetFault(func(*http.Request) s3test.Fault { return s3test.Fault{Status: http.StatusForbidden} })
+		{name: "403 denied", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
+			p.SetFault(func(*http.Request) objstoretest.Fault { return objstoretest.Fault{Status: http.StatusForbidden} })
 		}, want: s3.ErrRequest, class: source.ErrDenied, cause: "StatusCode: 403"},
-		{name: "5xx burst shorter than the attempts", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+		{name: "5xx burst shorter than the attempts", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
 			left := attempts - 1
-			p.SetFault(func(*http.Request) s3test.Fault {
+			p.SetFault(func(*http.Request) objstoretest.Fault {
 				if left > 0 {
 					left-- // SetFault's func runs under the proxy's lock
-					return s3test.Fault{Status: http.StatusInternalServerError}
+					return objstoretest.Fault{Status: http.StatusInternalServerError}
 				}
-				return s3test.Fault{}
+				return objstoretest.Fault{}
 			})
 		}},
-		{name: "replaced", fault: func(t *testing.T, g *s3test.Server, p *s3test.Proxy) {
+		{name: "replaced", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
 			g.Put(t, "faults", "ckpt/shard", bytes.Repeat([]byte("new!"), size/4))
 		}, want: source.ErrChanged, cause: "no longer"},
 	} {
@@ -83,7 +86,7 @@ func TestGatewayFaults(t *testing.T) {
 			g := s3test.StartGateway(t, s3test.GatewayOptions{})
 			g.Bucket(t, "faults")
 			g.Put(t, "faults", "ckpt/shard", data)
-			p := s3test.StartProxy(t, g.Endpoint)
+			p := objstoretest.StartProxy(t, g.Endpoint, objstoretest.ProxyOptions{})
 			endpoint := p.URL
 			if tc.direct {
 				endpoint = g.Endpoint

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout/source"
+	"github.com/ckptfs/ckptfs/layout/source/objstore/objstoretest"
 	"github.com/ckptfs/ckptfs/layout/source/s3"
 	"github.com/ckptfs/ckptfs/layout/source/s3/s3test"
 )
@@ -63,7 +63,7 @@ func TestParseURL(t *testing.T) {
 // world is a bucket laid out to test naming and confinement: the tree is
 // s3://world/run; "secret" and "run-other/" lie outside it.
 func world(t *testing.T) (*s3test.Server, *s3.Tree) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "world")
 	for key, data := range map[string]string{
 		"secret":                  "outside",
@@ -192,7 +192,7 @@ func TestStatFresh(t *testing.T) {
 }
 
 func TestRangedReads(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	data := make([]byte, 3<<20+17)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -242,7 +242,7 @@ func TestRangedReads(t *testing.T) {
 // object, and never returns new bytes for it; a reopen sees the new
 // content.
 func TestObjectReplaced(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	srv.Put(t, "data", "ckpt/shard", bytes.Repeat([]byte("old!"), 50_000))
 	tree, err := s3.Open(context.Background(), "s3://data/ckpt", s3.Options{})
@@ -298,43 +298,27 @@ func TestErrorsCounted(t *testing.T) {
 func faultProxy(t *testing.T, target string) (url string, faults, cuts *atomic.Int64) {
 	var n atomic.Int64
 	faults, cuts = new(atomic.Int64), new(atomic.Int64)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p := objstoretest.StartProxy(t, target, objstoretest.ProxyOptions{})
+	p.SetFault(func(r *http.Request) objstoretest.Fault {
 		i := n.Add(1)
-		if i%3 == 0 {
+		switch {
+		case i%3 == 0:
 			faults.Add(1)
-			w.WriteHeader(http.StatusServiceUnavailable)
-			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`)
-			return
-		}
-		req, _ := http.NewRequest(r.Method, target+r.URL.RequestURI(), r.Body)
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultTransport.RoundTrip(req)
-		if err != nil {
-			w.WriteHeader(http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		for k, v := range resp.Header {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(resp.StatusCode)
-		if i%3 == 1 && r.Method == http.MethodGet && resp.ContentLength > 1 {
+			return objstoretest.Fault{Status: http.StatusServiceUnavailable, Code: "SlowDown"}
+		case i%3 == 1 && r.Method == http.MethodGet:
 			faults.Add(1)
 			cuts.Add(1)
-			io.CopyN(w, resp.Body, resp.ContentLength/2)
-			w.(http.Flusher).Flush()
-			panic(http.ErrAbortHandler) // cuts the connection
+			return objstoretest.Fault{Cut: true}
 		}
-		io.Copy(w, resp.Body)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL, faults, cuts
+		return objstoretest.Fault{}
+	})
+	return p.URL, faults, cuts
 }
 
 // TestRetries: throttling and cut connections are retried (the SDK retries
 // a failed request, the tree resumes a cut body) and the bytes are exact.
 func TestRetries(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	data := make([]byte, 1<<20)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -371,7 +355,7 @@ func TestRetries(t *testing.T) {
 // file's open checks every shard it reads): none within ListTTL of the
 // open, whose listing answers; and sees a replaced object.
 func TestStatFromListing(t *testing.T) {
-	srv := s3test.Start(t)
+	srv := s3test.Shared(t)
 	srv.Bucket(t, "data")
 	for i := range 5 {
 		srv.Put(t, "data", fmt.Sprintf("ckpt/__%d_0.distcp", i), []byte("shard"))

@@ -34,24 +34,32 @@ type Server struct {
 	// Client talks to it, for setting up containers and blobs.
 	Client *azblob.Client
 	proc   *objstoretest.Process
+	shared bool // Shared's: containers are removed at the end of their test
 }
+
+var servers = objstoretest.Servers[*Server]{Run: start, Env: (*Server).setEnv}
 
 // Start starts Azurite's Blob service for the test, stopped at its end, and
 // sets AZURE_STORAGE_CONNECTION_STRING to it (AZURE_STORAGE_ACCOUNT,
 // _KEY and _SAS_TOKEN empty).
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return servers.Start(t) }
+
+// Shared is the Azurite that the package's tests share, with the
+// environment set for t as Start sets it (objstoretest.Servers; the
+// package's TestMain calls objstoretest.Main). A test makes containers of
+// its own on it, and does not kill or freeze it.
+func Shared(t testing.TB) *Server { return servers.Shared(t) }
+
+// start runs Azurite's Blob service, started by serve.
+func start(t testing.TB, serve objstoretest.ServeFunc, shared bool) *Server {
 	t.Helper()
 	bin := objstoretest.Tool(t, "CKPTFS_AZURITE", "azurite/node_modules/.bin/azurite-blob")
 	port := objstoretest.FreePort(t)
-	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/%s", port, Account)}
+	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/%s", port, Account), shared: shared}
 	cmd := exec.Command(bin, "--blobHost", "127.0.0.1", "--blobPort", fmt.Sprint(port), "--inMemoryPersistence",
 		"--skipApiVersionCheck", "--disableProductStyleUrl", "--silent")
-	s.proc = objstoretest.Serve(t, "azurite", cmd, s.Endpoint+"?comp=list")
+	s.proc = serve(t, "azurite", cmd, s.Endpoint+"?comp=list")
 	s.ConnectionString = fmt.Sprintf("DefaultEndpointsProtocol=http;AccountName=%s;AccountKey=%s;BlobEndpoint=%s;", Account, Key, s.Endpoint)
-	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", s.ConnectionString)
-	for _, k := range []string{"AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN"} {
-		t.Setenv(k, "")
-	}
 	c, err := azblob.NewClientFromConnectionString(s.ConnectionString, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -60,14 +68,31 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// setEnv points the standard chain at s for t.
+func (s *Server) setEnv(t testing.TB) {
+	t.Helper()
+	t.Setenv("AZURE_STORAGE_CONNECTION_STRING", s.ConnectionString)
+	for _, k := range []string{"AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN"} {
+		t.Setenv(k, "")
+	}
+}
+
 // Process is the server's process, to kill or freeze.
 func (s *Server) Process() *objstoretest.Process { return s.proc }
 
-// Container creates a container.
+// Container creates a container; on a Shared server, removed with its
+// blobs at the end of the test.
 func (s *Server) Container(t testing.TB, name string) {
 	t.Helper()
 	if _, err := s.Client.CreateContainer(context.Background(), name, nil); err != nil {
 		t.Fatalf("create container %s: %v", name, err)
+	}
+	if s.shared {
+		t.Cleanup(func() {
+			if _, err := s.Client.DeleteContainer(context.Background(), name, nil); err != nil {
+				t.Errorf("delete container %s: %v", name, err)
+			}
+		})
 	}
 }
 

@@ -1,8 +1,10 @@
 // Package objstoretest runs the real servers the object store tests start
 // on 127.0.0.1 (versitygw, fake-gcs-server, Azurite): finding the tool,
 // starting it on a free port, waiting for it to answer, stopping,
-// freezing and killing it, a proxy that counts what a client sends it
-// (traffic.go), and the checks every store's tests make.
+// freezing and killing it, one server that a package's tests share
+// (shared.go), a reverse proxy in front of any of them that records what a
+// client sends and injects faults (proxy.go), and the checks every store's
+// tests make (suite.go, traffic.go, emulator.go).
 package objstoretest
 
 import (
@@ -12,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -60,8 +63,12 @@ func FreePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// Process is a server started by Serve.
-type Process struct{ cmd *exec.Cmd }
+// Process is a server started by Serve or Launch.
+type Process struct {
+	what string
+	cmd  *exec.Cmd
+	log  *syncBuffer
+}
 
 // Serve starts cmd, a server of what (for messages), killed at the end of
 // the test (and with the test process), and waits until url gets an HTTP
@@ -69,31 +76,69 @@ type Process struct{ cmd *exec.Cmd }
 // output is logged when the test failed.
 func Serve(t testing.TB, what string, cmd *exec.Cmd, url string) *Process {
 	t.Helper()
-	log := new(bytes.Buffer)
-	cmd.Stdout, cmd.Stderr = log, log
+	p := Launch(t, what, cmd, url)
+	t.Cleanup(func() {
+		p.stop()
+		p.logIfFailed(t)
+	})
+	return p
+}
+
+// Launch starts cmd as Serve does, failing t if it does not answer, but
+// tied to no test: it runs until Kill, Main's end or the end of the test
+// process (a shared server, Servers.Shared).
+func Launch(t testing.TB, what string, cmd *exec.Cmd, url string) *Process {
+	t.Helper()
+	p := &Process{what: what, cmd: cmd, log: new(syncBuffer)}
+	cmd.Stdout, cmd.Stderr = p.log, p.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("%s log:\n%s", what, tail(log.Bytes(), 4000))
-		}
-	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(url)
 		if err == nil {
 			resp.Body.Close()
-			return &Process{cmd}
+			return p
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s at %s did not answer: %v", what, url, err)
+			p.stop()
+			t.Fatalf("%s at %s did not answer: %v; its log:\n%s", what, url, err, tail(p.log.Bytes(), 4000))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func (p *Process) stop() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// logIfFailed logs the server's output (its last 4000 bytes) to t if t
+// failed.
+func (p *Process) logIfFailed(t testing.TB) {
+	if t.Failed() {
+		t.Logf("%s log:\n%s", p.what, tail(p.log.Bytes(), 4000))
+	}
+}
+
+// syncBuffer is a server's output, read while the server writes it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer // GUARDED_BY(mu)
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
 }
 
 func tail(b []byte, n int) []byte {
@@ -134,8 +179,7 @@ func (p *Process) Signal(t testing.TB, sig syscall.Signal) {
 // Kill stops the server for good (connections are then refused).
 func (p *Process) Kill(t testing.TB) {
 	t.Helper()
-	p.cmd.Process.Kill()
-	p.cmd.Wait()
+	p.stop()
 }
 
 // UploadDir puts every regular file under the local directory dir with put,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
+	"net/http"
 	"syscall"
 	"testing"
 	"time"
@@ -30,13 +31,18 @@ type Store interface {
 	Open(url string, l objstore.Limits) (*objstore.Tree, error)
 	// Process is the server, to kill or freeze.
 	Process() *Process
+	// Proxy starts a proxy in front of the server, which the trees opened
+	// from now on in t reach it through (Put and Delete do not).
+	Proxy(t *testing.T) *Proxy
 }
 
 // Run runs the cases every store passes: listings as directories, hostile
 // keys confined, byte-exact ranged reads, an object read in order in few
 // requests (streams), a replaced or deleted object
 // failing with ErrChanged and never its new bytes, a missing name ENOENT,
-// and a killed or frozen server failing a read with EIO within the bound.
+// a denied read or lookup failing as denied (not as an outage), a burst of
+// 5xx shorter than the attempts retried through, and a body that trickles
+// or a killed or frozen server failing a read with EIO within the bound.
 // start makes an empty bucket on a server the cases share, or, when own is
 // set, on a server of its own (which the case kills or freezes).
 func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
@@ -194,18 +200,71 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		require.ErrorIs(t, err, fs.ErrNotExist, "an empty prefix is a missing directory")
 	})
 
-	// One server of its own, frozen (SIGSTOP), resumed, then killed: a read
-	// of 32 KiB (past the small-read windows) of an object opened before
-	// each fault, with MaxAttempts 2 and ReadTimeout 1 s, fails within the
-	// bound with EIO, as a lookup does; once resumed, the same handle reads
-	// again.
+	// A proxy answers 403 (a bucket policy's denial), then one 503 and the
+	// store's answers: a read and a lookup of an object opened before fail
+	// as denied, with EIO, neither unavailable (an outage, which would fail
+	// every other name too) nor ENOENT; the read is then retried through
+	// the 503, byte-exact.
+	t.Run("denied, and a 5xx burst retried", func(t *testing.T) {
+		s := start(t, false)
+		data := bytes.Repeat([]byte("old!"), 32<<10)
+		put(t, s, "ckpt/shard", data)
+		p := s.Proxy(t)
+		// ListTTL: a lookup asks the store, not the open's listing.
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: 2, ListTTL: time.Nanosecond})
+		require.NoError(t, err)
+		defer tree.Close()
+		f, err := tree.Open("shard")
+		require.NoError(t, err)
+		p.SetFault(func(*http.Request) Fault { return Fault{Status: http.StatusForbidden, Code: "AccessDenied"} })
+		buf := make([]byte, 32<<10)
+		_, err = f.ReadAt(buf, 4096)
+		for name, err := range map[string]error{"shard": err, "other": second(tree.Stat("other"))} {
+			t.Log(err)
+			require.ErrorIs(t, err, source.ErrDenied, name)
+			require.False(t, source.IsUnavailable(err), "a denial is no outage: %v", err)
+			RequireEIO(t, err, s.URL("ckpt/"+name))
+		}
+		burst := 1
+		p.SetFault(func(*http.Request) Fault {
+			if burst > 0 {
+				burst-- // under the proxy's lock
+				return Fault{Status: http.StatusServiceUnavailable}
+			}
+			return Fault{}
+		})
+		clear(buf)
+		_, err = f.ReadAt(buf, 4096)
+		require.NoError(t, err, "one 503 in 2 attempts")
+		require.Equal(t, data[4096:4096+len(buf)], buf)
+		require.Zero(t, burst, "the 503 was sent")
+	})
+
+	// A body that trickles (4 KiB/s, under MinRate) through a proxy: the
+	// read of an object opened before fails within the bound, each attempt
+	// cut at its deadline, as unavailable, with EIO.
+	t.Run("slow body", func(t *testing.T) {
+		s := start(t, false)
+		put(t, s, "ckpt/shard", bytes.Repeat([]byte("old!"), 32<<10))
+		p := s.Proxy(t)
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: faultAttempts, ReadTimeout: faultTimeout})
+		require.NoError(t, err)
+		defer tree.Close()
+		f, err := tree.Open("shard")
+		require.NoError(t, err)
+		p.SetFault(func(*http.Request) Fault { return Fault{Rate: 4 << 10} })
+		readFailsInBound(t, f, s.URL("ckpt/shard"), faultAttempts*faultTimeout)
+	})
+
+	// One server of its own, frozen (SIGSTOP), resumed, then killed: the
+	// read of an object opened before each fault fails within the bound
+	// (readFailsInBound), as a lookup does; once resumed, the same handle
+	// reads again.
 	t.Run("frozen, resumed, killed", func(t *testing.T) {
-		const attempts, timeout, n = 2, time.Second, 32 << 10
-		bound := attempts*(timeout+time.Duration(n)*time.Second/objstore.DefaultMinRate) + 2*time.Second
 		s := start(t, true)
 		data := bytes.Repeat([]byte("old!"), 32<<10)
 		put(t, s, "ckpt/shard", data)
-		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: attempts, ReadTimeout: timeout})
+		tree, err := s.Open(s.URL("ckpt"), objstore.Limits{MaxAttempts: faultAttempts, ReadTimeout: faultTimeout})
 		require.NoError(t, err)
 		defer tree.Close()
 		f, err := tree.Open("shard")
@@ -213,25 +272,7 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		p := s.Process()
 		failsInBound := func(min time.Duration) {
 			t.Helper()
-			start := time.Now()
-			done := make(chan error, 1)
-			go func() {
-				_, err := f.ReadAt(make([]byte, n), 4096)
-				done <- err
-			}()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(bound + 5*time.Second):
-				t.Fatalf("read still going after %v", bound+5*time.Second)
-			}
-			took := time.Since(start)
-			t.Logf("%v after %v (bound %v)", err, took, bound)
-			assert.GreaterOrEqual(t, took, min)
-			assert.Less(t, took, bound)
-			require.ErrorIs(t, err, objstore.ErrRequest)
-			RequireEIO(t, err, s.URL("ckpt/shard"))
-			require.True(t, source.IsUnavailable(err), "a store that does not answer is unavailable: %v", err)
+			readFailsInBound(t, f, s.URL("ckpt/shard"), min)
 			// A lookup fails as a read does: EIO, never ENOENT.
 			_, err = tree.Stat("other")
 			require.ErrorIs(t, err, objstore.ErrRequest)
@@ -241,16 +282,50 @@ func Run(t *testing.T, start func(t *testing.T, own bool) Store) {
 		}
 
 		p.Signal(t, syscall.SIGSTOP)
-		failsInBound(attempts * timeout)
+		failsInBound(faultAttempts * faultTimeout)
 		p.Signal(t, syscall.SIGCONT)
-		buf := make([]byte, n)
+		buf := make([]byte, faultRead)
 		_, err = f.ReadAt(buf, 4096)
 		require.NoError(t, err, "the store is back")
-		require.Equal(t, data[4096:4096+n], buf)
+		require.Equal(t, data[4096:4096+faultRead], buf)
 		p.Kill(t)
 		failsInBound(0)
 	})
 }
+
+// The faults' reads: 32 KiB (past the small-read windows) with
+// MaxAttempts 2 and ReadTimeout 1 s.
+const faultAttempts, faultTimeout, faultRead = 2, time.Second, 32 << 10
+
+// readFailsInBound reads faultRead bytes at 4096 of f (the object at url)
+// and requires the read to fail with EIO as unavailable, after min and
+// within the bound: every attempt up to its deadline, plus backoff and
+// slack.
+func readFailsInBound(t *testing.T, f source.File, url string, min time.Duration) {
+	t.Helper()
+	bound := faultAttempts*(faultTimeout+time.Duration(faultRead)*time.Second/objstore.DefaultMinRate) + 2*time.Second
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.ReadAt(make([]byte, faultRead), 4096)
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(bound + 5*time.Second):
+		t.Fatalf("read still going after %v", bound+5*time.Second)
+	}
+	took := time.Since(start)
+	t.Logf("%v after %v (bound %v)", err, took, bound)
+	assert.GreaterOrEqual(t, took, min)
+	assert.Less(t, took, bound)
+	require.ErrorIs(t, err, objstore.ErrRequest)
+	RequireEIO(t, err, url)
+	require.True(t, source.IsUnavailable(err), "a store that does not answer is unavailable: %v", err)
+}
+
+func second[T any](_ T, err error) error { return err }
 
 func put(t *testing.T, s Store, key string, data []byte) {
 	t.Helper()

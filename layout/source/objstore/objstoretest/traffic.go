@@ -6,11 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,93 +20,6 @@ import (
 	"github.com/ckptfs/ckptfs/layout/source/objstore"
 )
 
-// Traffic is a reverse proxy in front of a store's server that records
-// what a client sends it: each request (method, path, query, range) and
-// each TCP connection opened to it. A store that reuses its connections
-// opens as few as it has requests in flight at once.
-type Traffic struct {
-	// Endpoint is the proxy's URL: http://127.0.0.1:PORT.
-	Endpoint string
-	// Host is its host:port.
-	Host string
-
-	mu    sync.Mutex
-	reqs  []Request
-	conns int
-}
-
-// Request is one request the proxy passed on.
-type Request struct {
-	Method, Path, Query string
-	// Range is the Range or x-ms-range header ("" for none): a ranged read.
-	Range string
-	// IfMatch is the If-Match header: an Azure or S3 read's pin (a GCS
-	// read's is its generation= query).
-	IfMatch string
-}
-
-// Proxy starts a proxy to target (http://HOST:PORT), closed at the end of
-// the test.
-func Proxy(t testing.TB, target string) *Traffic {
-	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = ""
-	p := &Traffic{}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	rp.FlushInterval = -1 // bodies as they come, not buffered
-	direct := rp.Director
-	rp.Director = func(r *http.Request) {
-		direct(r)
-		r.Host = u.Host // fake-gcs-server tells its XML API by the host
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rg := r.Header.Get("Range")
-		if rg == "" {
-			rg = r.Header.Get("X-Ms-Range")
-		}
-		p.mu.Lock()
-		p.reqs = append(p.reqs, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Range: rg, IfMatch: r.Header.Get("If-Match")})
-		p.mu.Unlock()
-		rp.ServeHTTP(w, r)
-	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			p.mu.Lock()
-			p.conns++
-			p.mu.Unlock()
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	p.Endpoint = srv.URL
-	p.Host = srv.Listener.Addr().String()
-	return p
-}
-
-// Requests are the requests passed on so far.
-func (p *Traffic) Requests() []Request {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]Request(nil), p.reqs...)
-}
-
-// Conns is how many connections clients opened to the proxy so far.
-func (p *Traffic) Conns() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.conns
-}
-
-// Reset forgets the requests and connections so far.
-func (p *Traffic) Reset() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.reqs, p.conns = nil, 0
-}
-
 // RunTraffic checks what reading objects costs a store reached through p,
 // counted by the proxy: a view's reads of several objects in turn, in 1 MiB
 // reads, with streams (objstore.Limits.MinRequest), are one listing of the
@@ -119,7 +28,7 @@ func (p *Traffic) Reset() {
 // per read), over as many connections as objects read at once; read one
 // request at a time, an object's reads reuse one connection. put writes an
 // object under the tree's prefix; open opens the tree.
-func RunTraffic(t *testing.T, p *Traffic, put func(key string, data []byte) error, open func(objstore.Limits) (*objstore.Tree, error)) {
+func RunTraffic(t *testing.T, p *Proxy, put func(key string, data []byte) error, open func(objstore.Limits) (*objstore.Tree, error)) {
 	const objects, size, req = 4, 16 << 20, 4 << 20
 	data := make([][]byte, objects)
 	for i := range data {
