@@ -149,6 +149,12 @@ def start_servers(data, access_log):
     return procs, envs
 
 
+def proc_minflt(pid):
+    """Minor page faults a live process has taken."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def mount_figures(m, view):
     st = m.stats()["source_io"]
     n = size_of(view)
@@ -251,8 +257,14 @@ def main():
                     m = Mount(b, f"{s}://bench/run", mnt, env=envs[s])
                     try:
                         view = files(os.path.join(mnt, "llama"), "*.safetensors")
+                        cpu0, flt0 = proc_cpu_seconds(m.proc.pid), proc_minflt(m.proc.pid)
                         secs = read_all(view)
+                        cpu, flt = proc_cpu_seconds(m.proc.pid) - cpu0, proc_minflt(m.proc.pid) - flt0
+                        rounds = extra.get(name, {})
                         extra[name] = mount_figures(m, view)
+                        # The mount's CPU and minor faults during each round's cat.
+                        extra[name]["cat_cpu_s"] = rounds.get("cat_cpu_s", []) + [round(cpu, 2)]
+                        extra[name]["cat_minflt"] = rounds.get("cat_minflt", []) + [flt]
                         return secs
                     finally:
                         m.close()
