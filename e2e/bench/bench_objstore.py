@@ -172,6 +172,8 @@ def main():
     ap.add_argument("--s5cmd", help="the s5cmd binary (default: $S5CMD, .tools/bin/s5cmd, PATH)")
     ap.add_argument("--mounts", type=int, default=8, help="mounts of the s3:// checkpoint read at once (0: none)")
     ap.add_argument("--base", help="another ckptfs binary whose s3:// cat and clients are measured in the same rounds")
+    ap.add_argument("--tmpfs", action="store_true",
+                    help="also a cold cat of the view mounted from the checkpoint's copy in tmpfs: the bound without the store")
     ap.add_argument("--block-mib", type=int, default=16, help="the mount's block size: s5cmd's second part size")
     ap.add_argument("--clients", default="from_pretrained,streamer",
                     help="real clients loading the checkpoint ('' none): from_pretrained (every store), streamer (s3)")
@@ -273,6 +275,23 @@ def main():
                     requests[f"{name}_cat"] = round(n / (extra[name]["view_bytes"] / 1e9), 1)
                     extra[name]["server_requests_by_kind"] = access.kinds
                 return secs
+            return go
+
+        def tmpfs_cat():
+            """The same view mounted from the checkpoint in tmpfs (what gen wrote): the mount and FUSE alone."""
+            def go():
+                drop_caches()
+                m = Mount(binary, os.path.dirname(src), mnt)
+                try:
+                    view = files(os.path.join(mnt, "llama"), "*.safetensors")
+                    cpu0, flt0 = proc_cpu_seconds(m.proc.pid), proc_minflt(m.proc.pid)
+                    secs = read_all(view)
+                    fig = extra.setdefault("tmpfs", {"cat_cpu_s": [], "cat_minflt": []})
+                    fig["cat_cpu_s"].append(round(proc_cpu_seconds(m.proc.pid) - cpu0, 2))
+                    fig["cat_minflt"].append(proc_minflt(m.proc.pid) - flt0)
+                    return secs
+                finally:
+                    m.close()
             return go
 
         def cat_many(k):
@@ -379,6 +398,8 @@ def main():
             if s == "s3":
                 if a.base:
                     cases["s3_base_cat"] = cat("s3", os.path.abspath(a.base), "s3_base")
+                if a.tmpfs:
+                    cases["tmpfs_cat"] = tmpfs_cat()
                 cases["s3_s5cmd"] = s5("s3_s5cmd")
                 cases[f"s3_s5cmd_p{a.block_mib}"] = s5(f"s3_s5cmd_p{a.block_mib}", "-p", str(a.block_mib))
                 if a.mounts > 0:
@@ -408,6 +429,8 @@ def main():
         out["s3_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_cat"], 3)
         out[f"s3_cat_vs_s5cmd_p{a.block_mib}"] = round(med[f"s3_s5cmd_p{a.block_mib}"] / med["s3_cat"], 3)
         out["s3_cat_requests_vs_s5cmd"] = round(requests["s3_cat"] / requests[f"s3_s5cmd_p{a.block_mib}"], 2)
+        if a.tmpfs:
+            out["tmpfs_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["tmpfs_cat"], 3)
         if a.base:
             out["s3_base_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_base_cat"], 3)
         if "from_pretrained" in kinds:
