@@ -22,7 +22,8 @@ import (
 // stream there: one ranged GET of Limits.MinRequest bytes (more for a
 // larger read), whose body is read into pieces as it arrives. Reads inside
 // a stream (small ones included) are served from its pieces as soon as
-// their bytes are in, waiting for them otherwise; the block cache's
+// their bytes are in, waiting for them otherwise (a large read waiting
+// at the stream's frontier lends it its buffer instead: lend.go); the block cache's
 // read-ahead, reading past a stream's end, starts the next. A read
 // elsewhere is a plain ranged GET (a small one through a window) and, when
 // large, moves the frontier.
