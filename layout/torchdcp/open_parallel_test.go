@@ -2,9 +2,13 @@ package torchdcp
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -100,5 +104,49 @@ func TestOpenInParallelFirstError(t *testing.T) {
 		require.Error(t, err)
 		assert.Equal(t, want.Error(), err.Error())
 		assert.ErrorIs(t, err, ckpt.ErrInvalid)
+	}
+}
+
+// BenchmarkBuildScale builds the model of the checkpoint in
+// $CKPTFS_BENCH_SCALE (decoded once) in one pass and on buildWorkers
+// cores, alternated, as a mount opens it (optimizer state left out), and
+// reports the median and least milliseconds of each: a shared machine's
+// load falls on both alike.
+func BenchmarkBuildScale(b *testing.B) {
+	dir := os.Getenv("CKPTFS_BENCH_SCALE")
+	if dir == "" {
+		b.Skip("CKPTFS_BENCH_SCALE names no checkpoint")
+	}
+	tree, err := source.OpenLocal(dir)
+	require.NoError(b, err)
+	defer tree.Close()
+	var m *Metadata
+	var st *stream
+	require.NoError(b, withMetadata(tree, DefaultMaxMetadataBytes, func(data []byte, _ func(lo, hi int)) error {
+		var err error
+		m, st, err = decodeMetadataStream(data, DefaultMaxMetadataBytes, newStream())
+		return err
+	}))
+	require.NotNil(b, st)
+	opts := Options{Open: ckpt.OpenOptions{LeaveOptimizer: true}}
+	workers := buildWorkers
+	defer func(n int) { buildParallelChunks = n }(buildParallelChunks)
+	took := map[int][]float64{}
+	for b.Loop() {
+		for _, w := range []int{1, workers} {
+			buildWorkers = w
+			runtime.GC()
+			t0 := time.Now()
+			c, err := openDecoded(tree, m, st, opts)
+			took[w] = append(took[w], float64(time.Since(t0).Microseconds())/1000)
+			require.NoError(b, err)
+			c.Close()
+		}
+	}
+	buildWorkers = workers
+	for _, w := range []int{1, workers} {
+		slices.Sort(took[w])
+		b.ReportMetric(took[w][len(took[w])/2], fmt.Sprintf("ms-median-%d-cores", w))
+		b.ReportMetric(took[w][0], fmt.Sprintf("ms-least-%d-cores", w))
 	}
 }
