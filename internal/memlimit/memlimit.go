@@ -60,20 +60,24 @@ type Mapped struct {
 func (m *Mapped) Hold(n int64) {
 	mu.Lock()
 	defer mu.Unlock()
+	m.holdLocked(n)
+}
+
+// Release ends the count (the mapping is gone); later calls do nothing.
+func (m *Mapped) Release() {
+	mu.Lock()
+	defer mu.Unlock()
+	m.holdLocked(0)
+	m.done = true
+}
+
+func (m *Mapped) holdLocked(n int64) {
 	if m.done || n == m.held {
 		return
 	}
 	outside += n - m.held
 	m.held = n
 	apply()
-}
-
-// Release ends the count (the mapping is gone); later calls do nothing.
-func (m *Mapped) Release() {
-	m.Hold(0)
-	mu.Lock()
-	m.done = true
-	mu.Unlock()
 }
 
 // Buffers says that held() bytes of the live heap are buffers without
