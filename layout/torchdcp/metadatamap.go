@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -52,8 +53,11 @@ func withMetadata(dir source.Tree, limit int64, decode func(b []byte, release fu
 	// limit leaves room for them.
 	held := memlimit.Outside(size)
 	defer held.Release()
-	window := min(size, heldWindow)
-	dropped := func() { held.Hold(window) }
+	// Once: the window does not change, and a Hold at each of the
+	// decoder's drops, some from the scan's goroutines at once, cost a
+	// decode a sixth of its CPU (BENCHMARKS.md, run AA-mount).
+	var once sync.Once
+	dropped := func() { once.Do(func() { held.Hold(min(size, heldWindow)) }) }
 	if err := decodeMapped(b, func(b []byte) error { return decode(b, releaser(b, dropped)) }); err != nil {
 		if errors.Is(err, errTruncated) {
 			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
