@@ -325,6 +325,7 @@ func (f *FS) openCheckpoint(dir string, format ckpt.Reader, first bool) (*view.V
 	if err != nil || !first {
 		return v, nil, err
 	}
+	v.FindSources() // on several cores, for viewAccess and the cache
 	access := f.viewAccess(dir, v, read)
 	files := make([]viewcache.FileInfo, len(v.Files))
 	for n, vf := range v.Files {

@@ -1,7 +1,8 @@
 // Package memlimit makes the Go memory limit a bound on more than the Go
 // heap: a mount's bound (block cache, metadata budget, headroom) less the
-// memory it maps outside the heap while that is mapped (a DCP .metadata
-// being decoded), so that the collector keeps the whole within the bound;
+// memory it maps outside the heap, what of it is held (a DCP .metadata
+// being decoded: all of it, then the window behind which the decoder drops
+// its pages), so that the collector keeps the whole within the bound;
 // where live data alone passes that, the limit follows it (apply). A mount
 // collects at that limit only (GOGC off), except while it opens a
 // checkpoint (Opening). Until Set is called (inspect, tests) it leaves the
@@ -39,22 +40,44 @@ func Set(b int64) {
 	}
 }
 
-// Outside counts n bytes mapped outside the Go heap until release is
-// called (once; later calls do nothing).
-func Outside(n int64) (release func()) {
+// Outside counts n bytes mapped outside the Go heap until Release; Hold
+// changes how many of them count, as pages are read and dropped.
+func Outside(n int64) *Mapped {
+	m := &Mapped{}
+	m.Hold(n)
+	return m
+}
+
+// Mapped is memory mapped outside the Go heap, of which the limit leaves
+// room for what is held.
+type Mapped struct {
+	held int64 // GUARDED_BY(mu)
+	done bool  // GUARDED_BY(mu)
+}
+
+// Hold says that n bytes of the mapping are held now (resident). After
+// Release it does nothing.
+func (m *Mapped) Hold(n int64) {
 	mu.Lock()
-	outside += n
-	apply()
-	mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			mu.Lock()
-			outside -= n
-			apply()
-			mu.Unlock()
-		})
+	defer mu.Unlock()
+	m.holdLocked(n)
+}
+
+// Release ends the count (the mapping is gone); later calls do nothing.
+func (m *Mapped) Release() {
+	mu.Lock()
+	defer mu.Unlock()
+	m.holdLocked(0)
+	m.done = true
+}
+
+func (m *Mapped) holdLocked(n int64) {
+	if m.done || n == m.held {
+		return
 	}
+	outside += n - m.held
+	m.held = n
+	apply()
 }
 
 // Buffers says that held() bytes of the live heap are buffers without

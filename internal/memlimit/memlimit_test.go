@@ -17,7 +17,7 @@ func TestOutsideLowersTheLimitWhileHeld(t *testing.T) {
 	before := limit()
 	release := Outside(100 << 20)
 	assert.Equal(t, before, limit(), "no bound set: the limit is left alone")
-	release()
+	release.Release()
 
 	Set(1 << 30)
 	defer Set(0)
@@ -26,10 +26,32 @@ func TestOutsideLowersTheLimitWhileHeld(t *testing.T) {
 	assert.Equal(t, int64(1<<30-100<<20), limit())
 	b := Outside(800 << 20)
 	assert.Equal(t, int64(1<<29), limit(), "never below half the bound")
-	b()
-	b() // once
+	b.Release()
+	b.Release() // once
 	assert.Equal(t, int64(1<<30-100<<20), limit())
-	a()
+	a.Release()
+	assert.Equal(t, int64(1<<30), limit())
+}
+
+// TestOutsideFollowsWhatIsHeld: a mapping whose pages are dropped as they
+// are read (a .metadata behind its decoder) lowers the limit by what it
+// holds, not by its size; nothing after its release.
+func TestOutsideFollowsWhatIsHeld(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	Set(1 << 30)
+	defer Set(0)
+	m := Outside(300 << 20)
+	assert.Equal(t, int64(1<<30-300<<20), limit())
+	m.Hold(48 << 20)
+	assert.Equal(t, int64(1<<30-48<<20), limit())
+	other := Outside(100 << 20)
+	assert.Equal(t, int64(1<<30-148<<20), limit())
+	m.Hold(600 << 20)
+	assert.Equal(t, int64(1<<29), limit(), "never below half the bound")
+	m.Release()
+	m.Hold(48 << 20) // released: no longer counts
+	assert.Equal(t, int64(1<<30-100<<20), limit())
+	other.Release()
 	assert.Equal(t, int64(1<<30), limit())
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -50,8 +51,14 @@ func withMetadata(dir source.Tree, limit int64, decode func(b []byte, release fu
 	defer unix.Munmap(b)
 	// Its pages count in the process's memory as they are read: the Go
 	// limit leaves room for them.
-	defer memlimit.Outside(size)()
-	if err := decodeMapped(b, func(b []byte) error { return decode(b, releaser(b)) }); err != nil {
+	held := memlimit.Outside(size)
+	defer held.Release()
+	// Once: the window does not change, and a Hold at each of the
+	// decoder's drops, some from the scan's goroutines at once, cost a
+	// decode a sixth of its CPU (BENCHMARKS.md, run AA-mount).
+	var once sync.Once
+	dropped := func() { once.Do(func() { held.Hold(min(size, heldWindow)) }) }
+	if err := decodeMapped(b, func(b []byte) error { return decode(b, releaser(b, dropped)) }); err != nil {
 		if errors.Is(err, errTruncated) {
 			return fmt.Errorf("torchdcp: %s: %w", dir.Path(MetadataFile), err)
 		}
@@ -64,16 +71,28 @@ func withMetadata(dir source.Tree, limit int64, decode func(b []byte, release fu
 	return nil
 }
 
+// heldWindow bounds what of a mapped .metadata the decoder holds once it
+// tells of the pages behind it (pickle.Options.Release): what it reads
+// between two such calls, an 8 MiB part on each of up to 4 cores while it
+// scans, then the VM's 8 MiB step and 1 MiB lag. (An opcode longer than
+// that, a string of many MB, is held while it is read: the heap holds its
+// copy too.)
+const heldWindow = 48 << 20
+
 // releaser drops pages of the mapping b once decoded: read, they count in
 // the process's memory (a 300 MB .metadata on top of what was decoded from
 // it); dropped, they stay in the page cache, and a page read again is a
 // minor fault (or, if the file shrank meanwhile, the fault decodeMapped
-// takes). An error leaves the pages where they are: it is advice.
-func releaser(b []byte) func(lo, hi int) {
+// takes). An error leaves the pages where they are: it is advice. Then
+// dropped (nil: none) is called.
+func releaser(b []byte, dropped func()) func(lo, hi int) {
 	pg := os.Getpagesize()
 	return func(lo, hi int) {
 		if lo, hi = pagesIn(lo, hi, len(b), pg); lo < hi {
 			_ = unix.Madvise(b[lo:hi], unix.MADV_DONTNEED)
+		}
+		if dropped != nil {
+			dropped()
 		}
 	}
 }

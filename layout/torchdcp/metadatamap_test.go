@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ckptfs/ckptfs/internal/memlimit"
 	"github.com/ckptfs/ckptfs/layout/source"
 )
 
@@ -82,9 +84,9 @@ func TestReleaseDropsMappedPages(t *testing.T) {
 	require.Equal(t, size, mappedRss(t, b))
 	// The first and last pages are not wholly inside (the kernel may drop
 	// them too: a huge page's mapping is dropped whole).
-	releaser(b)(1, size-1)
+	releaser(b, nil)(1, size-1)
 	require.LessOrEqual(t, mappedRss(t, b), 2*pg)
-	releaser(b)(0, size)
+	releaser(b, nil)(0, size)
 	require.Equal(t, 0, mappedRss(t, b))
 	require.Equal(t, want, b, "read again from the page cache")
 }
@@ -122,4 +124,32 @@ func mappedRss(t *testing.T, b []byte) int {
 	}
 	t.Fatalf("no mapping at %s in /proc/self/smaps", start)
 	return 0
+}
+
+// TestMappedMetadataLimit: while a mapped .metadata is decoded, a mount's
+// Go limit leaves room for all of it until the decoder drops the pages
+// behind it, then for the window it may hold; after, for nothing.
+func TestMappedMetadataLimit(t *testing.T) {
+	const size = heldWindow + 16<<20
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, MetadataFile), nil, 0o644))
+	require.NoError(t, os.Truncate(filepath.Join(dir, MetadataFile), size)) // sparse
+	tree, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	defer tree.Close()
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	const bound = 1 << 30
+	memlimit.Set(bound)
+	defer memlimit.Set(0)
+	limit := func() int64 { return debug.SetMemoryLimit(-1) }
+	require.NoError(t, withMetadata(tree, 1<<30, func(b []byte, release func(lo, hi int)) error {
+		require.Len(t, b, size)
+		assert.Equal(t, int64(bound-size), limit())
+		release(0, 8<<20)
+		assert.Equal(t, int64(bound-heldWindow), limit())
+		release(8<<20, 16<<20)
+		assert.Equal(t, int64(bound-heldWindow), limit())
+		return nil
+	}))
+	assert.Equal(t, int64(bound), limit())
 }

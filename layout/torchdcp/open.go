@@ -29,7 +29,10 @@ package torchdcp
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -115,22 +118,26 @@ func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.
 	}
 	where := dir.Path(MetadataFile)
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: opts.Format, Files: ckpt.NewFileSet(dir)}
-	b := builder{m: m, st: st, c: c, opts: opts}
+	items := make([]built, len(m.Items))
+	buildItems(builder{m: m, st: st, c: c, opts: opts}, items)
 	var unknown []string // "name (torch.X)" of tensors whose dtype torch does not have
-	for _, it := range m.Items {
-		if it.Tensor != nil && !knownDType(it.Tensor.Properties.DType) {
-			unknown = append(unknown, fmt.Sprintf("%q (torch.%s)", it.FQN, it.Tensor.Properties.DType))
-			continue
-		}
-		var err error
-		if it.Tensor == nil {
-			err = b.object(it.FQN)
-		} else {
-			err = b.tensor(it.FQN, it.Tensor)
-		}
-		if err != nil {
+	for i, it := range items {
+		if it.err != nil { // the first item's error, as in one pass
 			c.Close()
-			return nil, fmt.Errorf("torchdcp: %s: %w", where, err)
+			return nil, fmt.Errorf("torchdcp: %s: %w", where, it.err)
+		}
+		switch {
+		case it.unknown:
+			tm := m.Items[i].Tensor
+			unknown = append(unknown, fmt.Sprintf("%q (torch.%s)", m.Items[i].FQN, tm.Properties.DType))
+		case it.object != nil:
+			c.Objects = append(c.Objects, *it.object)
+		case it.skipped != nil:
+			c.Skipped = append(c.Skipped, *it.skipped)
+		case it.left != nil:
+			c.Left = append(c.Left, *it.left)
+		case it.tensor != nil:
+			c.Tensors = append(c.Tensors, it.tensor)
 		}
 	}
 	if len(unknown) > 0 {
@@ -160,6 +167,76 @@ func firstFew(names []string, n int) []string {
 		return names
 	}
 	return append(names[:n:n], fmt.Sprintf("and %d more", len(names)-n))
+}
+
+// built is what one item of .metadata makes of the checkpoint (one of
+// these set), or why it cannot be shown.
+type built struct {
+	tensor  *ckpt.Tensor
+	left    *ckpt.LeftTensor
+	skipped *ckpt.Skipped
+	object  *ckpt.Object
+	unknown bool // a dtype torch does not have
+	err     error
+}
+
+// Building a large checkpoint's model (each chunk's storage, file and
+// bounds, each tensor's tiling) is serial work after the decode while the
+// other cores idle; from buildParallelChunks chunks on, items are built on
+// up to buildWorkers cores (vars: tests build any checkpoint in parallel).
+var (
+	buildParallelChunks = 1 << 16
+	buildWorkers        = min(runtime.GOMAXPROCS(0), 4)
+)
+
+// buildItems builds each item of b.m into out, on several cores where the
+// stream holds the storage (b.st) and the chunks are many: each worker has
+// its own builder (its file lookups), and takes the next item not taken.
+// After an error no worker takes a further item; every item before it
+// was taken, so the first error by index is the one a single pass finds.
+func buildItems(b builder, out []built) {
+	chunks := 0
+	for _, it := range b.m.Items {
+		if it.Tensor != nil {
+			chunks += it.Tensor.numChunks()
+		}
+	}
+	workers := buildWorkers
+	if b.st == nil || chunks < buildParallelChunks {
+		workers = 1 // without the stream, lookups follow the items' order (lookupFrom)
+	}
+	var next atomic.Int64
+	var failed atomic.Bool
+	work := func(b builder) {
+		for !failed.Load() {
+			i := int(next.Add(1) - 1)
+			if i >= len(out) {
+				return
+			}
+			if out[i] = b.item(b.m.Items[i]); out[i].err != nil {
+				failed.Store(true)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range workers - 1 {
+		wg.Go(func() { work(b) })
+	}
+	work(b)
+	wg.Wait()
+}
+
+// item builds one item of .metadata.
+func (b *builder) item(it Item) (out built) {
+	switch {
+	case it.Tensor != nil && !knownDType(it.Tensor.Properties.DType):
+		out.unknown = true
+	case it.Tensor == nil:
+		out.err = b.object(it.FQN, &out)
+	default:
+		out.err = b.tensor(it.FQN, it.Tensor, &out)
+	}
+	return out
 }
 
 type builder struct {
@@ -255,7 +332,7 @@ func (b *builder) within(what func() string, f *ckpt.File, info StorageInfo) err
 	return nil
 }
 
-func (b *builder) object(fqn string) error {
+func (b *builder) object(fqn string, out *built) error {
 	what := fmt.Sprintf("object %q", fqn)
 	info, ok := b.lookup(fqn, -1, nil)
 	if !ok {
@@ -275,17 +352,17 @@ func (b *builder) object(fqn string) error {
 	} else {
 		o.Bytes = &ckpt.Section{File: f, Offset: info.Offset, Length: info.Length}
 	}
-	b.c.Objects = append(b.c.Objects, o)
+	out.object = &o
 	return nil
 }
 
-func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
+func (b *builder) tensor(fqn string, tm *TensorMetadata, out *built) error {
 	dt, elem, ok := dtypeOf(tm.Properties.DType)
 	if !ok {
-		b.c.Skipped = append(b.c.Skipped, ckpt.Skipped{
+		out.skipped = &ckpt.Skipped{
 			Name:   fqn,
 			Reason: fmt.Sprintf("dtype %s has no safetensors equivalent", tm.Properties.DType),
-		})
+		}
 		return nil
 	}
 	t := &ckpt.Tensor{Name: fqn, Path: b.m.PlannerData[fqn], DType: dt, Shape: tm.Size}
@@ -366,11 +443,12 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata) error {
 		srcs[i] = recordSource{t: rt, file: f, off: info.Offset, length: info.Length, zstd: zstd, i: int32(i)}
 	}
 	if leave {
-		b.c.Left = append(b.c.Left, ckpt.Leave(t))
+		l := ckpt.Leave(t)
+		out.left = &l
 		return nil
 	}
 	rt.srcs = srcs
 	t.Chunks.SetSources(rt)
-	b.c.Tensors = append(b.c.Tensors, t)
+	out.tensor = t
 	return nil
 }

@@ -3,8 +3,10 @@ package view
 import (
 	"fmt"
 	"io"
+	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -63,6 +65,26 @@ func (f *File) Sources() []*ckpt.File {
 	f.sourcesOnce.Do(func() { f.sources = f.findSources() })
 	return f.sources
 }
+
+// FindSources computes every file's Sources on up to sourceWorkers cores:
+// a mount asks for them all as it first shows a view, and a view at scale
+// has hundreds of files and a million chunks.
+func (v *View) FindSources() {
+	workers := sourceWorkers
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range max(1, min(workers, len(v.Files))) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(v.Files); i = int(next.Add(1) - 1) {
+				v.Files[i].Sources()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// sourceWorkers is how many cores FindSources uses at most.
+var sourceWorkers = min(runtime.GOMAXPROCS(0), 4)
 
 func (f *File) findSources() []*ckpt.File {
 	if f.src != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -225,5 +226,27 @@ func TestMappedBacking(t *testing.T) {
 			}
 			require.ElementsMatch(t, c.want, got)
 		})
+	}
+	// A view of a file per case: FindSources on several cores finds each
+	// file's the same.
+	v := &View{}
+	for i, c := range cases {
+		var n int64
+		for _, p := range c.pieces {
+			n += p.Elements()
+		}
+		m, err := newMapped(&mapping.Tensor{Name: c.name, Shape: []int64{n}, Pieces: c.pieces}, geometries{})
+		require.NoError(t, err)
+		f, err := newTensorFile(fmt.Sprintf("f%d.safetensors", i), []viewTensor{{c.name, m}}, time.Time{})
+		require.NoError(t, err)
+		v.Files = append(v.Files, f)
+	}
+	v.FindSources()
+	for i, c := range cases {
+		var got []string
+		for _, f := range v.Files[i].Sources() {
+			got = append(got, f.Rel)
+		}
+		require.ElementsMatch(t, c.want, got, c.name)
 	}
 }

@@ -259,6 +259,7 @@ func (c *Cache) open(e *Entry) (*View, error) {
 	}
 	v := &View{c: c, e: e, view: pv, files: map[string]*view.File{}}
 	sources := map[*ckpt.File]bool{}
+	pv.FindSources() // on several cores; found already where the opener asked
 	for _, vf := range pv.Files {
 		v.files[vf.Name] = vf
 		for _, s := range vf.Sources() {

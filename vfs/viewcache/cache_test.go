@@ -458,3 +458,23 @@ func assertNoError(t *testing.T, err error) bool {
 	}
 	return true
 }
+
+// TestDigestInParts: a digest summed in parts on several cores tells a
+// changed checkpoint from the one shown, as one summed in one part does,
+// and an unchanged one is the same sum.
+func TestDigestInParts(t *testing.T) {
+	w, n := digestWorkers, digestPartChunks
+	t.Cleanup(func() { digestWorkers, digestPartChunks = w, n })
+	digestWorkers, digestPartChunks = 3, 1
+	fx := newFixture(t, 1, Options{})
+	v, err := fx.c.Acquire(fx.show(t, 0))
+	require.NoError(t, err)
+	defer v.Unref()
+	require.Greater(t, len(digestParts(fx.c.seed, v.view.Checkpoint.Tensors)), 1)
+	d := digest(fx.c.seed, v.view)
+	for range 5 {
+		require.Equal(t, d, digest(fx.c.seed, v.view))
+	}
+	t.Run("TestReopenedChanged", TestReopenedChanged)
+	t.Run("TestReopenedSame", TestReopenedSame)
+}
