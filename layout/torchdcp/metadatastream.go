@@ -39,6 +39,10 @@ type stream struct {
 	objects map[string]StorageInfo
 	// late are storage entries that came before their tensor was named.
 	late []streamEntry
+	// batch are storage entries whose tensor is known, placed by flush;
+	// touched is what its first pass read, kept so that the reads are made.
+	batch   []placing
+	touched int64
 
 	files    []string // relative paths, by storedChunk.file
 	fileIdx  map[string]int32
@@ -108,6 +112,19 @@ type streamEntry struct {
 	t    *streamTensor
 	info StorageInfo
 }
+
+// placing is a storage entry of a known tensor, as flush places it.
+type placing struct {
+	st   *streamTensor
+	hint int64
+	offs []int64
+	sc   storedChunk
+}
+
+// batchLen is the entries flush places at once: the lines its first pass
+// reads stay in the caches until the second pass uses them (a var: tests
+// flush after every entry or two).
+var batchLen = 1024
 
 // errStream is a file the stream does not take; decoding is redone the
 // general way.
@@ -482,15 +499,52 @@ func (s *stream) put(e streamEntry) bool {
 	s.last = st
 	sc := storedChunk{file: s.file(info.RelativePath), xform: s.xform(info.TransformDescriptors),
 		off: info.Offset, length: info.Length}
-	if i, ok := st.hinted(e.hint, idx.Offset); ok {
-		st.store[i] = sc
-		s.hinted++
-		return true
+	if s.batch == nil {
+		s.batch = make([]placing, 0, batchLen)
 	}
-	for _, i := range st.find(idx.Offset) {
-		st.store[i] = sc
+	s.batch = append(s.batch, placing{st, e.hint, idx.Offset, sc})
+	if len(s.batch) >= batchLen {
+		s.flush()
 	}
 	return true
+}
+
+// flush places the batch's entries, in order. Entries come rank by rank,
+// each of another tensor than the last: the chunk its hint names and its
+// storage slot are lines no cache holds, and placing entries one by one
+// waited for each in turn. A first pass reads them all, each read
+// independent of the others, so that the CPU has many under way at once.
+func (s *stream) flush() {
+	var sum int64
+	for i := range s.batch {
+		p := &s.batch[i]
+		if t, h := p.st.t, p.hint; t.flat != nil && h >= 0 && h < int64(t.n) {
+			if r := len(t.Size); r > 0 {
+				sum += t.flat[2*r*int(h)]
+			}
+			sum += int64(p.st.store[h].file)
+		}
+	}
+	s.touched += sum
+	for i := range s.batch {
+		p := &s.batch[i]
+		s.place(p.st, p.hint, p.offs, p.sc)
+	}
+	clear(s.batch) // keep none of their offsets alive
+	s.batch = s.batch[:0]
+}
+
+// place puts an entry where a lookup finds it: at its hint when that is
+// the one chunk of its offsets, else at every chunk of them (find).
+func (s *stream) place(st *streamTensor, hint int64, offs []int64, sc storedChunk) {
+	if i, ok := st.hinted(hint, offs); ok {
+		st.store[i] = sc
+		s.hinted++
+		return
+	}
+	for _, i := range st.find(offs) {
+		st.store[i] = sc
+	}
 }
 
 // Str implements pickle.StrSink: a storage entry's fqn (pickled in full
@@ -619,6 +673,7 @@ func (s *stream) finish() error {
 		s.put(e) // a tensor never named: torch ignores the entry too
 	}
 	s.late = nil
+	s.flush() // after the batch's entries, as put would have placed them
 	for _, st := range s.tensors {
 		if st.fqn == "" {
 			return errStream // a tensor outside state_dict_metadata

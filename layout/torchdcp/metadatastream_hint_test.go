@@ -1,6 +1,7 @@
 package torchdcp
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -118,11 +119,16 @@ func TestStreamIndexHint(t *testing.T) {
 		{"repeated chunks out of order", []int64{6, 2, 0, 2}, []hintEntry{{6, at(0)}, {2, at(3)}, {0, at(2)}}, 0},
 		{"repeated chunks, fewer entries", []int64{0, 0, 0, 0}, []hintEntry{{0, at(2)}}, 0},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			st := checkStream(t, hintMetadata(tc.rows, tc.entries))
-			require.NotNil(t, st, "the stream handed the file to the general decoder")
-			require.Equal(t, tc.hinted, st.hinted, "entries placed by their hint")
-		})
+		// Entries placed in batches of one, two and many (flush).
+		for _, n := range []int{1, 2, batchLen} {
+			t.Run(fmt.Sprintf("%s, batches of %d", tc.name, n), func(t *testing.T) {
+				defer func(n int) { batchLen = n }(batchLen)
+				batchLen = n
+				st := checkStream(t, hintMetadata(tc.rows, tc.entries))
+				require.NotNil(t, st, "the stream handed the file to the general decoder")
+				require.Equal(t, tc.hinted, st.hinted, "entries placed by their hint")
+			})
+		}
 	}
 }
 
