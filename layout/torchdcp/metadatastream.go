@@ -570,8 +570,13 @@ func (s *stream) Str(b []byte) any {
 }
 
 func (s *stream) file(rel string) int32 {
-	// Entries come rank after rank, tensor after tensor: the file after
-	// the last one's is tried before the map.
+	// Entries come rank after rank, each rank's in its own file (a real
+	// .metadata), or tensor after tensor, each chunk in the next rank's
+	// file: the last entry's file, then the one after it, are tried
+	// before the map.
+	if i := s.lastFile; i >= 0 && i < int32(len(s.files)) && s.files[i] == rel {
+		return i
+	}
 	if i := s.lastFile + 1; i < int32(len(s.files)) && s.files[i] == rel {
 		s.lastFile = i
 		return i
