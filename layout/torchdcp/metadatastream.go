@@ -35,6 +35,11 @@ type stream struct {
 
 	tensors []*streamTensor
 	byFQN   map[string]*streamTensor
+	// tensorSlab: tensors are made 64 at a time, adjacent in the order
+	// they are decoded, the order each rank's storage entries visit them;
+	// packed is how many tensors' names pack laid out.
+	tensorSlab []streamTensor
+	packed     int
 	// objects are the storage of entries without offsets (BYTE_IO).
 	objects map[string]StorageInfo
 	// late are storage entries that came before their tensor was named.
@@ -443,7 +448,12 @@ func (s *stream) tensor(obj *pickle.Object) (*streamTensor, error) {
 	}
 	s.pendBase += n
 	s.pendDims, s.pendRank = s.pendDims[:0], s.pendRank[:0]
-	st := &streamTensor{t: t, store: make([]storedChunk, n)}
+	if len(s.tensorSlab) == 0 {
+		s.tensorSlab = make([]streamTensor, 64)
+	}
+	st := &s.tensorSlab[0]
+	s.tensorSlab = s.tensorSlab[1:]
+	*st = streamTensor{t: t, store: make([]storedChunk, n)}
 	for i := range st.store {
 		st.store[i].file = -1
 	}
@@ -522,7 +532,7 @@ func (s *stream) flush() {
 			if r := len(t.Size); r > 0 {
 				sum += t.flat[2*r*int(h)]
 			}
-			sum += int64(p.st.store[h].file)
+			sum += int64(p.st.store[h].file) + int64(len(p.st.order)) // order: maybe another line of st
 		}
 	}
 	s.touched += sum
@@ -553,6 +563,9 @@ func (s *stream) place(st *streamTensor, hint int64, offs []int64, sc storedChun
 // in the order the last one's did: the tensor of the name found last, then
 // the one whose name came after it last time, are tried before the map.
 func (s *stream) Str(b []byte) any {
+	if len(s.tensors) >= 2*s.packed+1 {
+		s.pack()
+	}
 	st := s.named
 	if st != nil && st.fqn != string(b) {
 		st = st.after
@@ -567,6 +580,30 @@ func (s *stream) Str(b []byte) any {
 	}
 	s.named = st
 	return st.box
+}
+
+// pack lays the names of the tensors named so far out in one string, in
+// the order they were named: the names Str compares, rank after rank,
+// are then read in sequence, not from one line here and one there. It
+// runs when the tensors have doubled since the last time.
+func (s *stream) pack() {
+	n := 0
+	for _, st := range s.tensors {
+		n += len(st.fqn)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, st := range s.tensors {
+		b.WriteString(st.fqn)
+	}
+	all := b.String()
+	for _, st := range s.tensors {
+		if st.fqn != "" {
+			st.fqn, all = all[:len(st.fqn)], all[len(st.fqn):]
+			st.box = st.fqn
+		}
+	}
+	s.packed = len(s.tensors)
 }
 
 func (s *stream) file(rel string) int32 {
