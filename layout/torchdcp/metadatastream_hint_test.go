@@ -3,6 +3,7 @@ package torchdcp
 import (
 	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -113,6 +114,10 @@ func TestStreamIndexHint(t *testing.T) {
 		}, 2},
 		{"a row no chunk has", inOrder, []hintEntry{{0, at(0)}, {1, at(0)}, {2, at(1)}}, 2},
 		{"an entry twice", inOrder, []hintEntry{{0, at(0)}, {2, at(1)}, {2, at(1)}, {6, at(3)}}, 4},
+		// The same key (torch compares fqn and offset, not index) twice,
+		// one hint wrong: the later entry's storage is the chunk's.
+		{"an entry twice, right then wrong", inOrder, []hintEntry{{2, at(1)}, {0, at(0)}, {2, at(3)}}, 2},
+		{"an entry twice, wrong then right", inOrder, []hintEntry{{2, at(3)}, {0, at(0)}, {2, at(1)}}, 2},
 		// Repeated chunks: each entry names every chunk of its offsets,
 		// as the general decoder's lookup finds the one entry for both.
 		{"repeated chunks", []int64{0, 2, 2, 6}, []hintEntry{{0, at(0)}, {2, at(1)}, {2, at(2)}, {6, at(3)}}, 0},
@@ -164,6 +169,20 @@ func TestStreamStr(t *testing.T) {
 	str("c") // the last one again
 	str("b") // by the map
 	require.Same(t, ts[1], ts[2].after)
+
+	// Once the stream has tensors, their names are laid out in one
+	// string, in order (pack), and found as before.
+	s.tensors = ts
+	str("c")
+	require.Equal(t, 3, s.packed)
+	for i, name := range []string{"a", "b", "c"} {
+		require.Equal(t, name, ts[i].fqn)
+		require.Equal(t, name, ts[i].box)
+		require.Equal(t, unsafe.Add(unsafe.Pointer(unsafe.StringData(ts[0].fqn)), i),
+			unsafe.Pointer(unsafe.StringData(ts[i].fqn)), "%s: right after the name before it", name)
+	}
+	str("a")
+	str("b")
 
 	for _, e := range []streamEntry{
 		{idx: Index{FQN: "a", Offset: []int64{}}, t: ts[0]},
