@@ -128,9 +128,9 @@ type placing struct {
 
 // batchLen is the entries flush places at once: enough to span a few
 // ranks' entries of a large checkpoint, whose chunks of one tensor share
-// lines (BENCHMARKS.md, run AA-decode), few enough that
-// the lines its first pass reads stay in the caches until the second
-// pass uses them (a var: tests flush after every entry or two).
+// lines (BENCHMARKS.md, run AA-decode), few enough that the lines its
+// first pass reads stay in the caches until the second pass uses them (a
+// var: tests flush after every entry or two).
 var batchLen = 16384
 
 // errStream is a file the stream does not take; decoding is redone the
