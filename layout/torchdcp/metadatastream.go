@@ -718,6 +718,7 @@ func (s *stream) finish() error {
 	}
 	s.late = nil
 	s.flush() // after the batch's entries, as put would have placed them
+	s.batch = nil
 	for _, st := range s.tensors {
 		if st.fqn == "" {
 			return errStream // a tensor outside state_dict_metadata
