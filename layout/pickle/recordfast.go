@@ -50,8 +50,10 @@ func (d *decoder) fastState() (build int, ok bool) {
 		if pairs == recFields {
 			return 0, false
 		}
-		var k, v rval
-		if k, p, next, ok = d.fastStr(p, next); !ok || p >= len(data) {
+		var name string
+		var kc int64 // what putting the name costs
+		var v rval
+		if name, kc, p, next, ok = d.fastKey(p, next); !ok || p >= len(data) {
 			return 0, false
 		}
 		switch op := data[p]; op {
@@ -117,8 +119,8 @@ func (d *decoder) fastState() (build int, ok bool) {
 		default:
 			return 0, false
 		}
-		cost = addWeight(addWeight(cost, k.cost()), v.cost())
-		r.set(r.boxes[k.box].(string), v)
+		cost = addWeight(addWeight(cost, kc), v.cost())
+		r.set(name, v)
 	}
 	// SETITEMS, then BUILD.
 	if p+1 >= len(data) || data[p+1] != opBUILD {
@@ -197,6 +199,27 @@ func (d *decoder) fastStr(p, next int) (rval, int, int, bool) {
 		return rval{}, p, next, false
 	}
 	return rval{kind: rStr, shared: true, w: e.w, box: r.boxOf(e.v)}, p, next, true // boxed already
+}
+
+// fastKey reads a field's name at p, as fastStr reads a str, and what
+// putting it into the state costs; not boxed (a record keeps its fields'
+// names as strings), which was a box per field.
+func (d *decoder) fastKey(p, next int) (string, int64, int, int, bool) {
+	data := d.data
+	if p < len(data) && data[p] == opSHORT_BINUNICODE {
+		v, p, next, ok := d.fastStr(p, next)
+		if !ok {
+			return "", 0, p, next, false
+		}
+		return d.rec.boxes[v.box].(string), v.cost(), p, next, true
+	}
+	e, p, ok := d.fastGet(p)
+	if !ok {
+		return "", 0, p, next, false
+	}
+	name, ok := e.v.(string)
+	// A str from the memo is shared: putting it costs its weight (rval.cost).
+	return name, e.w, p, next, ok
 }
 
 // fastInt reads an int opcode at p.

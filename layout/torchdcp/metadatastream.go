@@ -35,10 +35,19 @@ type stream struct {
 
 	tensors []*streamTensor
 	byFQN   map[string]*streamTensor
+	// tensorSlab: tensors are made 64 at a time, adjacent in the order
+	// they are decoded, the order each rank's storage entries visit them;
+	// packed is how many tensors' names pack laid out.
+	tensorSlab []streamTensor
+	packed     int
 	// objects are the storage of entries without offsets (BYTE_IO).
 	objects map[string]StorageInfo
 	// late are storage entries that came before their tensor was named.
 	late []streamEntry
+	// batch are storage entries whose tensor is known, placed by flush;
+	// touched is what its first pass read, kept so that the reads are made.
+	batch   []placing
+	touched int64
 
 	files    []string // relative paths, by storedChunk.file
 	fileIdx  map[string]int32
@@ -108,6 +117,21 @@ type streamEntry struct {
 	t    *streamTensor
 	info StorageInfo
 }
+
+// placing is a storage entry of a known tensor, as flush places it.
+type placing struct {
+	st   *streamTensor
+	hint int64
+	offs []int64
+	sc   storedChunk
+}
+
+// batchLen is the entries flush places at once: enough to span a few
+// ranks' entries of a large checkpoint, whose chunks of one tensor share
+// lines (BENCHMARKS.md, run AA-decode), few enough that the lines its
+// first pass reads stay in the caches until the second pass uses them (a
+// var: tests flush after every entry or two).
+var batchLen = 16384
 
 // errStream is a file the stream does not take; decoding is redone the
 // general way.
@@ -426,7 +450,12 @@ func (s *stream) tensor(obj *pickle.Object) (*streamTensor, error) {
 	}
 	s.pendBase += n
 	s.pendDims, s.pendRank = s.pendDims[:0], s.pendRank[:0]
-	st := &streamTensor{t: t, store: make([]storedChunk, n)}
+	if len(s.tensorSlab) == 0 {
+		s.tensorSlab = make([]streamTensor, 64)
+	}
+	st := &s.tensorSlab[0]
+	s.tensorSlab = s.tensorSlab[1:]
+	*st = streamTensor{t: t, store: make([]storedChunk, n)}
 	for i := range st.store {
 		st.store[i].file = -1
 	}
@@ -482,15 +511,52 @@ func (s *stream) put(e streamEntry) bool {
 	s.last = st
 	sc := storedChunk{file: s.file(info.RelativePath), xform: s.xform(info.TransformDescriptors),
 		off: info.Offset, length: info.Length}
-	if i, ok := st.hinted(e.hint, idx.Offset); ok {
-		st.store[i] = sc
-		s.hinted++
-		return true
+	if s.batch == nil {
+		s.batch = make([]placing, 0, batchLen)
 	}
-	for _, i := range st.find(idx.Offset) {
-		st.store[i] = sc
+	s.batch = append(s.batch, placing{st, e.hint, idx.Offset, sc})
+	if len(s.batch) >= batchLen {
+		s.flush()
 	}
 	return true
+}
+
+// flush places the batch's entries, in order. Entries come rank by rank,
+// each of another tensor than the last: the chunk its hint names and its
+// storage slot are lines no cache holds, and placing entries one by one
+// waited for each in turn. A first pass reads them all, each read
+// independent of the others, so that the CPU has many under way at once.
+func (s *stream) flush() {
+	var sum int64
+	for i := range s.batch {
+		p := &s.batch[i]
+		if t, h := p.st.t, p.hint; t.flat != nil && h >= 0 && h < int64(t.n) {
+			if r := len(t.Size); r > 0 {
+				sum += t.flat[2*r*int(h)]
+			}
+			sum += int64(p.st.store[h].file) + int64(len(p.st.order)) // order: maybe another line of st
+		}
+	}
+	s.touched += sum
+	for i := range s.batch {
+		p := &s.batch[i]
+		s.place(p.st, p.hint, p.offs, p.sc)
+	}
+	clear(s.batch) // keep none of their offsets alive
+	s.batch = s.batch[:0]
+}
+
+// place puts an entry where a lookup finds it: at its hint when that is
+// the one chunk of its offsets, else at every chunk of them (find).
+func (s *stream) place(st *streamTensor, hint int64, offs []int64, sc storedChunk) {
+	if i, ok := st.hinted(hint, offs); ok {
+		st.store[i] = sc
+		s.hinted++
+		return
+	}
+	for _, i := range st.find(offs) {
+		st.store[i] = sc
+	}
 }
 
 // Str implements pickle.StrSink: a storage entry's fqn (pickled in full
@@ -499,6 +565,9 @@ func (s *stream) put(e streamEntry) bool {
 // in the order the last one's did: the tensor of the name found last, then
 // the one whose name came after it last time, are tried before the map.
 func (s *stream) Str(b []byte) any {
+	if len(s.tensors) >= 2*s.packed+1 {
+		s.pack()
+	}
 	st := s.named
 	if st != nil && st.fqn != string(b) {
 		st = st.after
@@ -515,9 +584,38 @@ func (s *stream) Str(b []byte) any {
 	return st.box
 }
 
+// pack lays the names of the tensors named so far out in one string, in
+// the order they were named: the names Str compares, rank after rank,
+// are then read in sequence, not from one line here and one there. It
+// runs when the tensors have doubled since the last time.
+func (s *stream) pack() {
+	n := 0
+	for _, st := range s.tensors {
+		n += len(st.fqn)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, st := range s.tensors {
+		b.WriteString(st.fqn)
+	}
+	all := b.String()
+	for _, st := range s.tensors {
+		if st.fqn != "" {
+			st.fqn, all = all[:len(st.fqn)], all[len(st.fqn):]
+			st.box = st.fqn
+		}
+	}
+	s.packed = len(s.tensors)
+}
+
 func (s *stream) file(rel string) int32 {
-	// Entries come rank after rank, tensor after tensor: the file after
-	// the last one's is tried before the map.
+	// Entries come rank after rank, each rank's in its own file (a real
+	// .metadata), or tensor after tensor, each chunk in the next rank's
+	// file: the last entry's file, then the one after it, are tried
+	// before the map.
+	if i := s.lastFile; i >= 0 && i < int32(len(s.files)) && s.files[i] == rel {
+		return i
+	}
 	if i := s.lastFile + 1; i < int32(len(s.files)) && s.files[i] == rel {
 		s.lastFile = i
 		return i
@@ -619,6 +717,8 @@ func (s *stream) finish() error {
 		s.put(e) // a tensor never named: torch ignores the entry too
 	}
 	s.late = nil
+	s.flush() // after the batch's entries, as put would have placed them
+	s.batch = nil
 	for _, st := range s.tensors {
 		if st.fqn == "" {
 			return errStream // a tensor outside state_dict_metadata

@@ -1,7 +1,9 @@
 package torchdcp
 
 import (
+	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -112,17 +114,26 @@ func TestStreamIndexHint(t *testing.T) {
 		}, 2},
 		{"a row no chunk has", inOrder, []hintEntry{{0, at(0)}, {1, at(0)}, {2, at(1)}}, 2},
 		{"an entry twice", inOrder, []hintEntry{{0, at(0)}, {2, at(1)}, {2, at(1)}, {6, at(3)}}, 4},
+		// The same key (torch compares fqn and offset, not index) twice,
+		// one hint wrong: the later entry's storage is the chunk's.
+		{"an entry twice, right then wrong", inOrder, []hintEntry{{2, at(1)}, {0, at(0)}, {2, at(3)}}, 2},
+		{"an entry twice, wrong then right", inOrder, []hintEntry{{2, at(3)}, {0, at(0)}, {2, at(1)}}, 2},
 		// Repeated chunks: each entry names every chunk of its offsets,
 		// as the general decoder's lookup finds the one entry for both.
 		{"repeated chunks", []int64{0, 2, 2, 6}, []hintEntry{{0, at(0)}, {2, at(1)}, {2, at(2)}, {6, at(3)}}, 0},
 		{"repeated chunks out of order", []int64{6, 2, 0, 2}, []hintEntry{{6, at(0)}, {2, at(3)}, {0, at(2)}}, 0},
 		{"repeated chunks, fewer entries", []int64{0, 0, 0, 0}, []hintEntry{{0, at(2)}}, 0},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			st := checkStream(t, hintMetadata(tc.rows, tc.entries))
-			require.NotNil(t, st, "the stream handed the file to the general decoder")
-			require.Equal(t, tc.hinted, st.hinted, "entries placed by their hint")
-		})
+		// Entries placed in batches of one, two and many (flush).
+		for _, n := range []int{1, 2, batchLen} {
+			t.Run(fmt.Sprintf("%s, batches of %d", tc.name, n), func(t *testing.T) {
+				defer func(n int) { batchLen = n }(batchLen)
+				batchLen = n
+				st := checkStream(t, hintMetadata(tc.rows, tc.entries))
+				require.NotNil(t, st, "the stream handed the file to the general decoder")
+				require.Equal(t, tc.hinted, st.hinted, "entries placed by their hint")
+			})
+		}
 	}
 }
 
@@ -158,6 +169,20 @@ func TestStreamStr(t *testing.T) {
 	str("c") // the last one again
 	str("b") // by the map
 	require.Same(t, ts[1], ts[2].after)
+
+	// Once the stream has tensors, their names are laid out in one
+	// string, in order (pack), and found as before.
+	s.tensors = ts
+	str("c")
+	require.Equal(t, 3, s.packed)
+	for i, name := range []string{"a", "b", "c"} {
+		require.Equal(t, name, ts[i].fqn)
+		require.Equal(t, name, ts[i].box)
+		require.Equal(t, unsafe.Add(unsafe.Pointer(unsafe.StringData(ts[0].fqn)), i),
+			unsafe.Pointer(unsafe.StringData(ts[i].fqn)), "%s: right after the name before it", name)
+	}
+	str("a")
+	str("b")
 
 	for _, e := range []streamEntry{
 		{idx: Index{FQN: "a", Offset: []int64{}}, t: ts[0]},

@@ -122,6 +122,9 @@ func FuzzDecodeMetadataStream(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// Storage entries placed in batches of one to three, or many.
+		defer func(n int) { batchLen = n }(batchLen)
+		batchLen = []int{1, 2, 3, batchLen}[len(data)%4]
 		checkStream(t, data)
 	})
 }

@@ -402,8 +402,11 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata, out *built) error {
 	// it was an allocation each.
 	var offs []int64
 	what := func() string { return fmt.Sprintf("tensor %q: chunk %s", fqn, formatOffsets(offs)) }
-	for i, ch := range t.Chunks.All() {
-		offs = ch.Offsets
+	// The chunks read from tm, as t.Chunks has them: its iterator's
+	// call per chunk was a tenth of this loop.
+	for i := range n {
+		var sizes []int64
+		offs, sizes = tm.chunk(i)
 		var info StorageInfo
 		var f *ckpt.File
 		var err error
@@ -419,7 +422,7 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata, out *built) error {
 			f, err = b.fileAt(what, sc.file, info)
 		} else {
 			var ok bool
-			if info, ok = b.lookup(fqn, i, ch.Offsets); !ok {
+			if info, ok = b.lookup(fqn, i, offs); !ok {
 				return invalidf("%s has no storage_data entry", what())
 			}
 			f, err = b.file(what, info)
@@ -431,7 +434,7 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata, out *built) error {
 		if err != nil {
 			return err
 		}
-		numel, _ := ckpt.NumElements(ch.Sizes) // Validate bounded it
+		numel, _ := ckpt.NumElements(sizes) // Validate bounded it
 		nbytes := numel * elem
 		if !zstd && info.Length < nbytes {
 			return invalidf("%s stored in %s@%d+%d: record too short for %d bytes of data",
