@@ -19,7 +19,9 @@ import (
 // per block. So the object's first read of data (firstRead), and a read at
 // or shortly after its frontier (where its last large read or stream ended), starts a
 // stream there: one ranged GET of Limits.MinRequest bytes (more for a
-// larger read), whose body is read into pieces as it arrives. Reads inside
+// larger read), whose body is read into pieces as it arrives, only so far
+// ahead of its readers, and which fetches nothing reads were already given
+// (pace.go). Reads inside
 // a stream (small ones included) are served from its pieces as soon as
 // their bytes are in, waiting for them otherwise; the block cache's
 // read-ahead, reading past a stream's end, starts the next. A read
