@@ -668,9 +668,13 @@ func (c *Cache) used(b *block) *block {
 // staging slot reserved to keep it until read, and returns the first block
 // it did not offer for want of a slot (to+1 when none): those are offered
 // again by the reads that follow. It never blocks: when the foreground is
-// busy or the queue is full the rest is dropped.
+// busy or the queue is full the rest is dropped. Blocks the handle already
+// read in full are skipped (see markReadFull). Caller holds h.mu.
 func (c *Cache) enqueue(h *Handle, from, to int64) (next int64) {
 	for i := from; i <= to; i++ {
+		if h.wasReadFullLocked(i) {
+			continue
+		}
 		if c.fgFills.Load() >= int64(c.opts.BusyFills) {
 			c.raDropped.Add(to - i + 1)
 			return to + 1

@@ -197,3 +197,37 @@ func TestPartlyReadBlocksOutliveReadOnes(t *testing.T) {
 	assert.Empty(t, twice, "blocks fetched more than once; stats %+v", st)
 	assert.EqualValues(t, blocks, st.Fills)
 }
+
+// TestReadAheadSkipsBlocksReadInFull: a loader reads blocks 16-18 in full
+// early, much else (the cache lets 16-18 go: read in full, they leave
+// first), then runs 8-15 in order: read-ahead follows the run to 16 and 17
+// and must not fetch them again (issue 36: the two blocks from_pretrained
+// through s3:// filled twice, BENCHMARKS.md run AA-load). A run of blocks
+// not yet read is still read ahead.
+func TestReadAheadSkipsBlocksReadInFull(t *testing.T) {
+	const blocks = 80
+	size := int64(blocks) * testBS
+	src := &slowSource{memSource: newMemSource(size, 63), delay: 50 * time.Microsecond}
+	c := newTestCache(t, objectStoreOptions())
+	h := c.Open(1, src, size)
+	defer h.Close()
+	const piece = testBS / 8
+	run := func(from, to int64) {
+		for off := from * testBS; off < to*testBS; off += piece {
+			checkRead(t, h, src.data, off, piece)
+		}
+		c.Wait()
+	}
+	run(16, 19)
+	run(40, 80)
+	run(8, 16)
+	var twice []int
+	for b := range blocks {
+		if src.calls[b].Load() > 1 {
+			twice = append(twice, b)
+		}
+	}
+	st := c.Stats()
+	assert.Empty(t, twice, "blocks fetched more than once; stats %+v", st)
+	assert.Positive(t, st.ReadAheadHits, "read-ahead still served the runs")
+}

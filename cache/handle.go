@@ -24,6 +24,9 @@ type Handle struct {
 	mu      sync.Mutex
 	streams [maxStreams]stream // GUARDED_BY(mu)
 	tick    uint64             // GUARDED_BY(mu); orders the streams' last use
+	// readFull has a bit set for each block whose last byte was served
+	// by this handle's read that read it in full; nil until one was.
+	readFull []uint64 // GUARDED_BY(mu)
 }
 
 // maxStreams is how many sequential streams one handle tracks at once.
@@ -185,7 +188,9 @@ func (h *Handle) blocks(ctx context.Context, off int64, n int, use func(*block, 
 			c.bytesServed.Add(cur - off)
 			return io.ErrUnexpectedEOF
 		}
-		b.served.Add(int64(len(part)))
+		if served := b.served.Add(int64(len(part))); served >= int64(len(b.data)) && served-int64(len(part)) < int64(len(b.data)) {
+			h.markReadFull(idx)
+		}
 		use(b, part)
 		cur += int64(len(part))
 	}
@@ -239,4 +244,27 @@ func (h *Handle) readAhead(off, end int64) {
 		s.raNext = c.enqueue(h, from, to)
 	}
 	h.mu.Unlock()
+}
+
+// markReadFull records that the handle's reads took every byte of block
+// idx. A loader that faults tensors in its state dict's order through mmap
+// reads a block's parts at moments far apart and each byte once (the
+// kernel keeps the pages): read-ahead that follows one of its runs into
+// blocks it already read fetched them again once the cache had let them go
+// (issue 36, BENCHMARKS.md run AA-load). Read-ahead skips them (wasReadFull).
+func (h *Handle) markReadFull(idx int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.readFull == nil {
+		h.readFull = make([]uint64, (h.f.nblocks+63)/64)
+	}
+	if idx >= 0 && idx < h.f.nblocks {
+		h.readFull[idx/64] |= 1 << (idx % 64)
+	}
+}
+
+// wasReadFullLocked reports whether the handle's reads took every byte of
+// block idx. Caller holds mu.
+func (h *Handle) wasReadFullLocked(idx int64) bool {
+	return h.readFull != nil && idx >= 0 && idx < h.f.nblocks && h.readFull[idx/64]&(1<<(idx%64)) != 0
 }

@@ -20,7 +20,9 @@ import (
 // per block. So the object's first read of data (firstRead), and a read at
 // or shortly after its frontier (where its last large read or stream ended), starts a
 // stream there: one ranged GET of Limits.MinRequest bytes (more for a
-// larger read), whose body is read into pieces as it arrives. Reads inside
+// larger read), whose body is read into pieces as it arrives, only so far
+// ahead of its readers, and which fetches nothing reads were already given
+// (pace.go). Reads inside
 // a stream (small ones included) are served from its pieces as soon as
 // their bytes are in, waiting for them otherwise (a large read waiting
 // at the stream's frontier lends it its buffer instead: lend.go); the block cache's
@@ -130,6 +132,7 @@ type stream struct {
 	lends              []*lend  // readers' buffers the body goes into, by offset (lend.go)
 	lentSpans          []span   // bytes that went to lends, in no piece; in order
 	wake               chan struct{}
+	pace               // how far ahead its body is read (pace.go)
 
 	// The body being read, owned by fetch's goroutine: the piece it goes
 	// into (set and cleared with aheads.mu held), where that starts and how
@@ -162,7 +165,7 @@ func (a *aheads) read(f *file, p []byte, off int64) (n int, ok bool, err error) 
 	large := len(p) > smallRead
 	for tries := 0; n < len(p); {
 		at := off + int64(n)
-		s, ahead := a.streamFor(f, at, int64(len(p)-n), large)
+		s, ahead := a.streamFor(f, at, int64(len(p)-n), large, n == 0)
 		if s == nil || tries > 2 {
 			if s != nil {
 				a.release(s, at, 0, false)
@@ -177,6 +180,11 @@ func (a *aheads) read(f *file, p []byte, off int64) (n int, ok bool, err error) 
 				k = int(ahead)
 			}
 			m, err := f.read(p[n:n+k], at)
+			if large && m > 0 {
+				a.mu.Lock()
+				f.delivered(at, at+int64(m))
+				a.mu.Unlock()
+			}
 			n += m
 			if err != nil || n == len(p) {
 				return n, true, err
@@ -198,8 +206,9 @@ func (a *aheads) read(f *file, p []byte, off int64) (n int, ok bool, err error) 
 // streamFor returns the stream holding off, or a new one when the read of
 // n bytes at off follows the frontier of f (its request sent); nil when the
 // read is a plain one: then ahead > 0 when a stream holds the read's bytes
-// from off+ahead on. The caller releases the stream.
-func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead int64) {
+// from off+ahead on. first: off is where a read begins. The caller
+// releases the stream.
+func (a *aheads) streamFor(f *file, off, n int64, large, first bool) (s *stream, ahead int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, s := range f.streams {
@@ -207,6 +216,9 @@ func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead 
 			a.lru.MoveToFront(s.elem)
 			s.refs++
 			s.touched = a.tick
+			if first && large {
+				a.followed(s, off)
+			}
 			if s.tentative && n >= firstRead { // a read of data
 				s.tentative = false
 				a.roomMade()
@@ -218,6 +230,7 @@ func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead 
 		if from < 0 {
 			from = off
 		}
+		from = f.pastDelivered(from, off)
 		if s := a.start(f, from, off+n); s != nil {
 			s.refs++
 			return s, 0
@@ -245,6 +258,7 @@ func (a *aheads) streamFor(f *file, off, n int64, large bool) (s *stream, ahead 
 	// streams never overlap. A small read (a record's directory) says
 	// nothing of where a reader is.
 	if large {
+		a.jumped(f, off)
 		beyond := false
 		for _, s := range f.streams {
 			beyond = beyond || s.end > off
@@ -274,6 +288,7 @@ func (s *stream) holds(off int64) bool {
 // if need be); the object's frontier moves to its end.
 func (a *aheads) start(f *file, start, want int64) *stream {
 	end := min(f.info.Size, max(start+a.request, want))
+	end = f.undelivered(start, end, want)
 	if end <= start || a.lru.Len() >= a.maxStreams() && !a.dropStale() {
 		return nil
 	}
@@ -283,6 +298,7 @@ func (a *aheads) start(f *file, start, want int64) *stream {
 	s := &stream{f: f, start: start, end: end, ctx: ctx, cancel: cancel, a: a, arrived: start, curAt: start,
 		pieces: make([][]byte, k), gone: make([]bool, k), taken: make([]int64, k),
 		touched: a.tick, wake: make(chan struct{})}
+	s.startPace(a.memory / minStreams)
 	s.elem = a.lru.PushFront(s)
 	f.streams = append(f.streams, s)
 	f.next = end
@@ -528,6 +544,10 @@ func (a *aheads) release(s *stream, off, n int64, large bool) {
 			lo, hi := max(off, s.start+int64(i)*pieceSize), min(off+n, s.pieceEnd(i))
 			s.taken[i] += hi - lo
 		}
+		a.tookFrom(s, off, n)
+		if large {
+			s.f.delivered(off, off+n)
+		}
 		// A piece read but for a window's worth (bytes no reader asks for:
 		// a zip entry's padding, files of a record the view does not read)
 		// is given back once reads went on past it, to the next piece or
@@ -640,14 +660,18 @@ func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 func (a *aheads) limit(s *stream, want int) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !s.tentative {
-		return want
-	}
 	return int(min(int64(want), max(int64(s.curN), s.reach()-s.curAt)))
 }
 
-// reach is where a tentative stream may read to. Called with mu held.
-func (s *stream) reach() int64 { return max(s.need, s.start+windowSize) }
+// reach is where s may read its body to: a tentative stream, its first
+// window and what waiting readers ask for; else see pace.go. Called with
+// mu held.
+func (s *stream) reach() int64 {
+	if s.tentative {
+		return max(s.need, s.start+windowSize)
+	}
+	return s.paceReach()
+}
 
 // mayRead waits while s is tentative and has read all it may (false once
 // it expires or is dropped: an expired stream's request is canceled, not
@@ -655,7 +679,7 @@ func (s *stream) reach() int64 { return max(s.need, s.start+windowSize) }
 func (a *aheads) mayRead(s *stream) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for s.tentative {
+	for {
 		read := s.curAt
 		if s.cur != nil {
 			read += int64(s.curN)
@@ -666,26 +690,32 @@ func (a *aheads) mayRead(s *stream) bool {
 		if s.elem == nil || s.ctx.Err() != nil {
 			return false
 		}
-		left := time.Until(s.expires)
-		if left <= 0 {
-			s.expired = true
-			s.cancel()
-			return false
+		var expire <-chan time.Time
+		var timer *time.Timer
+		if s.tentative {
+			left := time.Until(s.expires)
+			if left <= 0 {
+				s.expired = true
+				s.cancel()
+				return false
+			}
+			timer = time.NewTimer(left)
+			expire = timer.C
 		}
 		room := a.room
 		s.paused = true
 		a.mu.Unlock()
-		timer := time.NewTimer(left)
 		select {
-		case <-room: // promoted, a reader waiting, or memory given back: look again
+		case <-room: // promoted, a reader waiting or back, or memory given back: look again
 		case <-s.ctx.Done():
-		case <-timer.C:
+		case <-expire:
 		}
-		timer.Stop()
+		if timer != nil {
+			timer.Stop()
+		}
 		a.mu.Lock()
 		s.paused = false
 	}
-	return true
 }
 
 // Write is ReadFrom for a store that writes.

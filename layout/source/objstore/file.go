@@ -22,6 +22,7 @@ type file struct {
 	next    int64     // where the last large read or stream ended: the frontier; -1 none yet
 	streams []*stream // fetched or being fetched ahead, held
 	tail    bool      // a small read past the first window came before any large one
+	spans   []span    // bytes large reads were given, merged (pace.go)
 }
 
 func (f *file) Info() source.Info { return f.info }
