@@ -469,6 +469,8 @@ func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, erro
 	a.mu.Lock()
 	for s.arrived <= off && !s.done && s.elem != nil {
 		if l := a.lendTo(s, p, off, large); l != nil {
+			// The body must reach the lend whatever its pace (pace.go).
+			s.need = max(s.need, l.off+int64(len(l.p)))
 			if got := a.awaitLend(s, l); got > 0 {
 				a.mu.Unlock()
 				a.release(s, off, int64(got), large)

@@ -36,9 +36,6 @@ type lend struct {
 	done bool // GUARDED_BY(aheads.mu); fetch no longer writes into p
 }
 
-// span is [lo, hi) of an object.
-type span struct{ lo, hi int64 }
-
 // lent reports whether the byte at off went to a lend; if not, next is
 // where the next lent span begins (s.end if none). Called with aheads.mu
 // held.
