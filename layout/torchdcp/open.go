@@ -29,11 +29,9 @@ package torchdcp
 import (
 	"fmt"
 	"math"
-	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 
+	"github.com/ckptfs/ckptfs/internal/par"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchsave"
@@ -186,7 +184,7 @@ type built struct {
 // up to buildWorkers cores (vars: tests build any checkpoint in parallel).
 var (
 	buildParallelChunks = 1 << 16
-	buildWorkers        = min(runtime.GOMAXPROCS(0), 4)
+	buildWorkers        = par.Cores()
 )
 
 // buildItems builds each item of b.m into out, on several cores where the
@@ -205,25 +203,14 @@ func buildItems(b builder, out []built) {
 	if b.st == nil || chunks < buildParallelChunks {
 		workers = 1 // without the stream, lookups follow the items' order (lookupFrom)
 	}
-	var next atomic.Int64
-	var failed atomic.Bool
-	work := func(b builder) {
-		for !failed.Load() {
-			i := int(next.Add(1) - 1)
-			if i >= len(out) {
-				return
-			}
-			if out[i] = b.item(b.m.Items[i]); out[i].err != nil {
-				failed.Store(true)
-			}
-		}
+	bs := make([]builder, workers) // each worker's own: its file lookups
+	for w := range bs {
+		bs[w] = b
 	}
-	var wg sync.WaitGroup
-	for range workers - 1 {
-		wg.Go(func() { work(b) })
-	}
-	work(b)
-	wg.Wait()
+	par.Each(len(out), workers, func(w, i int) bool {
+		out[i] = bs[w].item(b.m.Items[i])
+		return out[i].err == nil
+	})
 }
 
 // item builds one item of .metadata.

@@ -3,12 +3,11 @@ package view
 import (
 	"fmt"
 	"io"
-	"runtime"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/ckptfs/ckptfs/internal/par"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/safetensors"
@@ -70,21 +69,14 @@ func (f *File) Sources() []*ckpt.File {
 // a mount asks for them all as it first shows a view, and a view at scale
 // has hundreds of files and a million chunks.
 func (v *View) FindSources() {
-	workers := sourceWorkers
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range max(1, min(workers, len(v.Files))) {
-		wg.Go(func() {
-			for i := int(next.Add(1) - 1); i < len(v.Files); i = int(next.Add(1) - 1) {
-				v.Files[i].Sources()
-			}
-		})
-	}
-	wg.Wait()
+	par.Each(len(v.Files), sourceWorkers, func(_, i int) bool {
+		v.Files[i].Sources()
+		return true
+	})
 }
 
 // sourceWorkers is how many cores FindSources uses at most.
-var sourceWorkers = min(runtime.GOMAXPROCS(0), 4)
+var sourceWorkers = par.Cores()
 
 func (f *File) findSources() []*ckpt.File {
 	if f.src != nil {

@@ -4,9 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
-	"runtime"
 	"sync"
 
+	"github.com/ckptfs/ckptfs/internal/par"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/view"
 )
@@ -70,7 +70,7 @@ func digest(seed maphash.Seed, v *view.View) uint64 {
 // digestPartChunks chunks (a goroutine costs more than a few). Vars: tests
 // sum small views in parts; fixed for the process, as a view's sum must be.
 var (
-	digestWorkers    = min(runtime.GOMAXPROCS(0), 4)
+	digestWorkers    = par.Cores()
 	digestPartChunks = 1 << 14
 )
 
