@@ -49,18 +49,7 @@ func recordMetadataOf(rows []int64, storage func(e *pickle.Encoder)) []byte {
 				e.Str("w")
 				e.Object(modMetadata, "TensorStorageMetadata", func() {
 					e.Dict(func() {
-						e.Str("properties")
-						e.Object(modMetadata, "TensorProperties", func() {
-							e.Tuple(5, func() {
-								e.Global("torch", "float32")
-								e.Call("torch.serialization", "_get_layout", 1, func() { e.Str("torch.strided") })
-								e.Bool(false)
-								e.Call(modMetadata, "_MEM_FORMAT_ENCODING", 1, func() { e.Int(0) })
-								e.Bool(false)
-							})
-						})
-						e.Str("size")
-						encodeSize(e, []int64{8, 2})
+						encodeFloat32Head(e, []int64{8, 2})
 						e.Str("chunks")
 						e.List(func() {
 							for _, r := range rows {

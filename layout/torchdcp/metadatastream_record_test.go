@@ -20,18 +20,7 @@ func recordMetadata(chunk, index, info func(e *pickle.Encoder, i int64)) []byte 
 				e.Str("w")
 				e.Object(modMetadata, "TensorStorageMetadata", func() {
 					e.Dict(func() {
-						e.Str("properties")
-						e.Object(modMetadata, "TensorProperties", func() {
-							e.Tuple(5, func() {
-								e.Global("torch", "float32")
-								e.Call("torch.serialization", "_get_layout", 1, func() { e.Str("torch.strided") })
-								e.Bool(false)
-								e.Call(modMetadata, "_MEM_FORMAT_ENCODING", 1, func() { e.Int(0) })
-								e.Bool(false)
-							})
-						})
-						e.Str("size")
-						encodeSize(e, []int64{4, 2})
+						encodeFloat32Head(e, []int64{4, 2})
 						e.Str("chunks")
 						e.List(func() {
 							for i := range int64(2) {
@@ -235,4 +224,21 @@ func TestStreamRecordFields(t *testing.T) {
 			require.Equal(t, 6-tc.records, st.built, "built as objects")
 		})
 	}
+}
+
+// encodeFloat32Head writes a contiguous float32 TensorStorageMetadata's
+// "properties" and "size" entries.
+func encodeFloat32Head(e *pickle.Encoder, size []int64) {
+	e.Str("properties")
+	e.Object(modMetadata, "TensorProperties", func() {
+		e.Tuple(5, func() {
+			e.Global("torch", "float32")
+			e.Call("torch.serialization", "_get_layout", 1, func() { e.Str("torch.strided") })
+			e.Bool(false)
+			e.Call(modMetadata, "_MEM_FORMAT_ENCODING", 1, func() { e.Int(0) })
+			e.Bool(false)
+		})
+	})
+	e.Str("size")
+	encodeSize(e, size)
 }
