@@ -227,6 +227,13 @@ func TestStatsFileWithoutTheSource(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(mnt, statsName))
 	require.NoError(t, err)
 	require.Contains(t, string(b), `"lookup_errors": 0`)
+	// The source does fail (a name never looked up), and .ckptfs still
+	// answers, counting it.
+	_, err = os.Stat(filepath.Join(mnt, "down"))
+	require.True(t, errors.Is(err, syscall.EIO), "stat gave %v", err)
+	b, err = os.ReadFile(filepath.Join(mnt, statsName))
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"lookup_errors": 1`)
 }
 
 // A source call is left running on its own goroutine at an INTERRUPT, but

@@ -56,7 +56,9 @@ type Mapped struct {
 }
 
 // Hold says that n bytes of the mapping are held now (resident). After
-// Release it does nothing.
+// Release it does nothing. It sets the limit again only where n changes and
+// a bound is set (a mount; inspect only counts): debug.SetMemoryLimit
+// recomputes the collector's pacing under the heap lock and stops nothing.
 func (m *Mapped) Hold(n int64) {
 	mu.Lock()
 	defer mu.Unlock()

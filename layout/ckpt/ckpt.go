@@ -225,6 +225,18 @@ type Locator interface {
 	Locate() (Location, bool, error)
 }
 
+// Filler is a Locator whose first Locate may read some of its bytes anyway
+// (a small DCP record's data sits in the window its headers are read in).
+// LocateFill is Locate that, when this very call read the source's bytes
+// [off, off+n) (n the parts' total length) while locating it, also copies
+// them into parts and says so (filled), so that the reader does not read
+// them again. Bytes it fills passed the same freshness check as the
+// locating.
+type Filler interface {
+	Locator
+	LocateFill(off int64, parts [][]byte) (loc Location, ok, filled bool, err error)
+}
+
 // Location is where a Locator's bytes lie.
 type Location struct {
 	File   *File

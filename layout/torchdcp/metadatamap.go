@@ -53,9 +53,10 @@ func withMetadata(dir source.Tree, limit int64, decode func(b []byte, release fu
 	// limit leaves room for them.
 	held := memlimit.Outside(size)
 	defer held.Release()
-	// Once: the window does not change, and a Hold at each of the
-	// decoder's drops, some from the scan's goroutines at once, cost a
-	// decode a sixth of its CPU (BENCHMARKS.md, run AA-mount).
+	// Once, as the window does not change: a later Hold of the same n
+	// would return at once (memlimit sets the limit only where the count
+	// changes, and only in a mount). A cost once blamed on a Hold at each
+	// drop was not reproduced (BENCHMARKS.md, run AB-small).
 	var once sync.Once
 	dropped := func() { once.Do(func() { held.Hold(min(size, heldWindow)) }) }
 	if err := decodeMapped(b, func(b []byte) error { return decode(b, releaser(b, dropped)) }); err != nil {

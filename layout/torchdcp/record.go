@@ -80,13 +80,46 @@ var memoBound = int64(unsafe.Sizeof(pklMemo{})+unsafe.Sizeof(torchzip.Rebuild{})
 // read through r (size bytes) and checks them against want. The chunk is
 // numel(want.Sizes)*want.ElemSize bytes long from the offset returned.
 func locateRecord(r io.ReaderAt, size int64, want recordWant) (loc recordLoc, err error) {
-	return locateRecordMemo(r, size, want, nil)
+	return locateRecordMemo(r, size, want, nil, nil)
+}
+
+// chunkFill asks a locating for the chunk's bytes [off, off+n) (n the
+// parts' total length), which it copies into parts (filled) when the
+// record's windows hold them: a small record's data is read with its
+// headers, and a reader need not read it again.
+type chunkFill struct {
+	off    int64
+	parts  [][]byte
+	filled bool
+}
+
+// from fills f from w, the chunk starting at chunkOff in the archive, if
+// w holds the bytes asked for.
+func (f *chunkFill) from(w *torchzip.Windows, chunkOff, nbytes int64) {
+	if f == nil {
+		return
+	}
+	n := int64(0)
+	for _, p := range f.parts {
+		n += int64(len(p))
+	}
+	if f.off < 0 || f.off > nbytes || n > nbytes-f.off {
+		return
+	}
+	b := w.Held(chunkOff+f.off, n)
+	if b == nil {
+		return
+	}
+	for _, p := range f.parts {
+		b = b[copy(p, b):]
+	}
+	f.filled = true
 }
 
 // locateRecordMemo is locateRecord reusing memo's decoded data.pkl where the
 // record's is the same bytes, and keeping the record's there (memo may be
-// nil).
-func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.Pointer[pklMemo]) (loc recordLoc, err error) {
+// nil); it fills fill (may be nil) where the windows hold what it asks.
+func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.Pointer[pklMemo], fill *chunkFill) (loc recordLoc, err error) {
 	if want.ElemSize <= 0 {
 		return loc, fmt.Errorf("bad element size %d", want.ElemSize)
 	}
@@ -173,6 +206,7 @@ func locateRecordMemo(r io.ReaderAt, size int64, want recordWant, memo *atomic.P
 	if off < 0 || off > size || entrySize > size-off {
 		return loc, fmt.Errorf("%s: data [%d, %d) past the end of the %d-byte archive", df.Name(), off, off+entrySize, size)
 	}
+	fill.from(w, off+start, nbytes)
 	return recordLoc{off: off + start, entry: df.Name(), entryOff: off, entrySize: entrySize, crc: df.CRC32}, nil
 }
 

@@ -36,7 +36,7 @@ func BenchmarkLocateRecord(b *testing.B) {
 				if how == "cold" {
 					m = nil
 				}
-				if _, err := locateRecordMemo(bytes.NewReader(r.data), int64(len(r.data)), recordWant{DType: r.dtype, ElemSize: es, Sizes: r.shape}, m); err != nil {
+				if _, err := locateRecordMemo(bytes.NewReader(r.data), int64(len(r.data)), recordWant{DType: r.dtype, ElemSize: es, Sizes: r.shape}, m, nil); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip/ziptest"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
+	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 func TestLocateRecordFiles(t *testing.T) {
@@ -146,6 +147,15 @@ func FuzzLocateRecord(f *testing.F) {
 		}
 		if loc.off < loc.entryOff || loc.off+n*w.ElemSize > loc.entryOff+loc.entrySize || loc.entryOff+loc.entrySize > int64(len(data)) {
 			t.Fatalf("chunk [%d, +%d) not inside entry %s [%d, +%d) of %d bytes", loc.off, n*w.ElemSize, loc.entry, loc.entryOff, loc.entrySize, len(data))
+		}
+		// A fill hands on the chunk's bytes as located, or nothing.
+		fill := &chunkFill{parts: [][]byte{make([]byte, n*w.ElemSize)}}
+		filledAt, err := locateRecordMemo(bytes.NewReader(data), int64(len(data)), w, nil, fill)
+		if err != nil || filledAt != loc {
+			t.Fatalf("locating with a fill: %v, %+v; without: %+v", err, filledAt, loc)
+		}
+		if fill.filled && !bytes.Equal(fill.parts[0], data[loc.off:loc.off+n*w.ElemSize]) {
+			t.Fatalf("filled bytes are not the chunk's at %d", loc.off)
 		}
 	})
 }
@@ -289,6 +299,106 @@ func TestLocateRecordReads(t *testing.T) {
 	}
 }
 
+// TestLocateRecordFills: locating a small record, read whole in one window,
+// hands on the chunk bytes asked for (all of them, or a part, into several
+// parts) from that read, with no read more; a fill outside the chunk, or of
+// bytes the windows do not hold (the middle of a record larger than both),
+// is left to the reader, the locating unchanged.
+func TestLocateRecordFills(t *testing.T) {
+	small := recordCase{"small", "float32", 4, []int64{3, 4}}
+	rec, data := writeRecord(t, small, 3)
+	want := recordWant{DType: small.dtype, ElemSize: small.es, Sizes: small.shape}
+	nb := int64(len(data))
+	for _, tc := range []struct {
+		name   string
+		off    int64
+		parts  []int
+		filled bool
+	}{
+		{"whole", 0, []int{int(nb)}, true},
+		{"in parts", 0, []int{5, 0, int(nb) - 5}, true},
+		{"a part", 8, []int{16}, true},
+		{"the end", nb - 4, []int{4}, true},
+		{"nothing at the end", nb, []int{0}, true},
+		{"past the end", nb - 4, []int{8}, false},
+		{"before the start", -1, []int{4}, false},
+		{"past the chunk", nb + 1, []int{0}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &countingReader{r: bytes.NewReader(rec)}
+			var parts [][]byte
+			for _, n := range tc.parts {
+				parts = append(parts, bytes.Repeat([]byte{0xee}, n))
+			}
+			fill := &chunkFill{off: tc.off, parts: parts}
+			loc, err := locateRecordMemo(r, int64(len(rec)), want, nil, fill)
+			require.NoError(t, err)
+			assert.Equal(t, 1, r.reads)
+			assert.Equal(t, data, rec[loc.off:loc.off+nb])
+			require.Equal(t, tc.filled, fill.filled)
+			got := bytes.Join(parts, nil)
+			if tc.filled {
+				assert.True(t, bytes.Equal(data[tc.off:tc.off+int64(len(got))], got))
+			} else {
+				assert.True(t, bytes.Equal(bytes.Repeat([]byte{0xee}, len(got)), got), "untouched")
+			}
+		})
+	}
+
+	// 360 KB: its first data bytes are in the head window, the rest in
+	// neither.
+	large := recordCase{"large", "float32", 4, []int64{300, 300}}
+	rec, data = writeRecord(t, large, 5)
+	for _, off := range []int64{0, int64(len(data)) / 2} {
+		r := &countingReader{r: bytes.NewReader(rec)}
+		fill := &chunkFill{off: off, parts: [][]byte{make([]byte, 16)}}
+		_, err := locateRecordMemo(r, int64(len(rec)), recordWant{DType: large.dtype, ElemSize: large.es, Sizes: large.shape}, nil, fill)
+		require.NoError(t, err)
+		assert.Equal(t, off == 0, fill.filled, "from %d", off)
+		if fill.filled {
+			assert.Equal(t, data[:16], fill.parts[0])
+		}
+		assert.Equal(t, 2, r.reads)
+	}
+}
+
+// TestRecordSourceReadsASmallRecordOnce: a chunk's first ReadAt locates it
+// and takes its bytes from the record's one read; later reads read the
+// file.
+func TestRecordSourceReadsASmallRecordOnce(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ck")
+	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
+	local, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	defer local.Close()
+	tree := &treetest.CountingTree{Tree: local}
+	c, err := OpenTree(tree, Options{})
+	require.NoError(t, err)
+	defer c.Close()
+	read := 0
+	for _, tn := range c.Tensors {
+		for i := range tn.Chunks.Len() {
+			ch := tn.Chunks.At(i)
+			numel, err := ckpt.NumElements(ch.Sizes)
+			require.NoError(t, err)
+			if numel == 0 {
+				continue
+			}
+			name := filepath.Base(ch.Source.(ckpt.Backed).Backing().Path)
+			tree.Reset()
+			first, err := treetest.ReadChunk(t, tn, ch)
+			require.NoError(t, err)
+			assert.Equal(t, 1, tree.Count()[name].Reads, "%s chunk %d: its record, once", tn.Name, i)
+			second, err := treetest.ReadChunk(t, tn, ch)
+			require.NoError(t, err)
+			assert.Equal(t, first, second)
+			assert.Equal(t, 2, tree.Count()[name].Reads, "%s chunk %d: the located chunk read", tn.Name, i)
+			read++
+		}
+	}
+	assert.Greater(t, read, 10)
+}
+
 // TestLocateAfterRewriteInPlace: a shard rewritten in place once open (the
 // same bytes, its mtime put back) fails the next chunk's locating with
 // ErrSourceChanged, though its record's windows read well: the windows are
@@ -337,7 +447,7 @@ func TestLocateRecordMemo(t *testing.T) {
 	wantB := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{4, 3}}
 	var memo atomic.Pointer[pklMemo]
 
-	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo)
+	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo, nil)
 	require.NoError(t, err)
 	m := memo.Load()
 	require.NotNil(t, m)
@@ -347,15 +457,15 @@ func TestLocateRecordMemo(t *testing.T) {
 	wrong := *m.call
 	wrong.Size = []int64{12}
 	memo.Store(&pklMemo{data: m.data, call: &wrong})
-	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo)
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantA, &memo, nil)
 	assert.ErrorContains(t, err, "record holds shape [12], chunk sizes are [3 4]")
 
 	// Other bytes: decoded, checked against the metadata, kept.
-	loc, err := locateRecordMemo(bytes.NewReader(b), int64(len(b)), wantB, &memo)
+	loc, err := locateRecordMemo(bytes.NewReader(b), int64(len(b)), wantB, &memo, nil)
 	require.NoError(t, err)
 	assert.Equal(t, dataB, b[loc.off:loc.off+int64(len(dataB))])
 	assert.Equal(t, []int64{4, 3}, memo.Load().call.Size)
-	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantB, &memo)
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), wantB, &memo, nil)
 	assert.ErrorContains(t, err, "record holds shape [3 4], chunk sizes are [4 3]")
 }
 
@@ -365,14 +475,14 @@ func TestLocateRecordMemoBound(t *testing.T) {
 	a, _ := writeRecord(t, recordCase{"a", "float32", 4, []int64{3, 4}}, 1)
 	want := recordWant{DType: "float32", ElemSize: 4, Sizes: []int64{3, 4}}
 	var memo atomic.Pointer[pklMemo]
-	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo)
+	_, err := locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo, nil)
 	require.NoError(t, err)
 	require.NotNil(t, memo.Load())
 
 	defer func(n int) { maxMemoPkl = n }(maxMemoPkl)
 	memo.Store(nil)
 	maxMemoPkl = 10
-	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo)
+	_, err = locateRecordMemo(bytes.NewReader(a), int64(len(a)), want, &memo, nil)
 	require.NoError(t, err)
 	assert.Nil(t, memo.Load())
 }

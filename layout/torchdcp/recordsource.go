@@ -138,6 +138,7 @@ var (
 	_ ckpt.Source   = (*recordSource)(nil)
 	_ ckpt.Verifier = (*recordSource)(nil)
 	_ ckpt.Locator  = (*recordSource)(nil)
+	_ ckpt.Filler   = (*recordSource)(nil)
 	_ ckpt.Placed   = (*recordSource)(nil)
 )
 
@@ -165,21 +166,28 @@ func (s *recordSource) String() string {
 // returns the bytes up to its end and io.EOF. A read of the whole chunk is
 // checked against the record's CRC32 when the chunk is its whole entry.
 func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
-	loc, err := s.located()
+	nbytes := s.nbytes()
+	want := p
+	if off >= 0 && off <= nbytes && int64(len(want)) > nbytes-off {
+		want = want[:nbytes-off]
+	}
+	var fill *chunkFill
+	if s.loc.Load() == nil && off >= 0 && off <= nbytes {
+		fill = &chunkFill{off: off, parts: [][]byte{want}}
+	}
+	loc, err := s.locate(fill)
 	if err != nil {
 		return 0, err
 	}
-	nbytes := s.nbytes()
 	if off < 0 || off > nbytes {
 		return 0, fmt.Errorf("torchdcp: %s: offset %d outside chunk of %d bytes", s, off, nbytes)
 	}
-	want := p
-	if int64(len(want)) > nbytes-off {
-		want = want[:nbytes-off]
-	}
-	n, err := loc.r.ReadAt(want, loc.off+off)
-	if err == io.EOF && n == len(want) {
-		err = nil
+	n := len(want)
+	if fill == nil || !fill.filled {
+		n, err = loc.r.ReadAt(want, loc.off+off)
+		if err == io.EOF && n == len(want) {
+			err = nil
+		}
 	}
 	if err == nil && loc.whole && off == 0 && int64(n) == nbytes {
 		err = s.checkCRC(loc, crc32.ChecksumIEEE(want[:n]))
@@ -193,15 +201,27 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 // Locate says where a stored (not compressed) chunk's bytes lie in the
 // shard, once located; a CRC32 applies where the chunk is its whole entry.
 func (s *recordSource) Locate() (ckpt.Location, bool, error) {
-	loc, err := s.located()
+	l, ok, _, err := s.LocateFill(0, nil)
+	return l, ok, err
+}
+
+// LocateFill implements ckpt.Filler: a chunk's first locating reads a small
+// record whole, its data with its headers (torchzip's windows), and hands
+// the bytes asked for on.
+func (s *recordSource) LocateFill(off int64, parts [][]byte) (ckpt.Location, bool, bool, error) {
+	var fill *chunkFill
+	if len(parts) > 0 && !s.zstd && s.loc.Load() == nil {
+		fill = &chunkFill{off: off, parts: parts}
+	}
+	loc, err := s.locate(fill)
 	if err != nil || s.zstd {
-		return ckpt.Location{}, false, err
+		return ckpt.Location{}, false, false, err
 	}
 	l := ckpt.Location{File: s.file, Offset: loc.off}
 	if loc.whole {
 		l.Whole = s
 	}
-	return l, true, nil
+	return l, true, fill != nil && fill.filled, nil
 }
 
 // CheckWhole checks the CRC32 of the chunk's bytes read whole, where the
@@ -249,7 +269,11 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 // located finds the chunk's bytes on first use and remembers where they
 // are. A bad record or a changed source is remembered too; a plain I/O error
 // is not, so the next read tries again.
-func (s *recordSource) located() (*chunkBytes, error) {
+func (s *recordSource) located() (*chunkBytes, error) { return s.locate(nil) }
+
+// locate is located filling fill (may be nil) when this call locates a
+// stored record whose windows hold the bytes fill asks for.
+func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
 	if loc := s.loc.Load(); loc != nil {
 		return loc.result()
 	}
@@ -269,7 +293,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 		var at recordLoc
 		err = s.file.Batch(func(r io.ReaderAt) error {
 			var err error
-			at, err = locateRecordMemo(io.NewSectionReader(r, s.off, s.length), s.length, s.want(), &s.t.pkl)
+			at, err = locateRecordMemo(io.NewSectionReader(r, s.off, s.length), s.length, s.want(), &s.t.pkl, fill)
 			return err
 		})
 		if err == nil {
@@ -297,7 +321,7 @@ func (s *recordSource) located() (*chunkBytes, error) {
 
 // resolve locates the chunk in the record read through r.
 func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
-	at, err := locateRecordMemo(r, size, s.want(), &s.t.pkl)
+	at, err := locateRecordMemo(r, size, s.want(), &s.t.pkl, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,9 @@ import (
 //     after the batch (ckpt.File.ReadRanges); different files are read
 //     concurrently, at most readDepth at a time.
 //
+// An extent its source filled while locating it (ckpt.Filler: a small
+// record's data, read with its headers) is not read again.
+//
 // Sources that cannot say where they lie (compressed records, memory in
 // tests) are read with their own ReadAt, merged only with their own
 // neighbours.
@@ -54,10 +57,11 @@ type extent struct {
 	whole  bool // all of the chunk's bytes
 
 	// Set by locate.
-	key   int // index in keys: the file, or the source when not located
-	file  *ckpt.File
-	at    int64 // where off lies in file (or in the source)
-	check ckpt.WholeChecker
+	key    int // index in keys: the file, or the source when not located
+	file   *ckpt.File
+	at     int64 // where off lies in file (or in the source)
+	check  ckpt.WholeChecker
+	filled bool // locating filled the parts (ckpt.Filler): no read
 }
 
 // planRead is one merged read: extents order[e0:e1] of one key, into
@@ -154,7 +158,13 @@ func (p *readPlan) locate(e *extent) error {
 	var key any = e.c.src
 	e.at = e.off
 	if l, ok := e.c.src.(ckpt.Locator); ok {
-		loc, ok, err := l.Locate()
+		var loc ckpt.Location
+		var err error
+		if f, isFiller := l.(ckpt.Filler); isFiller {
+			loc, ok, e.filled, err = f.LocateFill(e.off, p.parts[e.p0:e.p1])
+		} else {
+			loc, ok, err = l.Locate()
+		}
 		if err != nil {
 			return e.g.chunkError(e.c, err)
 		}
@@ -176,7 +186,9 @@ func (p *readPlan) locate(e *extent) error {
 // reads.
 func (p *readPlan) merge() {
 	for i := range p.extents {
-		p.order = append(p.order, i)
+		if !p.extents[i].filled {
+			p.order = append(p.order, i)
+		}
 	}
 	slices.SortFunc(p.order, func(a, b int) int {
 		ea, eb := &p.extents[a], &p.extents[b]

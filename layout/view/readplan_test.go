@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/layout"
@@ -139,4 +140,56 @@ func readContent(c content, dst []byte, pos int64) error {
 		return err
 	}
 	return p.run()
+}
+
+// A small DCP record is read once: locating its chunk reads the record
+// whole (torchzip's windows), and the plan takes the chunk's bytes from
+// there (ckpt.Filler) instead of reading them again. The first whole read
+// of the view costs each shard one read per record located in it, and no
+// more; the second, every chunk located, reads each shard's data again
+// with the plan's merged reads and no window. Both reads are the same
+// bytes, whole chunks checked against their CRC32.
+func TestSmallRecordsAreReadOnce(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ck")
+	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
+	local, err := source.OpenLocal(dir)
+	require.NoError(t, err)
+	defer local.Close()
+	tree := &treetest.CountingTree{Tree: local}
+	c, err := layout.OpenTree(tree)
+	require.NoError(t, err)
+	defer c.Close()
+	records := map[string]int{} // non-empty chunks by shard file
+	for _, tn := range c.Tensors {
+		for i := range tn.Chunks.Len() {
+			ch := tn.Chunks.At(i)
+			if n, _ := ckpt.NumElements(ch.Sizes); n > 0 {
+				records[filepath.Base(ch.Source.(ckpt.Backed).Backing().Path)]++
+			}
+		}
+	}
+	require.Len(t, records, 4)
+	v, err := Plan(c, Options{})
+	require.NoError(t, err)
+	f := v.Lookup("model.safetensors")
+	require.NotNil(t, f)
+
+	tree.Reset()
+	first := make([]byte, f.Size)
+	_, err = f.ReadAt(first, 0)
+	require.NoError(t, err)
+	counts := tree.Count()
+	for path, n := range records {
+		assert.Equal(t, n, counts[path].Reads, "%s: one read per record, none for its data", path)
+	}
+
+	tree.Reset()
+	second := make([]byte, f.Size)
+	_, err = f.ReadAt(second, 0)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(first, second))
+	counts = tree.Count()
+	for path := range records {
+		assert.Equal(t, 1, counts[path].Reads, "%s: the located chunks' data in one merged read", path)
+	}
 }

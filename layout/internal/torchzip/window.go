@@ -132,3 +132,17 @@ func (w *Windows) bytes(off, n int64) ([]byte, error) {
 	}
 	return nil, err
 }
+
+// Held is [off, off+n) of the archive where a window already read holds it
+// whole (the window's own memory: valid until Release, not to be written),
+// else nil. It reads nothing: a locator hands on the bytes it read anyway.
+func (w *Windows) Held(off, n int64) []byte {
+	for i := range w.wins {
+		win := &w.wins[i]
+		if win.buf == nil || n < 0 || off < win.off || off-win.off > win.n-n {
+			continue
+		}
+		return win.buf[off-win.off : off-win.off+n : off-win.off+n]
+	}
+	return nil
+}

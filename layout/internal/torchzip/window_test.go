@@ -87,3 +87,54 @@ func TestWindowed(t *testing.T) {
 	_, err = read(978, 22)
 	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
 }
+
+// TestHeld: Held hands on bytes only from a window already read, whole
+// inside it, and never reads; a failed window holds nothing.
+func TestHeld(t *testing.T) {
+	data := make([]byte, 300<<10)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	size := int64(len(data))
+	log := &readLog{r: bytes.NewReader(data), failAt: size}
+	w := Windowed(log, size)
+	defer w.Release()
+	assert.Nil(t, w.Held(0, 16), "the head window is not read yet")
+	assert.Empty(t, log.reads)
+	_, err := w.ReadAt(make([]byte, 4), 0) // reads the head window
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		off, n int64
+		held   bool
+	}{
+		{0, 16, true},
+		{0, headWindow, true},
+		{headWindow - 1, 1, true},
+		{headWindow - 1, 2, false}, // runs past the window
+		{100, 0, true},
+		{headWindow, 0, true}, // nothing, at the window's end
+		{headWindow + 1, 0, false},
+		{-1, 4, false},
+		{8, -1, false},
+		{8, 1 << 62, false},
+		{size - 16, 16, false}, // the tail window, not read
+	} {
+		b := w.Held(tc.off, tc.n)
+		if !tc.held {
+			assert.Nil(t, b, "[%d, +%d)", tc.off, tc.n)
+			continue
+		}
+		require.NotNil(t, b, "[%d, +%d)", tc.off, tc.n)
+		assert.Equal(t, data[tc.off:tc.off+tc.n], b)
+		assert.Equal(t, len(b), cap(b), "not to be appended to")
+	}
+	assert.Len(t, log.reads, 1, "Held reads nothing")
+
+	// A tail window whose read failed holds nothing.
+	log = &readLog{r: bytes.NewReader(data), failAt: size - 1}
+	w2 := Windowed(log, size)
+	defer w2.Release()
+	_, err = w2.ReadAt(make([]byte, 4), size-8)
+	require.ErrorIs(t, err, errRead)
+	assert.Nil(t, w2.Held(size-8, 4))
+}

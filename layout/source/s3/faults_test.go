@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -39,6 +40,7 @@ func TestGatewayFaults(t *testing.T) {
 	// scheduling slack.
 	bound := attempts*(timeout+time.Duration(n)*time.Second/rate) + 2*time.Second
 	data := bytes.Repeat([]byte("old!"), size/4)
+	var burstLeft atomic.Int32 // the 500s of the short burst not yet sent
 	for _, tc := range []struct {
 		name   string
 		direct bool // no proxy: the client talks to the gateway's own socket
@@ -47,6 +49,7 @@ func TestGatewayFaults(t *testing.T) {
 		class  error // what the failure says of the store (source.ErrUnavailable, source.ErrDenied)
 		cause  string
 		min    time.Duration
+		sent   func() bool // whether the fault was sent, where the read succeeds
 	}{
 		{name: "killed", direct: true, fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) { g.Kill(t) },
 			want: s3.ErrRequest, class: source.ErrUnavailable, cause: "connection refused"},
@@ -69,15 +72,15 @@ func TestGatewayFaults(t *testing.T) {
 			p.SetFault(func(*http.Request) objstoretest.Fault { return objstoretest.Fault{Status: http.StatusForbidden} })
 		}, want: s3.ErrRequest, class: source.ErrDenied, cause: "StatusCode: 403"},
 		{name: "5xx burst shorter than the attempts", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
-			left := attempts - 1
+			burstLeft.Store(attempts - 1)
 			p.SetFault(func(*http.Request) objstoretest.Fault {
-				if left > 0 {
-					left-- // SetFault's func runs under the proxy's lock
+				if burstLeft.Load() > 0 {
+					burstLeft.Add(-1) // SetFault's func runs under the proxy's lock
 					return objstoretest.Fault{Status: http.StatusInternalServerError}
 				}
 				return objstoretest.Fault{}
 			})
-		}},
+		}, sent: func() bool { return burstLeft.Load() == 0 }},
 		{name: "replaced", fault: func(t *testing.T, g *s3test.Server, p *objstoretest.Proxy) {
 			g.Put(t, "faults", "ckpt/shard", bytes.Repeat([]byte("new!"), size/4))
 		}, want: source.ErrChanged, cause: "no longer"},
@@ -119,6 +122,7 @@ func TestGatewayFaults(t *testing.T) {
 			if tc.want == nil {
 				require.NoError(t, err)
 				assert.Equal(t, data[off:off+n], buf)
+				assert.True(t, tc.sent(), "the fault was sent")
 				return
 			}
 			require.ErrorIs(t, err, tc.want)

@@ -54,7 +54,13 @@ func Open(ctx context.Context, url string, o Options) (*Tree, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", loc, err)
 	}
-	return objstore.Open(loc, &store{client: client, bucket: loc.Bucket, opts: o}, o.limits(), c)
+	t, err := objstore.Open(loc, &store{client: client, bucket: loc.Bucket, opts: o}, o.limits(), c)
+	if err != nil && !o.RequesterPays && errors.Is(err, source.ErrDenied) {
+		// S3 refuses a requester-pays bucket's reader with a plain 403
+		// AccessDenied, which names neither the cause nor the option.
+		return nil, fmt.Errorf("%w; a requester-pays bucket reads with --requester-pays", err)
+	}
+	return t, err
 }
 
 // store is the S3 calls on one bucket.
