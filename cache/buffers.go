@@ -5,8 +5,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-
-	"github.com/ckptfs/ckptfs/internal/hugepage"
 )
 
 // block is one filled, immutable block. It carries its own identity so that a
@@ -185,16 +183,7 @@ func (p *buffers) get(n int64, force bool) (buf []byte, ok bool) {
 		return nil, false
 	}
 	p.filling += n
-	return freshBuffer(n), true
-}
-
-// freshBuffer allocates a block buffer, its whole huge pages advised before
-// its first touch: a cold mount's cache is hundreds of MiB never touched,
-// one page fault per 4 KiB page otherwise (see package hugepage).
-func freshBuffer(n int64) []byte {
-	buf := make([]byte, n)
-	hugepage.Advise(buf)
-	return buf
+	return make([]byte, n), true
 }
 
 // filled ends a failed fill that get began with buf, whose buffer is

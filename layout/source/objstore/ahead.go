@@ -10,8 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/ckptfs/ckptfs/internal/hugepage"
 )
 
 // A view's reads of one shard object come in record order, a few at a
@@ -384,34 +382,8 @@ func (a *aheads) buffer(s *stream) bool {
 		a.freeN -= pieceSize
 		return true
 	}
-	s.cur = a.newPiece()
+	s.cur = make([]byte, pieceSize)
 	return true
-}
-
-// pieceSlab is the most pieces allocated at once: 16 MiB, which whole huge
-// pages cover but for its ends wherever the allocator puts it.
-const pieceSlab = 16
-
-// newPiece returns a fresh piece buffer (counted in used by the caller).
-// Where the memory leaves room it allocates up to pieceSlab pieces in one
-// buffer advised huge pages (a cold mount's pieces are fresh memory, one
-// page fault per 4 KiB page otherwise: see package hugepage) and keeps the
-// rest as free ones, so that the pieces' bytes stay within memory. A piece
-// keeps its slab from the GC: pieces are kept while within memory, so
-// slabs are let go only when streams pass memory with readers waiting.
-// Called with mu held.
-func (a *aheads) newPiece() []byte {
-	k := min(pieceSlab, (a.memory-a.used-a.freeN)/pieceSize+1)
-	if k*pieceSize < 2*hugepage.Size {
-		return make([]byte, pieceSize) // it could not hold a whole huge page
-	}
-	slab := make([]byte, k*pieceSize)
-	hugepage.Advise(slab)
-	for i := int64(1); i < k; i++ {
-		a.free = append(a.free, slab[i*pieceSize:i*pieceSize:(i+1)*pieceSize])
-		a.freeN += pieceSize
-	}
-	return slab[:pieceSize:pieceSize]
 }
 
 // roomMade wakes the streams waiting for memory. Called with mu held.
