@@ -20,7 +20,13 @@
 // ristretto), else its least recently used one (issue 36: a loader that
 // faults tensors in state-dict order touches a block at moments far apart,
 // and a ring of fixed size beside a fixed reserve for fills that are rarely
-// all in flight fetched 1.5x the view). A prefetched block stays in the
+// all in flight fetched 1.5x the view). A fill of a file larger than the
+// cache first makes the ring give up a block of that file read in full,
+// while the ring holds more than its minimum, and takes its buffer: a
+// stream through such a file cycles through the ring's minimum instead of
+// taking the whole cache in fresh buffers (their first touch is a page
+// fault per 4 KiB: BENCHMARKS.md run AB-faults), and the blocks of the
+// files that fit stay. A prefetched block stays in the
 // ring until its reader has used it, and read-ahead goes only as far as the
 // ring's minimum can keep: a sequential read fetches each block once.
 //
