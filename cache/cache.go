@@ -20,7 +20,13 @@
 // ristretto), else its least recently used one (issue 36: a loader that
 // faults tensors in state-dict order touches a block at moments far apart,
 // and a ring of fixed size beside a fixed reserve for fills that are rarely
-// all in flight fetched 1.5x the view). A prefetched block stays in the
+// all in flight fetched 1.5x the view). A fill of a file larger than the
+// cache first makes the ring give up a block of that file read in full,
+// while the ring holds more than its minimum, and takes its buffer: a
+// stream through such a file cycles through the ring's minimum instead of
+// taking the whole cache in fresh buffers (their first touch is a page
+// fault per 4 KiB: BENCHMARKS.md run AB-faults), and the blocks of the
+// files that fit stay. A prefetched block stays in the
 // ring until its reader has used it, and read-ahead goes only as far as the
 // ring's minimum can keep: a sequential read fetches each block once.
 //
@@ -474,6 +480,7 @@ func (c *Cache) fill(f *file, idx int64, owner *Handle) (b *block, led bool, err
 		c.fills.Add(1)
 		off := idx * c.opts.BlockSize
 		n := f.blockLen(idx, c.opts.BlockSize)
+		c.reuseRead(f)
 		buf := c.buffer(n)
 		start := time.Now()
 		got, err := f.src.ReadAt(buf, off)
@@ -530,6 +537,25 @@ func (c *Cache) buffer(n int64) []byte {
 			buf, _ := c.bufs.get(n, true)
 			return buf
 		}
+		c.spilled.Add(1)
+		c.demote(b)
+	}
+}
+
+// reuseRead lets the least recently used block of f read in full go, so
+// that its buffer serves the fill of f about to take one, when f is larger
+// than the ring can keep and the ring holds more than its minimum. A fresh
+// buffer's first touch is a page fault for each 4 KiB page (a quarter of
+// the mount's CPU in a cold s3:// cat, BENCHMARKS.md run AB-faults): a
+// reader streaming a file the cache cannot keep whole would otherwise fill
+// the whole cache with fresh buffers for blocks that are read once, then
+// let go first (evictLocked), whereas a file that fits stays cached for a
+// re-read.
+func (c *Cache) reuseRead(f *file) {
+	if f.nblocks <= int64(c.stg.limit) {
+		return
+	}
+	if b := c.stg.spillRead(f.id); b != nil {
 		c.spilled.Add(1)
 		c.demote(b)
 	}
@@ -727,7 +753,9 @@ func (c *Cache) prefetch(j job) {
 		c.raDropped.Add(1)
 		return
 	}
-	if _, _, ok := c.lookup(&j.h.f, j.idx); ok {
+	if _, _, ok := c.lookup(&j.h.f, j.idx); ok || j.h.wasReadFull(j.idx) {
+		// Cached, or its reader took it all while the job waited (a
+		// foreground fill came first), and the cache let it go since.
 		c.stg.unreserve()
 		return
 	}
@@ -919,6 +947,30 @@ func (s *staging) spill() *block {
 	return s.let(s.evictLocked())
 }
 
+// spillRead gives up the least recently used block of file id read in
+// full when the ring holds more than its minimum (nil when there is none):
+// see put for what is returned.
+func (s *staging) spillRead(id uint64) *block {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.list) <= s.capacity {
+		return nil
+	}
+	victim, vAge := -1, uint64(0)
+	for i, e := range s.list {
+		if e.b.id != id || !e.b.consumed() {
+			continue
+		}
+		if age := max(e.order, e.b.lastUse.Load()); victim < 0 || age < vAge {
+			victim, vAge = i, age
+		}
+	}
+	if victim < 0 {
+		return nil
+	}
+	return s.let(s.removeLocked(victim))
+}
+
 // evictLocked takes one block out of the ring and returns it: the least
 // recently used one whose every byte was read, else the least recently
 // used one not protected, else the oldest protected one. A loader that
@@ -951,6 +1003,12 @@ func (s *staging) evictLocked() *block {
 			victim, vRank, vAge = i, r, age
 		}
 	}
+	return s.removeLocked(victim)
+}
+
+// removeLocked takes the i-th block out of the ring and returns it. Caller
+// holds mu.
+func (s *staging) removeLocked(victim int) *block {
 	old := s.list[victim]
 	last := len(s.list) - 1
 	s.list[victim] = s.list[last]

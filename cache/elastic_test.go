@@ -231,3 +231,41 @@ func TestReadAheadSkipsBlocksReadInFull(t *testing.T) {
 	assert.Empty(t, twice, "blocks fetched more than once; stats %+v", st)
 	assert.Positive(t, st.ReadAheadHits, "read-ahead still served the runs")
 }
+
+// TestStreamOfALargeFileReusesReadBlocks: a reader streaming a file larger
+// than the cache fills its blocks into the buffers of the blocks of that
+// file it already read in full, not into fresh ones until the cache is full
+// (a fresh buffer's first touch is a page fault per 4 KiB page: issue 36,
+// BENCHMARKS.md run AB-faults); each block is still fetched once. A file
+// that fits, read before the stream, is kept whole for a re-read after it
+// (the parent let it go for the stream's blocks read in full).
+func TestStreamOfALargeFileReusesReadBlocks(t *testing.T) {
+	const small, large = 10, 80
+	c := newTestCache(t, objectStoreOptions())
+	bound := c.Bound() / testBS
+	read := func(id uint64, src *slowSource) {
+		h := c.Open(id, src, int64(len(src.data)))
+		defer h.Close()
+		for off := int64(0); off < int64(len(src.data)); off += testBS / 4 {
+			checkRead(t, h, src.data, off, testBS/4)
+		}
+		c.Wait()
+	}
+	fresh := func() int64 { st := c.Stats(); return st.Fills - st.BuffersReused }
+	src := &slowSource{memSource: newMemSource(large*testBS, 65), delay: 50 * time.Microsecond}
+	read(1, src)
+	t.Logf("%d fills, %d into fresh buffers (the cache holds %d blocks)", c.Stats().Fills, fresh(), bound)
+	for b := range large {
+		require.EqualValues(t, 1, src.calls[b].Load(), "block %d fetched more than once", b)
+	}
+	// The ring's minimum and the read-ahead in flight: at most half the
+	// cache, where the whole of it was taken fresh before.
+	assert.LessOrEqual(t, fresh(), bound/2, "fresh buffers")
+
+	fits := &slowSource{memSource: newMemSource(small*testBS, 64), delay: 50 * time.Microsecond}
+	read(2, fits)
+	read(1, src)
+	fills := c.Stats().Fills
+	read(2, fits)
+	assert.Equal(t, fills, c.Stats().Fills, "the file that fits was read again from the cache")
+}

@@ -263,6 +263,13 @@ func (h *Handle) markReadFull(idx int64) {
 	}
 }
 
+// wasReadFull is wasReadFullLocked for a caller without mu.
+func (h *Handle) wasReadFull(idx int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.wasReadFullLocked(idx)
+}
+
 // wasReadFullLocked reports whether the handle's reads took every byte of
 // block idx. Caller holds mu.
 func (h *Handle) wasReadFullLocked(idx int64) bool {
