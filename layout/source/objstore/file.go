@@ -23,6 +23,7 @@ type file struct {
 	streams []*stream // fetched or being fetched ahead, held
 	tail    bool      // a small read past the first window came before any large one
 	spans   []span    // bytes large reads were given, merged (pace.go)
+	ahead   bool      // its readers come ahead of its streams' bodies (pace.go)
 }
 
 func (f *file) Info() source.Info { return f.info }
