@@ -167,6 +167,8 @@ func TestAheadFillsAheadOfTheBodyStopItsReadAhead(t *testing.T) {
 	require.NoError(t, <-d1)
 	require.Equal(t, m.data[:2*block], append(p0, p1...))
 	assert.Equal(t, int64(2*block), pausedAt(t, tree, m, f, 2*block), "body read past the fills waiting")
+	// Its request still runs: the bytes it read are counted as they came.
+	assert.Equal(t, int64(2*block), m.count.Bytes.Load(), "bytes fetched while the stream waits")
 	// The next fills, one at a time: each lends, none copies.
 	for off := int64(2 * block); off < 6*block; off += block {
 		_, err := f.ReadAt(p0, off)
