@@ -469,8 +469,10 @@ func (a *aheads) copyFrom(s *stream, p []byte, off int64, large bool) (int, erro
 	a.mu.Lock()
 	for s.arrived <= off && !s.done && s.elem != nil {
 		if l := a.lendTo(s, p, off, large); l != nil {
-			// The body must reach the lend whatever its pace (pace.go).
+			// The body must reach the lend whatever its pace, and goes
+			// no further ahead of its readers (pace.go).
 			s.need = max(s.need, l.off+int64(len(l.p)))
+			readersAhead(s, l)
 			if got := a.awaitLend(s, l); got > 0 {
 				a.mu.Unlock()
 				a.release(s, off, int64(got), large)
@@ -621,6 +623,12 @@ func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 			}
 			continue
 		}
+		// Paced first, then a piece: a stream waiting for its readers
+		// holds no piece buffer, and a lend that comes meanwhile needs
+		// none.
+		if !a.mayRead(s) {
+			return total, context.Canceled
+		}
 		if s.cur == nil && !a.buffer(s) {
 			return total, context.Canceled
 		}
@@ -628,9 +636,6 @@ func (s *stream) ReadFrom(r io.Reader) (int64, error) {
 			continue // a lend at the frontier: no piece
 		}
 		want := int(min(s.end, s.curAt+pieceSize) - s.curAt)
-		if !a.mayRead(s) {
-			return total, context.Canceled
-		}
 		k, err := io.ReadFull(r, s.cur[s.curN:a.pieceLimit(s, want)])
 		s.curN += k
 		total += int64(k)
@@ -675,18 +680,14 @@ func (s *stream) reach() int64 {
 	return s.paceReach()
 }
 
-// mayRead waits while s is tentative and has read all it may (false once
+// mayRead waits while s has read all it may (reach; false once
 // it expires or is dropped: an expired stream's request is canceled, not
 // failed). Called in fetch's goroutine, whose the current piece is.
 func (a *aheads) mayRead(s *stream) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for {
-		read := s.curAt
-		if s.cur != nil {
-			read += int64(s.curN)
-		}
-		if read < s.reach() {
+		if s.arrived < s.reach() {
 			return true
 		}
 		if s.elem == nil || s.ctx.Err() != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"sync/atomic"
 	"time"
 
 	"github.com/ckptfs/ckptfs/layout/source"
@@ -23,6 +24,7 @@ type file struct {
 	streams []*stream // fetched or being fetched ahead, held
 	tail    bool      // a small read past the first window came before any large one
 	spans   []span    // bytes large reads were given, merged (pace.go)
+	ahead   bool      // its readers come ahead of its streams' bodies (pace.go)
 }
 
 func (f *file) Info() source.Info { return f.info }
@@ -70,12 +72,12 @@ func (f *file) read(p []byte, off int64) (int, error) {
 // checks.
 func (f *file) readTo(ctx context.Context, w io.Writer, off, n int64) (int64, error) {
 	var done int64
+	w = countedWriter{w, &f.t.count.Bytes}
 	for attempt := 1; ; attempt++ {
 		m, err := f.t.store.Read(ctx, f.obj, w, off+done, n-done)
 		if m < 0 || m > n-done {
 			m, err = 0, &ChangedError{fmt.Sprintf("the store answered %d bytes to a read of %d", m, n-done)}
 		}
-		f.t.count.Bytes.Add(m)
 		done += m
 		if err == nil && done < n {
 			err = &AttemptError{fmt.Sprintf("the response ended after %d of %d bytes", m, n-done+m)}
@@ -97,6 +99,43 @@ func (f *file) readTo(ctx context.Context, w io.Writer, off, n int64) (int64, er
 		}
 	}
 }
+
+// countedWriter counts the body's bytes in n as they arrive, not as the
+// attempt ends: a paced stream's attempt lasts as long as its readers
+// (pace.go), and the bytes it read are fetched all the same.
+type countedWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countedWriter) Write(b []byte) (int, error) {
+	k, err := c.w.Write(b)
+	c.n.Add(int64(k))
+	return k, err
+}
+
+// ReadFrom keeps w's own ReadFrom (the body read straight into its
+// buffers), counting each read.
+func (c countedWriter) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.w.(io.ReaderFrom); ok {
+		return rf.ReadFrom(countedReader{r, c.n})
+	}
+	return io.Copy(writerOnly{c}, r)
+}
+
+type countedReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countedReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n.Add(int64(k))
+	return k, err
+}
+
+// writerOnly hides ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
 
 // sliceWriter is a Store.Read's destination in memory: the body is read
 // straight into p.

@@ -17,6 +17,15 @@ import "slices"
 // for its whole range: pacing costs no request, only the body's bytes
 // wait in the connection.
 //
+// Nor does a stream of an object whose readers come ahead of its body:
+// a lend past the frontier, or one while another waits (the block cache's
+// fills of the next blocks, several at once). Bytes read ahead into
+// pieces would be copied out again by the next fill (their pieces touched
+// for the first time on the way); waiting in the connection, they go
+// straight into that fill's buffer (lend.go). The object's later streams
+// start so too. A lone reader that lends at the frontier (one read at a
+// time) keeps the read-ahead: nothing else reads its next bytes early.
+//
 // And a stream does not fetch what its object's reads already delivered:
 // it ends where the next delivered span begins (a jumping reader's plain
 // reads lie ahead of the frontier), and it begins past the span its start
@@ -44,7 +53,7 @@ type pace struct {
 // paceReach is where a stream that is not tentative may read its body to.
 // Called with aheads.mu held.
 func (s *stream) paceReach() int64 {
-	if s.left {
+	if s.left || s.f.ahead {
 		return s.need
 	}
 	return max(s.need, max(s.took, s.start)+s.ahead)
@@ -67,6 +76,15 @@ func (a *aheads) tookFrom(s *stream, off, n int64) {
 	s.ahead = max(s.ahead, min(2*(s.took-s.start), a.memory/minStreams))
 	if s.paused {
 		a.roomMade()
+	}
+}
+
+// readersAhead is told that l was lent to s: a lend past its frontier, or
+// beside another, stops its object's read-ahead (see above). Called with
+// aheads.mu held.
+func readersAhead(s *stream, l *lend) {
+	if l.off > s.arrived || len(s.lends) > 1 {
+		s.f.ahead = true
 	}
 }
 

@@ -129,3 +129,73 @@ func TestAheadStateDictOrderFetchesEachByteOnce(t *testing.T) {
 	t.Logf("fetched %.3fx, %d requests", float64(fetched)/float64(total), st.count.Requests.Load())
 	assert.LessOrEqual(t, float64(fetched), 1.05*float64(total), "bytes fetched")
 }
+
+// pausedAt waits until the stream of f that starts at 0 waits for its
+// readers with its body read to arrived; it returns the body's bytes the
+// store delivered.
+func pausedAt(t *testing.T, tree *Tree, m *memStore, f source.File, arrived int64) int64 {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		tree.ahead.mu.Lock()
+		defer tree.ahead.mu.Unlock()
+		for _, s := range f.(*file).streams {
+			if s.start == 0 {
+				return s.paused && s.arrived == arrived
+			}
+		}
+		return false
+	}, 30*time.Second, time.Millisecond, "the stream paused at %d", arrived)
+	return m.gate.delivered.Load()
+}
+
+// Fills that come ahead of a stream's body (the block cache's read-ahead:
+// two at once, one past the frontier) stop its read-ahead: the body stays
+// in the connection until the next fill lends it its buffer, and no byte
+// goes through a piece. A lone reader that lends at the frontier, one read
+// at a time, keeps the read-ahead.
+func TestAheadFillsAheadOfTheBodyStopItsReadAhead(t *testing.T) {
+	const size, req, block = 16 << 20, 16 << 20, 1 << 20
+	tree, m, f := aheadTree(t, size, req, 4*req)
+	m.gate = newGate()
+	p0, p1 := make([]byte, block), make([]byte, block)
+	d0 := readAsync(f, p0, 0)
+	waitLends(t, tree, f, 1)
+	d1 := readAsync(f, p1, block) // past the frontier, beside the first
+	waitLends(t, tree, f, 2)
+	m.gate.openTo(size)
+	require.NoError(t, <-d0)
+	require.NoError(t, <-d1)
+	require.Equal(t, m.data[:2*block], append(p0, p1...))
+	assert.Equal(t, int64(2*block), pausedAt(t, tree, m, f, 2*block), "body read past the fills waiting")
+	// Its request still runs: the bytes it read are counted as they came.
+	assert.Equal(t, int64(2*block), m.count.Bytes.Load(), "bytes fetched while the stream waits")
+	// The next fills, one at a time: each lends, none copies.
+	for off := int64(2 * block); off < 6*block; off += block {
+		_, err := f.ReadAt(p0, off)
+		require.NoError(t, err)
+		require.Equal(t, m.data[off:off+block], p0, "at %d", off)
+		assert.Equal(t, off+block, pausedAt(t, tree, m, f, off+block), "body read past the fill at %d", off)
+	}
+	a := tree.ahead
+	assert.Equal(t, int64(6*block), a.lentBytes.Load(), "bytes read straight into the fills' buffers")
+	assert.Zero(t, a.copiedBytes.Load(), "bytes copied out of pieces")
+	a.mu.Lock()
+	assert.Zero(t, a.used+a.freeN, "piece buffers taken")
+	a.mu.Unlock()
+	assert.Equal(t, int64(1), m.count.Requests.Load())
+
+	// A lone reader: the same first read, alone, then the body goes on
+	// ahead of it (aheadFirst).
+	tree, m, f = aheadTree(t, size, req, 4*req)
+	m.gate = newGate()
+	d0 = readAsync(f, p0, 0)
+	waitLends(t, tree, f, 1)
+	m.gate.openTo(size)
+	require.NoError(t, <-d0)
+	require.Equal(t, m.data[:block], p0)
+	assert.Equal(t, int64(block+aheadFirst), pausedAt(t, tree, m, f, block+aheadFirst), "a lone reader's read-ahead")
+	_, err := f.ReadAt(p0, block)
+	require.NoError(t, err)
+	require.Equal(t, m.data[block:2*block], p0)
+	assert.Equal(t, int64(block), tree.ahead.copiedBytes.Load(), "its next read, from a piece")
+}
