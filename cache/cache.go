@@ -545,8 +545,8 @@ func (c *Cache) buffer(n int64) []byte {
 // reuseRead lets the least recently used block of f read in full go, so
 // that its buffer serves the fill of f about to take one, when f is larger
 // than the ring can keep and the ring holds more than its minimum. A fresh
-// buffer's first touch is a page fault for each 4 KiB page (a quarter of
-// the mount's CPU in a cold s3:// cat, BENCHMARKS.md run AB-faults): a
+// buffer's first touch is a page fault for each 4 KiB page (BENCHMARKS.md
+// run AB-faults): a
 // reader streaming a file the cache cannot keep whole would otherwise fill
 // the whole cache with fresh buffers for blocks that are read once, then
 // let go first (evictLocked), whereas a file that fits stays cached for a
