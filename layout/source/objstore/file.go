@@ -20,11 +20,11 @@ type file struct {
 	info source.Info
 
 	// The object's streams (ahead.go), guarded by t.ahead.mu.
-	next    int64     // where the last large read or stream ended: the frontier; -1 none yet
-	streams []*stream // fetched or being fetched ahead, held
-	tail    bool      // a small read past the first window came before any large one
-	spans   []span    // bytes large reads were given, merged (pace.go)
-	ahead   bool      // its readers come ahead of its streams' bodies (pace.go)
+	next       int64     // where the last large read or stream ended: the frontier; -1 none yet
+	streams    []*stream // fetched or being fetched ahead, held
+	tail       bool      // a small read past the first window came before any large one
+	spans      []span    // bytes large reads were given, merged (pace.go)
+	fillsAhead bool      // its readers come ahead of its streams' bodies (pace.go)
 }
 
 func (f *file) Info() source.Info { return f.info }

@@ -53,7 +53,7 @@ type pace struct {
 // paceReach is where a stream that is not tentative may read its body to.
 // Called with aheads.mu held.
 func (s *stream) paceReach() int64 {
-	if s.left || s.f.ahead {
+	if s.left || s.f.fillsAhead {
 		return s.need
 	}
 	return max(s.need, max(s.took, s.start)+s.ahead)
@@ -84,7 +84,7 @@ func (a *aheads) tookFrom(s *stream, off, n int64) {
 // aheads.mu held.
 func readersAhead(s *stream, l *lend) {
 	if l.off > s.arrived || len(s.lends) > 1 {
-		s.f.ahead = true
+		s.f.fillsAhead = true
 	}
 }
 
