@@ -14,7 +14,6 @@ import (
 
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
-	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/view"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -23,10 +22,7 @@ import (
 // is read of each file.
 func openCounting(t *testing.T, dir string) (*ckpt.Checkpoint, *treetest.CountingTree) {
 	t.Helper()
-	local, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	t.Cleanup(func() { local.Close() })
-	tree := &treetest.CountingTree{Tree: local}
+	tree := treetest.OpenCounting(t, dir)
 	c, err := OpenTree(tree)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

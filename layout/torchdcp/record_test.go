@@ -20,7 +20,6 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/torchzip/ziptest"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
-	"github.com/ckptfs/ckptfs/layout/source"
 )
 
 func TestLocateRecordFiles(t *testing.T) {
@@ -368,10 +367,7 @@ func TestLocateRecordFills(t *testing.T) {
 func TestRecordSourceReadsASmallRecordOnce(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ck")
 	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
-	local, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	defer local.Close()
-	tree := &treetest.CountingTree{Tree: local}
+	tree := treetest.OpenCounting(t, dir)
 	c, err := OpenTree(tree, Options{})
 	require.NoError(t, err)
 	defer c.Close()

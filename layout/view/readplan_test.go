@@ -14,7 +14,6 @@ import (
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/mapping"
-	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/safetensors"
 )
@@ -28,10 +27,7 @@ func TestPermutedRowsAreOneReadOfTheFile(t *testing.T) {
 	data := make([]byte, rows*cols*2)
 	rand.New(rand.NewSource(3)).Read(data)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "shard"), data, 0o644))
-	local, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	defer local.Close()
-	tree := &treetest.CountingTree{Tree: local}
+	tree := treetest.OpenCounting(t, dir)
 	files := ckpt.NewFileSet(tree)
 	defer files.Close()
 	f, err := files.Get("shard")
@@ -152,10 +148,7 @@ func readContent(c content, dst []byte, pos int64) error {
 func TestSmallRecordsAreReadOnce(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ck")
 	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
-	local, err := source.OpenLocal(dir)
-	require.NoError(t, err)
-	defer local.Close()
-	tree := &treetest.CountingTree{Tree: local}
+	tree := treetest.OpenCounting(t, dir)
 	c, err := layout.OpenTree(tree)
 	require.NoError(t, err)
 	defer c.Close()

@@ -158,6 +158,18 @@ type CountingTree struct {
 	counts map[string]*Counts
 }
 
+// OpenCounting opens the local folder dir through a CountingTree, closed
+// when the test ends.
+func OpenCounting(t testing.TB, dir string) *CountingTree {
+	t.Helper()
+	local, err := source.OpenLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { local.Close() })
+	return &CountingTree{Tree: local}
+}
+
 // Counts are what a CountingTree counted of one file.
 type Counts struct{ Opens, Reads, Checks int }
 
