@@ -143,7 +143,8 @@ def start_servers(data, access_log):
     envs["gs"] = {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}"}
     port = free_port()
     procs.append(serve([tool("azurite/node_modules/.bin/azurite-blob"), "--blobHost", "127.0.0.1", "--blobPort", str(port),
-                        "--inMemoryPersistence", "--skipApiVersionCheck", "--disableProductStyleUrl", "--silent"],
+                        "--inMemoryPersistence", "--skipApiVersionCheck", "--disableProductStyleUrl", "--disableTelemetry",
+                        "--silent"],
                        f"http://127.0.0.1:{port}/devstoreaccount1?comp=list"))
     account = "devstoreaccount1"
     key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="

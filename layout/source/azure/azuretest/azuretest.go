@@ -56,8 +56,10 @@ func start(t testing.TB, serve objstoretest.ServeFunc, shared bool) *Server {
 	bin := objstoretest.Tool(t, "CKPTFS_AZURITE", "azurite/node_modules/.bin/azurite-blob")
 	port := objstoretest.FreePort(t)
 	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/%s", port, Account), shared: shared}
+	// Without --disableTelemetry, Azurite queues its telemetry for a
+	// collector it cannot reach in a /tmp folder it leaves behind.
 	cmd := exec.Command(bin, "--blobHost", "127.0.0.1", "--blobPort", fmt.Sprint(port), "--inMemoryPersistence",
-		"--skipApiVersionCheck", "--disableProductStyleUrl", "--silent")
+		"--skipApiVersionCheck", "--disableProductStyleUrl", "--disableTelemetry", "--silent")
 	s.proc = serve(t, "azurite", cmd, s.Endpoint+"?comp=list")
 	s.ConnectionString = fmt.Sprintf("DefaultEndpointsProtocol=http;AccountName=%s;AccountKey=%s;BlobEndpoint=%s;", Account, Key, s.Endpoint)
 	c, err := azblob.NewClientFromConnectionString(s.ConnectionString, nil)
