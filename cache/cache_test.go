@@ -49,6 +49,17 @@ func newMemSource(size int64, seed uint64) *memSource {
 	}
 }
 
+// fetchedTwice lists the blocks read from s more than once.
+func (s *memSource) fetchedTwice() []int {
+	var twice []int
+	for b := range s.calls {
+		if s.calls[b].Load() > 1 {
+			twice = append(twice, b)
+		}
+	}
+	return twice
+}
+
 func (s *memSource) ReadAt(p []byte, off int64) (int, error) {
 	idx := off / s.bs
 	s.calls[idx].Add(1)

@@ -60,12 +60,7 @@ func TestStateDictOrderFetchesEachBlockOnce(t *testing.T) {
 			}
 			c.Wait()
 			assert.LessOrEqual(t, stop(), c.Bound(), "blocks held (sampled)")
-			var twice []int
-			for b := range tc.blocks {
-				if src.calls[b].Load() > 1 {
-					twice = append(twice, b)
-				}
-			}
+			twice := src.fetchedTwice()
 			st := c.Stats()
 			assert.Empty(t, twice, "blocks fetched more than once; stats %+v", st)
 			assert.EqualValues(t, tc.blocks, st.Fills)
@@ -187,12 +182,7 @@ func TestPartlyReadBlocksOutliveReadOnes(t *testing.T) {
 	}
 	half(4, 8)
 	c.Wait()
-	var twice []int
-	for b := range blocks {
-		if src.calls[b].Load() > 1 {
-			twice = append(twice, b)
-		}
-	}
+	twice := src.fetchedTwice()
 	st := c.Stats()
 	assert.Empty(t, twice, "blocks fetched more than once; stats %+v", st)
 	assert.EqualValues(t, blocks, st.Fills)
@@ -221,12 +211,7 @@ func TestReadAheadSkipsBlocksReadInFull(t *testing.T) {
 	run(16, 19)
 	run(40, 80)
 	run(8, 16)
-	var twice []int
-	for b := range blocks {
-		if src.calls[b].Load() > 1 {
-			twice = append(twice, b)
-		}
-	}
+	twice := src.fetchedTwice()
 	st := c.Stats()
 	assert.Empty(t, twice, "blocks fetched more than once; stats %+v", st)
 	assert.Positive(t, st.ReadAheadHits, "read-ahead still served the runs")

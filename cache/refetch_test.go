@@ -123,12 +123,7 @@ func TestSequentialReadFetchesEachBlockOnce(t *testing.T) {
 			c.Wait()
 			assert.LessOrEqual(t, stop(), c.Bound(), "blocks held (sampled)")
 			st := c.Stats()
-			var twice []int
-			for b := range blocks {
-				if src.calls[b].Load() > 1 {
-					twice = append(twice, b)
-				}
-			}
+			twice := src.fetchedTwice()
 			assert.LessOrEqual(t, float64(src.fetched.Load()), 1.05*size,
 				"fetched %.2f× the file; blocks fetched more than once: %v; stats %+v",
 				float64(src.fetched.Load())/size, twice, st)

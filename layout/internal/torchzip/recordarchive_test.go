@@ -155,22 +155,6 @@ func TestOpenRecordReads(t *testing.T) {
 	}
 }
 
-// record is a torch-like archive for the hostile table: entries stored,
-// each with a data descriptor, as torch writes them.
-func record(t *testing.T, entries ...entry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	w := zip.NewWriter(&buf)
-	for _, e := range entries {
-		f, err := w.CreateHeader(&zip.FileHeader{Name: e.name, Method: e.method})
-		require.NoError(t, err)
-		_, err = f.Write([]byte(e.data))
-		require.NoError(t, err)
-	}
-	require.NoError(t, w.Close())
-	return buf.Bytes()
-}
-
 // patch returns b with le32/le16 v written at off (from the end when off < 0).
 func patch(b []byte, off int, v uint32, width int) []byte {
 	b = bytes.Clone(b)
@@ -186,7 +170,7 @@ func patch(b []byte, off int, v uint32, width int) []byte {
 }
 
 func TestOpenRecordHostile(t *testing.T) {
-	good := record(t, entry{name: "a/data.pkl", data: "pickle"}, entry{name: "a/byteorder", data: "little"}, entry{name: "a/data/0", data: "0123"})
+	good := archiveOf(t, entry{name: "a/data.pkl", data: "pickle"}, entry{name: "a/byteorder", data: "little"}, entry{name: "a/data/0", data: "0123"})
 	endAt := len(good) - endLen
 	dirOff := int(binary.LittleEndian.Uint32(good[endAt+16:]))
 	dirSize := int(binary.LittleEndian.Uint32(good[endAt+12:]))
@@ -212,11 +196,11 @@ func TestOpenRecordHostile(t *testing.T) {
 		{"a zip64 end record outside the file", zip64Locator(t, good, 0, 1<<40), "outside the"},
 		{"data.pkl's CRC32", patch(good, dirOff+16, 7, 4), "data.pkl: zip: checksum error"},
 		{"a local header elsewhere", patch(good, dirOff+42, 3, 4), "bad local file header"},
-		{"no entries", record(t), "has no entries"},
-		{"no top-level folder", record(t, entry{name: "data.pkl"}), "has no top-level folder"},
-		{"an entry twice", record(t, entry{name: "a/data.pkl"}, entry{name: "a/data/0"}, entry{name: "a/data.pkl"}), "a/data.pkl appears twice"},
-		{"big-endian", record(t, entry{name: "a/data.pkl"}, entry{name: "a/byteorder", data: "big"}), `byteorder "big" is not supported`},
-		{"a compressed entry", record(t, entry{name: "a/data.pkl", data: "p"}, entry{name: "a/data/1", data: "zz", method: zip.Deflate}), "entry a/data/1 is compressed"},
+		{"no entries", archiveOf(t), "has no entries"},
+		{"no top-level folder", archiveOf(t, entry{name: "data.pkl"}), "has no top-level folder"},
+		{"an entry twice", archiveOf(t, entry{name: "a/data.pkl"}, entry{name: "a/data/0"}, entry{name: "a/data.pkl"}), "a/data.pkl appears twice"},
+		{"big-endian", archiveOf(t, entry{name: "a/data.pkl"}, entry{name: "a/byteorder", data: "big"}), `byteorder "big" is not supported`},
+		{"a compressed entry", archiveOf(t, entry{name: "a/data.pkl", data: "p"}, entry{name: "a/data/1", data: "zz", method: zip.Deflate}), "entry a/data/1 is compressed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := Windowed(bytes.NewReader(tc.data), int64(len(tc.data)))

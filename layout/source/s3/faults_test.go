@@ -104,19 +104,7 @@ func TestGatewayFaults(t *testing.T) {
 			require.NoError(t, err)
 
 			tc.fault(t, g, p)
-			start := time.Now()
-			done := make(chan error, 1)
-			go func() {
-				_, err := f.ReadAt(buf, off)
-				done <- err
-			}()
-			select {
-			case err = <-done:
-			case <-time.After(bound + 5*time.Second):
-				t.Fatalf("read still going after %v", bound+5*time.Second)
-			}
-			took := time.Since(start)
-			t.Logf("%v after %v (bound %v)", err, took, bound)
+			took, err := objstoretest.TimedRead(t, f, buf, off, bound)
 			assert.GreaterOrEqual(t, took, tc.min)
 			assert.Less(t, took, bound)
 			if tc.want == nil {

@@ -304,20 +304,7 @@ const faultAttempts, faultTimeout, faultRead = 2, time.Second, 32 << 10
 func readFailsInBound(t *testing.T, f source.File, url string, min time.Duration) {
 	t.Helper()
 	bound := faultAttempts*(faultTimeout+time.Duration(faultRead)*time.Second/objstore.DefaultMinRate) + 2*time.Second
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() {
-		_, err := f.ReadAt(make([]byte, faultRead), 4096)
-		done <- err
-	}()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(bound + 5*time.Second):
-		t.Fatalf("read still going after %v", bound+5*time.Second)
-	}
-	took := time.Since(start)
-	t.Logf("%v after %v (bound %v)", err, took, bound)
+	took, err := TimedRead(t, f, make([]byte, faultRead), 4096, bound)
 	assert.GreaterOrEqual(t, took, min)
 	assert.Less(t, took, bound)
 	require.ErrorIs(t, err, objstore.ErrRequest)
@@ -359,6 +346,28 @@ func readAll(t *testing.T, tree source.Tree, name string) []byte {
 	n, err := f.ReadAt(buf, 0)
 	require.NoError(t, err)
 	return buf[:n]
+}
+
+// TimedRead reads p at off of f and returns how long it took and the read's
+// error; the test fails at once when the read is still going 5 s after
+// bound.
+func TimedRead(t *testing.T, f source.File, p []byte, off int64, bound time.Duration) (time.Duration, error) {
+	t.Helper()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.ReadAt(p, off)
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(bound + 5*time.Second):
+		t.Fatalf("read still going after %v", bound+5*time.Second)
+	}
+	took := time.Since(start)
+	t.Logf("%v after %v (bound %v)", err, took, bound)
+	return took, err
 }
 
 // RequireEIO asserts that err names the object on one line and maps to
