@@ -175,7 +175,7 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	if s.loc.Load() == nil && off >= 0 && off <= nbytes {
 		fill = &chunkFill{off: off, parts: [][]byte{want}}
 	}
-	loc, err := s.locate(fill)
+	loc, _, err := s.locate(fill, false)
 	if err != nil {
 		return 0, err
 	}
@@ -207,17 +207,19 @@ func (s *recordSource) Locate() (ckpt.Location, bool, error) {
 
 // LocateFill implements ckpt.Filler: a chunk's first locating reads a small
 // record whole, its data with its headers (torchzip's windows), and hands
-// the bytes asked for on.
+// the bytes asked for on. It leaves the freshness check to the caller
+// (Location.Unchecked): a read plan checks each shard once, not once per
+// record it locates there.
 func (s *recordSource) LocateFill(off int64, parts [][]byte) (ckpt.Location, bool, bool, error) {
 	var fill *chunkFill
 	if len(parts) > 0 && !s.zstd && s.loc.Load() == nil {
 		fill = &chunkFill{off: off, parts: parts}
 	}
-	loc, err := s.locate(fill)
+	loc, unchecked, err := s.locate(fill, true)
 	if err != nil || s.zstd {
 		return ckpt.Location{}, false, false, err
 	}
-	l := ckpt.Location{File: s.file, Offset: loc.off}
+	l := ckpt.Location{File: s.file, Offset: loc.off, Unchecked: unchecked}
 	if loc.whole {
 		l.Whole = s
 	}
@@ -269,19 +271,32 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 // located finds the chunk's bytes on first use and remembers where they
 // are. A bad record or a changed source is remembered too; a plain I/O error
 // is not, so the next read tries again.
-func (s *recordSource) located() (*chunkBytes, error) { return s.locate(nil) }
+func (s *recordSource) located() (*chunkBytes, error) {
+	loc, _, err := s.locate(nil, false)
+	return loc, err
+}
 
 // locate is located filling fill (may be nil) when this call locates a
-// stored record whose windows hold the bytes fill asks for.
-func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
+// stored record whose windows hold the bytes fill asks for. With
+// leaveCheck, a stored record's reads are not checked for freshness
+// (unchecked: the caller checks the file after them, ckpt.Filler).
+//
+// A location found unchecked is kept at once. That keeps the guarantee: a
+// read at it is checked after the read, and a change of the file before
+// that check fails it and every check after (source.File.Check), so bytes
+// are never served through a location read across a change; and the bytes
+// filled are the caller's, used after its check.
+func (s *recordSource) locate(fill *chunkFill, leaveCheck bool) (_ *chunkBytes, unchecked bool, _ error) {
 	if loc := s.loc.Load(); loc != nil {
-		return loc.result()
+		loc, err := loc.result()
+		return loc, false, err
 	}
 	mu := s.locking()
 	mu.Lock()
 	defer mu.Unlock()
 	if loc := s.loc.Load(); loc != nil {
-		return loc.result()
+		loc, err := loc.result()
+		return loc, false, err
 	}
 	var loc *chunkBytes
 	var err error
@@ -289,9 +304,14 @@ func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
 		loc, err = s.resolveZstd()
 	} else {
 		// The record's headers are a few small reads: one freshness check
-		// for them all. The chunk is then read through the checked file.
+		// for them all, or none here with leaveCheck. The chunk is then
+		// read through the checked file.
+		read := s.file.Batch
+		if leaveCheck {
+			read, unchecked = s.file.ReadUnchecked, true
+		}
 		var at recordLoc
-		err = s.file.Batch(func(r io.ReaderAt) error {
+		err = read(func(r io.ReaderAt) error {
 			var err error
 			at, err = locateRecordMemo(io.NewSectionReader(r, s.off, s.length), s.length, s.want(), &s.t.pkl, fill)
 			return err
@@ -302,7 +322,7 @@ func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
 	}
 	if err == nil {
 		s.loc.Store(loc)
-		return loc, nil
+		return loc, unchecked, nil
 	}
 	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), err)
 	var pathErr *fs.PathError
@@ -311,12 +331,12 @@ func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
 	case errors.Is(err, ckpt.ErrSourceChanged):
 		loc = &chunkBytes{err: wrapped}
 	case errors.As(err, &pathErr), errors.As(err, &errno):
-		return nil, wrapped // transient: not remembered
+		return nil, false, wrapped // transient: not remembered
 	default:
 		loc = &chunkBytes{err: &invalidError{err: wrapped}}
 	}
 	s.loc.Store(loc)
-	return nil, loc.err
+	return nil, false, loc.err
 }
 
 // resolve locates the chunk in the record read through r.
