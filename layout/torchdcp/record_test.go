@@ -512,11 +512,61 @@ func TestResidentCountsMemo(t *testing.T) {
 			if held > 0 {
 				memos++
 			}
-			own := int64(unsafe.Sizeof(*src)+unsafe.Sizeof(*src.loc.Load())) + int64(len(src.loc.Load().name))
+			own := int64(unsafe.Sizeof(*src) + unsafe.Sizeof(*src.loc.Load()))
 			shared := src.ResidentBytes() - own
-			assert.GreaterOrEqual(t, shared, int64(unsafe.Sizeof(*src.t))+held, "%s: %s's memo of %d bytes", name, tn.Name, held)
+			assert.GreaterOrEqual(t, shared, int64(unsafe.Sizeof(*src.t))+held+int64(len(*src.t.entry.Load())), "%s: %s's memo of %d bytes and entry name", name, tn.Name, held)
 		}
 		assert.Positive(t, memos, "%s: no memo kept", name)
 		require.NoError(t, c.Close())
 	}
+}
+
+// TestResidentCountsLocatedChunks: what locating a chunk keeps (its
+// chunkBytes, the entry name its tensor shares) is counted from the open,
+// when a mount's metadata budget reads the count, not once it is kept: a
+// checkpoint whose every chunk is located counts what it counted open, and
+// each source's count covers its located chunk.
+func TestResidentCountsLocatedChunks(t *testing.T) {
+	for _, name := range []string{"plain", "sharded", "zstd"} {
+		t.Run(name, func(t *testing.T) {
+			c, err := Open(filepath.Join("testdata", name))
+			require.NoError(t, err)
+			defer c.Close()
+			atOpen := c.ResidentBytes()
+			located := 0
+			for _, tn := range c.Tensors {
+				for i := range tn.Chunks.Len() {
+					_, err := treetest.ReadChunk(t, tn, tn.Chunks.At(i))
+					require.NoError(t, err)
+					src := tn.Chunks.Source(i).(*recordSource)
+					loc := src.loc.Load()
+					require.NotNil(t, loc)
+					require.NoError(t, loc.err)
+					require.NotEmpty(t, loc.name, "%s chunk %d: the tensor's entry name", tn.Name, i)
+					assert.Equal(t, unsafe.StringData(*src.t.entry.Load()), unsafe.StringData(loc.name), "%s chunk %d: its tensor's string, not a copy", tn.Name, i)
+					assert.GreaterOrEqual(t, src.ResidentBytes(), int64(unsafe.Sizeof(*src)+unsafe.Sizeof(*loc)), "%s chunk %d", tn.Name, i)
+					located++
+				}
+			}
+			assert.Positive(t, located)
+			assert.Equal(t, atOpen, c.ResidentBytes(), "every chunk located: counted at open")
+		})
+	}
+}
+
+// TestEntryNameShared: a tensor keeps the first entry name its chunks'
+// records give, if short, and every chunk naming the same entry shares
+// that string; another name, or a long one, is not kept (a message gives
+// the entry's place instead).
+func TestEntryNameShared(t *testing.T) {
+	tn := &recordTensor{}
+	first := tn.entryName(strings.Clone("archive/data/0"))
+	require.Equal(t, "archive/data/0", first)
+	again := tn.entryName(strings.Clone("archive/data/0"))
+	assert.Equal(t, unsafe.StringData(first), unsafe.StringData(again), "the kept string")
+	assert.Empty(t, tn.entryName("other/data/0"))
+	long := &recordTensor{}
+	assert.Empty(t, long.entryName(strings.Repeat("a", maxEntryName+1)))
+	assert.Nil(t, long.entry.Load())
+	assert.Equal(t, "the data entry at [10, 30)", (&chunkBytes{entryOff: 10, entrySize: 20}).entryName())
 }

@@ -85,6 +85,36 @@ type recordTensor struct {
 	chunks   *ckpt.Chunks  // the tensor's
 	srcs     []recordSource
 	pkl      atomic.Pointer[pklMemo] // the data.pkl last decoded for a chunk
+	// entry is the name of the data entry the chunks' records hold their
+	// bytes in, one string for all (torch names it archive/data/0 in every
+	// record DCP writes): a located chunk keeps no name of its own.
+	entry atomic.Pointer[string]
+}
+
+// maxEntryName bounds the entry name a tensor keeps for its chunks (torch
+// writes 14 bytes), counted for the view's budget before it is kept.
+const maxEntryName = 64
+
+// entryName is name as the tensor keeps it for a located chunk: its own
+// string when it is the chunks' shared one (kept by the first chunk
+// located), else "" (a record naming its entry otherwise, or at length:
+// messages then give the entry's place), so that a located chunk holds a
+// fixed number of bytes, counted before any is located (ResidentBytes).
+func (t *recordTensor) entryName(name string) string {
+	if e := t.entry.Load(); e != nil {
+		if *e == name {
+			return *e
+		}
+		return ""
+	}
+	if len(name) > maxEntryName {
+		return ""
+	}
+	t.entry.CompareAndSwap(nil, &name)
+	if e := t.entry.Load(); *e == name {
+		return *e
+	}
+	return ""
 }
 
 // Source implements ckpt.SourceTable: the chunks' sources, in one array.
@@ -109,12 +139,14 @@ func (s *recordSource) want() recordWant {
 
 // chunkBytes is a located chunk: where its bytes and the whole data entry
 // holding them lie in the record read through r, and the entry's CRC32. One
-// is kept per chunk read, so it holds offsets, not section readers.
+// is kept per chunk read, so it holds offsets, not section readers, and its
+// size is fixed: the view's budget counts it for every chunk when the view
+// opens (ResidentBytes).
 type chunkBytes struct {
 	r                   io.ReaderAt // the shard file, or a decompressed record
 	off                 int64       // where the chunk starts in r
 	entryOff, entrySize int64       // the data entry, in r
-	name                string      // the entry's name in the record
+	name                string      // the entry's name, its tensor's (entryName); "" if another
 	crc                 uint32
 	whole               bool // the chunk is the whole entry
 	// err, when set, is a lasting failure to locate the chunk (a bad
@@ -125,6 +157,14 @@ type chunkBytes struct {
 // entry reads the data entry.
 func (c *chunkBytes) entry() *io.SectionReader {
 	return io.NewSectionReader(c.r, c.entryOff, c.entrySize)
+}
+
+// entryName names the data entry in messages.
+func (c *chunkBytes) entryName() string {
+	if c.name != "" {
+		return c.name
+	}
+	return fmt.Sprintf("the data entry at [%d, %d)", c.entryOff, c.entryOff+c.entrySize)
 }
 
 func (c *chunkBytes) result() (*chunkBytes, error) {
@@ -247,7 +287,7 @@ func (s *recordSource) Verify() error {
 	}
 	sum, err := crcOf(loc.entry())
 	if err != nil {
-		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), loc.name, err)
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), loc.entryName(), err)
 	}
 	return s.checkCRC(loc, sum)
 }
@@ -265,7 +305,7 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 	if got == loc.crc {
 		return nil
 	}
-	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), crcMismatch(loc.entryName(), loc.crc, got, "in the bytes read"))
 }
 
 // located finds the chunk's bytes on first use and remembers where they
@@ -356,7 +396,7 @@ func (s *recordSource) chunkAt(r io.ReaderAt, base int64, at recordLoc) *chunkBy
 		off:       base + at.off,
 		entryOff:  base + at.entryOff,
 		entrySize: at.entrySize,
-		name:      at.entry,
+		name:      s.t.entryName(at.entry),
 		crc:       at.crc,
 		whole:     at.off == at.entryOff && nbytes == at.entrySize,
 	}
@@ -424,7 +464,7 @@ func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 		return nil, fmt.Errorf("reading back the decompressed record: %w", err)
 	}
 	if sum != loc.crc {
-		return nil, crcMismatch(loc.name, loc.crc, sum, "after decompression")
+		return nil, crcMismatch(loc.entryName(), loc.crc, sum, "after decompression")
 	}
 	return loc, nil
 }
@@ -440,16 +480,15 @@ var torchOnlyDTypes = torchzip.TorchOnlyDTypes
 func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DType(torch) }
 
 // ResidentBytes implements ckpt.Resident: the source, and what locating it
-// added; a tensor's first source counts what its sources share, its data.pkl
-// memo at its bound (a budget reads this when the view opens, before any
-// memo is kept).
+// keeps (its chunkBytes); a tensor's first source counts what its sources
+// share, its data.pkl memo and entry name at their bounds. All of it is
+// counted whether located yet or not: a budget reads this when the view
+// opens, before any chunk is read, and a view keeps what it locates for as
+// long as it is open.
 func (s *recordSource) ResidentBytes() int64 {
-	n := int64(unsafe.Sizeof(*s))
-	if loc := s.loc.Load(); loc != nil && loc.err == nil {
-		n += int64(unsafe.Sizeof(*loc)) + int64(len(loc.name))
-	}
+	n := int64(unsafe.Sizeof(*s) + unsafe.Sizeof(chunkBytes{}))
 	if s.i == 0 {
-		n += int64(unsafe.Sizeof(*s.t)) + int64(len(s.t.name)+len(s.t.dtype)) + memoBound
+		n += int64(unsafe.Sizeof(*s.t)) + int64(len(s.t.name)+len(s.t.dtype)) + memoBound + maxEntryName
 	}
 	return n
 }
