@@ -513,6 +513,7 @@ func TestResidentCountsMemo(t *testing.T) {
 				memos++
 			}
 			own := int64(unsafe.Sizeof(*src) + unsafe.Sizeof(*src.loc.Load()))
+			require.Nil(t, src.loc.Load().rest, "a stored record: offsets only")
 			shared := src.ResidentBytes() - own
 			assert.GreaterOrEqual(t, shared, int64(unsafe.Sizeof(*src.t))+held+int64(len(*src.t.entry.Load())), "%s: %s's memo of %d bytes and entry name", name, tn.Name, held)
 		}
@@ -522,10 +523,11 @@ func TestResidentCountsMemo(t *testing.T) {
 }
 
 // TestResidentCountsLocatedChunks: what locating a chunk keeps (its
-// chunkBytes, the entry name its tensor shares) is counted from the open,
+// chunkBytes; the entry name its tensor shares) is counted from the open,
 // when a mount's metadata budget reads the count, not once it is kept: a
-// checkpoint whose every chunk is located counts what it counted open, and
-// each source's count covers its located chunk.
+// checkpoint whose every chunk is located counts what it counted open, each
+// source's count covers its located chunk, and a stored record's chunk
+// keeps its offsets only.
 func TestResidentCountsLocatedChunks(t *testing.T) {
 	for _, name := range []string{"plain", "sharded", "zstd"} {
 		t.Run(name, func(t *testing.T) {
@@ -541,9 +543,11 @@ func TestResidentCountsLocatedChunks(t *testing.T) {
 					src := tn.Chunks.Source(i).(*recordSource)
 					loc := src.loc.Load()
 					require.NotNil(t, loc)
-					require.NoError(t, loc.err)
-					require.NotEmpty(t, loc.name, "%s chunk %d: the tensor's entry name", tn.Name, i)
-					assert.Equal(t, unsafe.StringData(*src.t.entry.Load()), unsafe.StringData(loc.name), "%s chunk %d: its tensor's string, not a copy", tn.Name, i)
+					_, err = loc.result()
+					require.NoError(t, err)
+					require.True(t, loc.named, "%s chunk %d: named by its tensor's entry name", tn.Name, i)
+					assert.Equal(t, "archive/data/0", src.entryName(loc))
+					assert.Equal(t, src.zstd, loc.rest != nil, "%s chunk %d: only a decompressed record holds more than offsets", tn.Name, i)
 					assert.GreaterOrEqual(t, src.ResidentBytes(), int64(unsafe.Sizeof(*src)+unsafe.Sizeof(*loc)), "%s chunk %d", tn.Name, i)
 					located++
 				}
@@ -555,18 +559,18 @@ func TestResidentCountsLocatedChunks(t *testing.T) {
 }
 
 // TestEntryNameShared: a tensor keeps the first entry name its chunks'
-// records give, if short, and every chunk naming the same entry shares
-// that string; another name, or a long one, is not kept (a message gives
-// the entry's place instead).
+// records give, if short, and says which chunks name the same entry; a
+// chunk naming another, or every chunk when the first name was long, is
+// named by the entry's place in messages.
 func TestEntryNameShared(t *testing.T) {
-	tn := &recordTensor{}
-	first := tn.entryName(strings.Clone("archive/data/0"))
-	require.Equal(t, "archive/data/0", first)
-	again := tn.entryName(strings.Clone("archive/data/0"))
-	assert.Equal(t, unsafe.StringData(first), unsafe.StringData(again), "the kept string")
-	assert.Empty(t, tn.entryName("other/data/0"))
-	long := &recordTensor{}
-	assert.Empty(t, long.entryName(strings.Repeat("a", maxEntryName+1)))
-	assert.Nil(t, long.entry.Load())
-	assert.Equal(t, "the data entry at [10, 30)", (&chunkBytes{entryOff: 10, entrySize: 20}).entryName())
+	src := &recordSource{t: &recordTensor{}}
+	require.True(t, src.t.sharesEntry(strings.Clone("archive/data/0")))
+	require.True(t, src.t.sharesEntry(strings.Clone("archive/data/0")))
+	assert.False(t, src.t.sharesEntry("other/data/0"))
+	assert.Equal(t, "archive/data/0", src.entryName(&chunkBytes{named: true}))
+	assert.Equal(t, "the data entry at [10, 30)", src.entryName(&chunkBytes{entryOff: 10, entrySize: 20}))
+	long := &recordSource{t: &recordTensor{}}
+	assert.False(t, long.t.sharesEntry(strings.Repeat("a", maxEntryName+1)))
+	assert.Nil(t, long.t.entry.Load())
+	assert.Equal(t, "the data entry at [0, 5)", long.entryName(&chunkBytes{entrySize: 5, named: true}))
 }

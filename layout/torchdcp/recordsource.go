@@ -95,26 +95,20 @@ type recordTensor struct {
 // writes 14 bytes), counted for the view's budget before it is kept.
 const maxEntryName = 64
 
-// entryName is name as the tensor keeps it for a located chunk: its own
-// string when it is the chunks' shared one (kept by the first chunk
-// located), else "" (a record naming its entry otherwise, or at length:
-// messages then give the entry's place), so that a located chunk holds a
-// fixed number of bytes, counted before any is located (ResidentBytes).
-func (t *recordTensor) entryName(name string) string {
+// sharesEntry says whether name is the entry name the tensor keeps for its
+// chunks (the first chunk located keeps its own, if short), so that a
+// located chunk holds no name and a fixed number of bytes, counted before
+// any is located (ResidentBytes). A chunk whose record names its entry
+// otherwise is named by the entry's place in messages.
+func (t *recordTensor) sharesEntry(name string) bool {
 	if e := t.entry.Load(); e != nil {
-		if *e == name {
-			return *e
-		}
-		return ""
+		return *e == name
 	}
 	if len(name) > maxEntryName {
-		return ""
+		return false
 	}
 	t.entry.CompareAndSwap(nil, &name)
-	if e := t.entry.Load(); *e == name {
-		return *e
-	}
-	return ""
+	return *t.entry.Load() == name
 }
 
 // Source implements ckpt.SourceTable: the chunks' sources, in one array.
@@ -138,40 +132,62 @@ func (s *recordSource) want() recordWant {
 }
 
 // chunkBytes is a located chunk: where its bytes and the whole data entry
-// holding them lie in the record read through r, and the entry's CRC32. One
-// is kept per chunk read, so it holds offsets, not section readers, and its
-// size is fixed: the view's budget counts it for every chunk when the view
-// opens (ResidentBytes).
+// holding them lie in the record (read from the shard file, or from a
+// decompressed copy), and the entry's CRC32. One is kept per chunk read, so
+// it holds offsets only, in a fixed size that the view's budget counts for
+// every chunk when the view opens (ResidentBytes); what few chunks hold
+// besides is in rest.
 type chunkBytes struct {
-	r                   io.ReaderAt // the shard file, or a decompressed record
-	off                 int64       // where the chunk starts in r
-	entryOff, entrySize int64       // the data entry, in r
-	name                string      // the entry's name, its tensor's (entryName); "" if another
+	off                 int64 // where the chunk starts in the record's reader (reader)
+	entryOff, entrySize int64 // the data entry, there
 	crc                 uint32
 	whole               bool // the chunk is the whole entry
+	named               bool // the entry's name is its tensor's (recordTensor.entry)
+	rest                *chunkRest
+}
+
+// chunkRest is what a located chunk holds besides offsets: the reader of
+// its decompressed record, or a lasting failure to locate it.
+type chunkRest struct {
+	r io.ReaderAt // nil: the shard file
 	// err, when set, is a lasting failure to locate the chunk (a bad
 	// record, a changed source), and nothing else is.
 	err error
 }
 
+// locatedBytes is what locating a chunk keeps: its chunkBytes, as the
+// allocator rounds it (to 16 bytes at least, for sizes this small).
+const locatedBytes = (int64(unsafe.Sizeof(chunkBytes{})) + 15) &^ 15
+
+func failed(err error) *chunkBytes { return &chunkBytes{rest: &chunkRest{err: err}} }
+
+func (c *chunkBytes) result() (*chunkBytes, error) {
+	if c.rest != nil && c.rest.err != nil {
+		return nil, c.rest.err
+	}
+	return c, nil
+}
+
+// reader is what the located chunk's offsets are in: the shard file, or
+// its decompressed record.
+func (s *recordSource) reader(c *chunkBytes) io.ReaderAt {
+	if c.rest != nil && c.rest.r != nil {
+		return c.rest.r
+	}
+	return s.file
+}
+
 // entry reads the data entry.
-func (c *chunkBytes) entry() *io.SectionReader {
-	return io.NewSectionReader(c.r, c.entryOff, c.entrySize)
+func (s *recordSource) entry(c *chunkBytes) *io.SectionReader {
+	return io.NewSectionReader(s.reader(c), c.entryOff, c.entrySize)
 }
 
 // entryName names the data entry in messages.
-func (c *chunkBytes) entryName() string {
-	if c.name != "" {
-		return c.name
+func (s *recordSource) entryName(c *chunkBytes) string {
+	if e := s.t.entry.Load(); c.named && e != nil {
+		return *e
 	}
 	return fmt.Sprintf("the data entry at [%d, %d)", c.entryOff, c.entryOff+c.entrySize)
-}
-
-func (c *chunkBytes) result() (*chunkBytes, error) {
-	if c.err != nil {
-		return nil, c.err
-	}
-	return c, nil
 }
 
 var (
@@ -224,7 +240,7 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	}
 	n := len(want)
 	if fill == nil || !fill.filled {
-		n, err = loc.r.ReadAt(want, loc.off+off)
+		n, err = s.reader(loc).ReadAt(want, loc.off+off)
 		if err == io.EOF && n == len(want) {
 			err = nil
 		}
@@ -285,9 +301,9 @@ func (s *recordSource) Verify() error {
 	if err != nil {
 		return err
 	}
-	sum, err := crcOf(loc.entry())
+	sum, err := crcOf(s.entry(loc))
 	if err != nil {
-		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), loc.entryName(), err)
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), s.entryName(loc), err)
 	}
 	return s.checkCRC(loc, sum)
 }
@@ -305,7 +321,7 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 	if got == loc.crc {
 		return nil
 	}
-	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), crcMismatch(loc.entryName(), loc.crc, got, "in the bytes read"))
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), crcMismatch(s.entryName(loc), loc.crc, got, "in the bytes read"))
 }
 
 // located finds the chunk's bytes on first use and remembers where they
@@ -369,14 +385,14 @@ func (s *recordSource) locate(fill *chunkFill, leaveCheck bool) (_ *chunkBytes, 
 	var errno syscall.Errno
 	switch {
 	case errors.Is(err, ckpt.ErrSourceChanged):
-		loc = &chunkBytes{err: wrapped}
+		loc = failed(wrapped)
 	case errors.As(err, &pathErr), errors.As(err, &errno):
 		return nil, false, wrapped // transient: not remembered
 	default:
-		loc = &chunkBytes{err: &invalidError{err: wrapped}}
+		loc = failed(&invalidError{err: wrapped})
 	}
 	s.loc.Store(loc)
-	return nil, false, loc.err
+	return nil, false, loc.rest.err
 }
 
 // resolve locates the chunk in the record read through r.
@@ -391,15 +407,18 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 // chunkAt is the chunk located at in the record at base in r.
 func (s *recordSource) chunkAt(r io.ReaderAt, base int64, at recordLoc) *chunkBytes {
 	nbytes := s.nbytes()
-	return &chunkBytes{
-		r:         r,
+	c := &chunkBytes{
 		off:       base + at.off,
 		entryOff:  base + at.entryOff,
 		entrySize: at.entrySize,
-		name:      s.t.entryName(at.entry),
+		named:     s.t.sharesEntry(at.entry),
 		crc:       at.crc,
 		whole:     at.off == at.entryOff && nbytes == at.entrySize,
 	}
+	if r != io.ReaderAt(s.file) {
+		c.rest = &chunkRest{r: r}
+	}
+	return c
 }
 
 // resolveZstd decompresses the whole record, bounded by what the chunk can
@@ -459,12 +478,12 @@ func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 	if err != nil {
 		return nil, err
 	}
-	sum, err := crcOf(loc.entry())
+	sum, err := crcOf(s.entry(loc))
 	if err != nil {
 		return nil, fmt.Errorf("reading back the decompressed record: %w", err)
 	}
 	if sum != loc.crc {
-		return nil, crcMismatch(loc.entryName(), loc.crc, sum, "after decompression")
+		return nil, crcMismatch(s.entryName(loc), loc.crc, sum, "after decompression")
 	}
 	return loc, nil
 }
@@ -486,7 +505,7 @@ func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DT
 // opens, before any chunk is read, and a view keeps what it locates for as
 // long as it is open.
 func (s *recordSource) ResidentBytes() int64 {
-	n := int64(unsafe.Sizeof(*s) + unsafe.Sizeof(chunkBytes{}))
+	n := int64(unsafe.Sizeof(*s)) + locatedBytes
 	if s.i == 0 {
 		n += int64(unsafe.Sizeof(*s.t)) + int64(len(s.t.name)+len(s.t.dtype)) + memoBound + maxEntryName
 	}
