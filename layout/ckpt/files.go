@@ -135,7 +135,8 @@ func (s *FileSet) Close() error {
 
 // File is one file of a checkpoint. It is opened on first read; the open
 // file must be the one stat'ed when the checkpoint was opened, and every read
-// is checked afterwards with fstat (size, mtime, ctime), so a file rewritten
+// is checked afterwards with fstat (size, mtime, ctime; once per batch of
+// reads: Batch, ReadRanges, ReadUnchecked then Check), so a file rewritten
 // in place, even with its mtime put back, gives ErrSourceChanged, never
 // mixed bytes. Replacing or removing the file changes the open inode's ctime
 // too (its link count drops), so that is caught as well.
