@@ -230,8 +230,9 @@ type Locator interface {
 // LocateFill is Locate that, when this very call read the source's bytes
 // [off, off+n) (n the parts' total length) while locating it, also copies
 // them into parts and says so (filled), so that the reader does not read
-// them again. Bytes it fills passed the same freshness check as the
-// locating.
+// them again. A locating that read the file may leave its freshness check
+// to the caller (Location.Unchecked): a reader locating many sources of a
+// file checks it once after all its reads instead of once per source.
 type Filler interface {
 	Locator
 	LocateFill(off int64, parts [][]byte) (loc Location, ok, filled bool, err error)
@@ -245,6 +246,12 @@ type Location struct {
 	// against the one the format records: a reader that reads them whole
 	// calls it, as the source's own ReadAt does.
 	Whole WholeChecker
+	// Unchecked (LocateFill only): this call read File to locate the
+	// source and did not check its freshness. The bytes filled may be used
+	// only once a File.Check made after the call passes (File.ReadRanges
+	// checks after its reads). Reads at the location are checked as any
+	// other: one after a change fails, however the location was found.
+	Unchecked bool
 }
 
 // WholeChecker checks the CRC32 of all of a source's bytes.

@@ -135,7 +135,8 @@ func (s *FileSet) Close() error {
 
 // File is one file of a checkpoint. It is opened on first read; the open
 // file must be the one stat'ed when the checkpoint was opened, and every read
-// is checked afterwards with fstat (size, mtime, ctime), so a file rewritten
+// is checked afterwards with fstat (size, mtime, ctime; once per batch of
+// reads: Batch, ReadRanges, ReadUnchecked then Check), so a file rewritten
 // in place, even with its mtime put back, gives ErrSourceChanged, never
 // mixed bytes. Replacing or removing the file changes the open inode's ctime
 // too (its link count drops), so that is caught as well.
@@ -266,12 +267,37 @@ func (f *File) inside(off, n int64) error {
 // after each read, then checks once: a run of small reads (a record's
 // headers) costs one fstat. What fn reads is valid only if Batch returns
 // nil, and the reader must not be kept.
-func (f *File) Batch(fn func(io.ReaderAt) error) error {
+func (f *File) Batch(fn func(io.ReaderAt) error) error { return f.batch(fn, true) }
+
+// ReadUnchecked is Batch without the check when fn succeeds: what fn read
+// is valid only once a Check made after it passes. A read plan that locates
+// many records in one file checks the file once, after all of its reads.
+func (f *File) ReadUnchecked(fn func(io.ReaderAt) error) error { return f.batch(fn, false) }
+
+func (f *File) batch(fn func(io.ReaderAt) error, check bool) error {
 	fd, err := f.handle()
 	if err != nil {
 		return err
 	}
-	if err := fn(batchReader{f, fd}); err != nil {
+	err = fn(batchReader{f, fd})
+	if err == nil && !check {
+		return nil
+	}
+	// bytes read across a change decode as garbage: the change is the
+	// error to report, not the garbage.
+	if cerr := fd.Check(); cerr != nil && (err == nil || errors.Is(cerr, ErrSourceChanged)) {
+		return cerr
+	}
+	return err
+}
+
+// Check reports whether the open file is still the one opened, unchanged
+// (one fstat for a local file): a change before or during any read made
+// before it shows here, and in every Check after it (an inode's ctime does
+// not go back), so bytes read unchecked are valid once a later Check passes.
+func (f *File) Check() error {
+	fd, err := f.handle()
+	if err != nil {
 		return err
 	}
 	return fd.Check()

@@ -1,6 +1,7 @@
 package ckpt
 
 import (
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -194,4 +195,31 @@ func TestOutOfFileOrder(t *testing.T) {
 		tensor(&Section{File: a, Offset: 0, Length: 10}),
 	}
 	assert.True(t, OutOfFileOrder(back))
+}
+
+// ReadUnchecked does not check a batch that succeeds: a later Check does,
+// and fails for a change made at any time before it, the next one too. A
+// batch that fails is checked either way, and a change is the error it
+// gives (bytes read across a change decode as garbage), with Batch too.
+func TestReadUncheckedLeavesTheCheck(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "shard")
+	require.NoError(t, os.WriteFile(p, []byte("0123456789"), 0o644))
+	f, err := fileSet(t, dir).Get("shard")
+	require.NoError(t, err)
+	garbage := errors.New("garbage")
+	a := make([]byte, 2)
+	require.ErrorIs(t, f.ReadUnchecked(func(io.ReaderAt) error { return garbage }), garbage, "unchanged: fn's error")
+	require.NoError(t, f.Check())
+
+	require.NoError(t, f.ReadUnchecked(func(r io.ReaderAt) error {
+		if _, err := r.ReadAt(a, 0); err != nil {
+			return err
+		}
+		return os.WriteFile(p, []byte("abcdefghij"), 0o644) // in place: same inode, same size
+	}), "not checked")
+	assert.ErrorIs(t, f.Check(), ErrSourceChanged)
+	assert.ErrorIs(t, f.Check(), ErrSourceChanged, "and every check after")
+	assert.ErrorIs(t, f.ReadUnchecked(func(io.ReaderAt) error { return garbage }), ErrSourceChanged)
+	assert.ErrorIs(t, f.Batch(func(io.ReaderAt) error { return garbage }), ErrSourceChanged)
 }

@@ -175,7 +175,7 @@ func TestOpenZstdSpill(t *testing.T) {
 	defer c.Close()
 	for i, tn := range c.Tensors {
 		assert.Equal(t, unhex(t, man.Tensors[i].Hex), assemble(t, tn), tn.Name)
-		assert.IsType(t, &os.File{}, tn.Chunks.At(0).Source.(*recordSource).loc.Load().r, "%s spooled to a file", tn.Name)
+		assert.IsType(t, &os.File{}, tn.Chunks.At(0).Source.(*recordSource).loc.Load().rest.r, "%s spooled to a file", tn.Name)
 	}
 	ents, err := os.ReadDir(tmp)
 	require.NoError(t, err)

@@ -512,11 +512,65 @@ func TestResidentCountsMemo(t *testing.T) {
 			if held > 0 {
 				memos++
 			}
-			own := int64(unsafe.Sizeof(*src)+unsafe.Sizeof(*src.loc.Load())) + int64(len(src.loc.Load().name))
+			own := int64(unsafe.Sizeof(*src) + unsafe.Sizeof(*src.loc.Load()))
+			require.Nil(t, src.loc.Load().rest, "a stored record: offsets only")
 			shared := src.ResidentBytes() - own
-			assert.GreaterOrEqual(t, shared, int64(unsafe.Sizeof(*src.t))+held, "%s: %s's memo of %d bytes", name, tn.Name, held)
+			assert.GreaterOrEqual(t, shared, int64(unsafe.Sizeof(*src.t))+held+int64(len(*src.t.entry.Load())), "%s: %s's memo of %d bytes and entry name", name, tn.Name, held)
 		}
 		assert.Positive(t, memos, "%s: no memo kept", name)
 		require.NoError(t, c.Close())
 	}
+}
+
+// TestResidentCountsLocatedChunks: what locating a chunk keeps (its
+// chunkBytes; the entry name its tensor shares) is counted from the open,
+// when a mount's metadata budget reads the count, not once it is kept: a
+// checkpoint whose every chunk is located counts what it counted open, each
+// source's count covers its located chunk, and a stored record's chunk
+// keeps its offsets only.
+func TestResidentCountsLocatedChunks(t *testing.T) {
+	for _, name := range []string{"plain", "sharded", "zstd"} {
+		t.Run(name, func(t *testing.T) {
+			c, err := Open(filepath.Join("testdata", name))
+			require.NoError(t, err)
+			defer c.Close()
+			atOpen := c.ResidentBytes()
+			located := 0
+			for _, tn := range c.Tensors {
+				for i := range tn.Chunks.Len() {
+					_, err := treetest.ReadChunk(t, tn, tn.Chunks.At(i))
+					require.NoError(t, err)
+					src := tn.Chunks.Source(i).(*recordSource)
+					loc := src.loc.Load()
+					require.NotNil(t, loc)
+					_, err = loc.result()
+					require.NoError(t, err)
+					require.True(t, loc.named, "%s chunk %d: named by its tensor's entry name", tn.Name, i)
+					assert.Equal(t, "archive/data/0", src.entryName(loc))
+					assert.Equal(t, src.zstd, loc.rest != nil, "%s chunk %d: only a decompressed record holds more than offsets", tn.Name, i)
+					assert.GreaterOrEqual(t, src.ResidentBytes(), int64(unsafe.Sizeof(*src)+unsafe.Sizeof(*loc)), "%s chunk %d", tn.Name, i)
+					located++
+				}
+			}
+			assert.Positive(t, located)
+			assert.Equal(t, atOpen, c.ResidentBytes(), "every chunk located: counted at open")
+		})
+	}
+}
+
+// TestEntryNameShared: a tensor keeps the first entry name its chunks'
+// records give, if short, and says which chunks name the same entry; a
+// chunk naming another, or every chunk when the first name was long, is
+// named by the entry's place in messages.
+func TestEntryNameShared(t *testing.T) {
+	src := &recordSource{t: &recordTensor{}}
+	require.True(t, src.t.sharesEntry(strings.Clone("archive/data/0")))
+	require.True(t, src.t.sharesEntry(strings.Clone("archive/data/0")))
+	assert.False(t, src.t.sharesEntry("other/data/0"))
+	assert.Equal(t, "archive/data/0", src.entryName(&chunkBytes{named: true}))
+	assert.Equal(t, "the data entry at [10, 30)", src.entryName(&chunkBytes{entryOff: 10, entrySize: 20}))
+	long := &recordSource{t: &recordTensor{}}
+	assert.False(t, long.t.sharesEntry(strings.Repeat("a", maxEntryName+1)))
+	assert.Nil(t, long.t.entry.Load())
+	assert.Equal(t, "the data entry at [0, 5)", long.entryName(&chunkBytes{entrySize: 5, named: true}))
 }

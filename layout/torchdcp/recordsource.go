@@ -85,6 +85,30 @@ type recordTensor struct {
 	chunks   *ckpt.Chunks  // the tensor's
 	srcs     []recordSource
 	pkl      atomic.Pointer[pklMemo] // the data.pkl last decoded for a chunk
+	// entry is the name of the data entry the chunks' records hold their
+	// bytes in, one string for all (torch names it archive/data/0 in every
+	// record DCP writes): a located chunk keeps no name of its own.
+	entry atomic.Pointer[string]
+}
+
+// maxEntryName bounds the entry name a tensor keeps for its chunks (torch
+// writes 14 bytes), counted for the view's budget before it is kept.
+const maxEntryName = 64
+
+// sharesEntry says whether name is the entry name the tensor keeps for its
+// chunks (the first chunk located keeps its own, if short), so that a
+// located chunk holds no name and a fixed number of bytes, counted before
+// any is located (ResidentBytes). A chunk whose record names its entry
+// otherwise is named by the entry's place in messages.
+func (t *recordTensor) sharesEntry(name string) bool {
+	if e := t.entry.Load(); e != nil {
+		return *e == name
+	}
+	if len(name) > maxEntryName {
+		return false
+	}
+	t.entry.CompareAndSwap(nil, &name)
+	return *t.entry.Load() == name
 }
 
 // Source implements ckpt.SourceTable: the chunks' sources, in one array.
@@ -108,30 +132,62 @@ func (s *recordSource) want() recordWant {
 }
 
 // chunkBytes is a located chunk: where its bytes and the whole data entry
-// holding them lie in the record read through r, and the entry's CRC32. One
-// is kept per chunk read, so it holds offsets, not section readers.
+// holding them lie in the record (read from the shard file, or from a
+// decompressed copy), and the entry's CRC32. One is kept per chunk read, so
+// it holds offsets only, in a fixed size that the view's budget counts for
+// every chunk when the view opens (ResidentBytes); what few chunks hold
+// besides is in rest.
 type chunkBytes struct {
-	r                   io.ReaderAt // the shard file, or a decompressed record
-	off                 int64       // where the chunk starts in r
-	entryOff, entrySize int64       // the data entry, in r
-	name                string      // the entry's name in the record
+	off                 int64 // where the chunk starts in the record's reader (reader)
+	entryOff, entrySize int64 // the data entry, there
 	crc                 uint32
 	whole               bool // the chunk is the whole entry
+	named               bool // the entry's name is its tensor's (recordTensor.entry)
+	rest                *chunkRest
+}
+
+// chunkRest is what a located chunk holds besides offsets: the reader of
+// its decompressed record, or a lasting failure to locate it.
+type chunkRest struct {
+	r io.ReaderAt // nil: the shard file
 	// err, when set, is a lasting failure to locate the chunk (a bad
 	// record, a changed source), and nothing else is.
 	err error
 }
 
-// entry reads the data entry.
-func (c *chunkBytes) entry() *io.SectionReader {
-	return io.NewSectionReader(c.r, c.entryOff, c.entrySize)
-}
+// locatedBytes is what locating a chunk keeps: its chunkBytes, as the
+// allocator rounds it (to 16 bytes at least, for sizes this small).
+const locatedBytes = (int64(unsafe.Sizeof(chunkBytes{})) + 15) &^ 15
+
+func failed(err error) *chunkBytes { return &chunkBytes{rest: &chunkRest{err: err}} }
 
 func (c *chunkBytes) result() (*chunkBytes, error) {
-	if c.err != nil {
-		return nil, c.err
+	if c.rest != nil && c.rest.err != nil {
+		return nil, c.rest.err
 	}
 	return c, nil
+}
+
+// reader is what the located chunk's offsets are in: the shard file, or
+// its decompressed record.
+func (s *recordSource) reader(c *chunkBytes) io.ReaderAt {
+	if c.rest != nil && c.rest.r != nil {
+		return c.rest.r
+	}
+	return s.file
+}
+
+// entry reads the data entry.
+func (s *recordSource) entry(c *chunkBytes) *io.SectionReader {
+	return io.NewSectionReader(s.reader(c), c.entryOff, c.entrySize)
+}
+
+// entryName names the data entry in messages.
+func (s *recordSource) entryName(c *chunkBytes) string {
+	if e := s.t.entry.Load(); c.named && e != nil {
+		return *e
+	}
+	return fmt.Sprintf("the data entry at [%d, %d)", c.entryOff, c.entryOff+c.entrySize)
 }
 
 var (
@@ -175,7 +231,7 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	if s.loc.Load() == nil && off >= 0 && off <= nbytes {
 		fill = &chunkFill{off: off, parts: [][]byte{want}}
 	}
-	loc, err := s.locate(fill)
+	loc, _, err := s.locate(fill, false)
 	if err != nil {
 		return 0, err
 	}
@@ -184,7 +240,7 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	}
 	n := len(want)
 	if fill == nil || !fill.filled {
-		n, err = loc.r.ReadAt(want, loc.off+off)
+		n, err = s.reader(loc).ReadAt(want, loc.off+off)
 		if err == io.EOF && n == len(want) {
 			err = nil
 		}
@@ -207,17 +263,19 @@ func (s *recordSource) Locate() (ckpt.Location, bool, error) {
 
 // LocateFill implements ckpt.Filler: a chunk's first locating reads a small
 // record whole, its data with its headers (torchzip's windows), and hands
-// the bytes asked for on.
+// the bytes asked for on. It leaves the freshness check to the caller
+// (Location.Unchecked): a read plan checks each shard once, not once per
+// record it locates there.
 func (s *recordSource) LocateFill(off int64, parts [][]byte) (ckpt.Location, bool, bool, error) {
 	var fill *chunkFill
 	if len(parts) > 0 && !s.zstd && s.loc.Load() == nil {
 		fill = &chunkFill{off: off, parts: parts}
 	}
-	loc, err := s.locate(fill)
+	loc, unchecked, err := s.locate(fill, true)
 	if err != nil || s.zstd {
 		return ckpt.Location{}, false, false, err
 	}
-	l := ckpt.Location{File: s.file, Offset: loc.off}
+	l := ckpt.Location{File: s.file, Offset: loc.off, Unchecked: unchecked}
 	if loc.whole {
 		l.Whole = s
 	}
@@ -243,9 +301,9 @@ func (s *recordSource) Verify() error {
 	if err != nil {
 		return err
 	}
-	sum, err := crcOf(loc.entry())
+	sum, err := crcOf(s.entry(loc))
 	if err != nil {
-		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), loc.name, err)
+		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), s.entryName(loc), err)
 	}
 	return s.checkCRC(loc, sum)
 }
@@ -263,25 +321,38 @@ func (s *recordSource) checkCRC(loc *chunkBytes, got uint32) error {
 	if got == loc.crc {
 		return nil
 	}
-	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), crcMismatch(loc.name, loc.crc, got, "in the bytes read"))
+	return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), crcMismatch(s.entryName(loc), loc.crc, got, "in the bytes read"))
 }
 
 // located finds the chunk's bytes on first use and remembers where they
 // are. A bad record or a changed source is remembered too; a plain I/O error
 // is not, so the next read tries again.
-func (s *recordSource) located() (*chunkBytes, error) { return s.locate(nil) }
+func (s *recordSource) located() (*chunkBytes, error) {
+	loc, _, err := s.locate(nil, false)
+	return loc, err
+}
 
 // locate is located filling fill (may be nil) when this call locates a
-// stored record whose windows hold the bytes fill asks for.
-func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
+// stored record whose windows hold the bytes fill asks for. With
+// leaveCheck, a stored record's reads are not checked for freshness
+// (unchecked: the caller checks the file after them, ckpt.Filler).
+//
+// A location found unchecked is kept at once. That keeps the guarantee: a
+// read at it is checked after the read, and a change of the file before
+// that check fails it and every check after (source.File.Check), so bytes
+// are never served through a location read across a change; and the bytes
+// filled are the caller's, used after its check.
+func (s *recordSource) locate(fill *chunkFill, leaveCheck bool) (_ *chunkBytes, unchecked bool, _ error) {
 	if loc := s.loc.Load(); loc != nil {
-		return loc.result()
+		loc, err := loc.result()
+		return loc, false, err
 	}
 	mu := s.locking()
 	mu.Lock()
 	defer mu.Unlock()
 	if loc := s.loc.Load(); loc != nil {
-		return loc.result()
+		loc, err := loc.result()
+		return loc, false, err
 	}
 	var loc *chunkBytes
 	var err error
@@ -289,9 +360,14 @@ func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
 		loc, err = s.resolveZstd()
 	} else {
 		// The record's headers are a few small reads: one freshness check
-		// for them all. The chunk is then read through the checked file.
+		// for them all, or none here with leaveCheck. The chunk is then
+		// read through the checked file.
+		read := s.file.Batch
+		if leaveCheck {
+			read, unchecked = s.file.ReadUnchecked, true
+		}
 		var at recordLoc
-		err = s.file.Batch(func(r io.ReaderAt) error {
+		err = read(func(r io.ReaderAt) error {
 			var err error
 			at, err = locateRecordMemo(io.NewSectionReader(r, s.off, s.length), s.length, s.want(), &s.t.pkl, fill)
 			return err
@@ -302,21 +378,21 @@ func (s *recordSource) locate(fill *chunkFill) (*chunkBytes, error) {
 	}
 	if err == nil {
 		s.loc.Store(loc)
-		return loc, nil
+		return loc, unchecked, nil
 	}
 	wrapped := fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), err)
 	var pathErr *fs.PathError
 	var errno syscall.Errno
 	switch {
 	case errors.Is(err, ckpt.ErrSourceChanged):
-		loc = &chunkBytes{err: wrapped}
+		loc = failed(wrapped)
 	case errors.As(err, &pathErr), errors.As(err, &errno):
-		return nil, wrapped // transient: not remembered
+		return nil, false, wrapped // transient: not remembered
 	default:
-		loc = &chunkBytes{err: &invalidError{err: wrapped}}
+		loc = failed(&invalidError{err: wrapped})
 	}
 	s.loc.Store(loc)
-	return nil, loc.err
+	return nil, false, loc.rest.err
 }
 
 // resolve locates the chunk in the record read through r.
@@ -331,15 +407,18 @@ func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
 // chunkAt is the chunk located at in the record at base in r.
 func (s *recordSource) chunkAt(r io.ReaderAt, base int64, at recordLoc) *chunkBytes {
 	nbytes := s.nbytes()
-	return &chunkBytes{
-		r:         r,
+	c := &chunkBytes{
 		off:       base + at.off,
 		entryOff:  base + at.entryOff,
 		entrySize: at.entrySize,
-		name:      at.entry,
+		named:     s.t.sharesEntry(at.entry),
 		crc:       at.crc,
 		whole:     at.off == at.entryOff && nbytes == at.entrySize,
 	}
+	if r != io.ReaderAt(s.file) {
+		c.rest = &chunkRest{r: r}
+	}
+	return c
 }
 
 // resolveZstd decompresses the whole record, bounded by what the chunk can
@@ -399,12 +478,12 @@ func (s *recordSource) resolveZstd() (*chunkBytes, error) {
 	if err != nil {
 		return nil, err
 	}
-	sum, err := crcOf(loc.entry())
+	sum, err := crcOf(s.entry(loc))
 	if err != nil {
 		return nil, fmt.Errorf("reading back the decompressed record: %w", err)
 	}
 	if sum != loc.crc {
-		return nil, crcMismatch(loc.name, loc.crc, sum, "after decompression")
+		return nil, crcMismatch(s.entryName(loc), loc.crc, sum, "after decompression")
 	}
 	return loc, nil
 }
@@ -420,16 +499,15 @@ var torchOnlyDTypes = torchzip.TorchOnlyDTypes
 func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DType(torch) }
 
 // ResidentBytes implements ckpt.Resident: the source, and what locating it
-// added; a tensor's first source counts what its sources share, its data.pkl
-// memo at its bound (a budget reads this when the view opens, before any
-// memo is kept).
+// keeps (its chunkBytes); a tensor's first source counts what its sources
+// share, its data.pkl memo and entry name at their bounds. All of it is
+// counted whether located yet or not: a budget reads this when the view
+// opens, before any chunk is read, and a view keeps what it locates for as
+// long as it is open.
 func (s *recordSource) ResidentBytes() int64 {
-	n := int64(unsafe.Sizeof(*s))
-	if loc := s.loc.Load(); loc != nil && loc.err == nil {
-		n += int64(unsafe.Sizeof(*loc)) + int64(len(loc.name))
-	}
+	n := int64(unsafe.Sizeof(*s)) + locatedBytes
 	if s.i == 0 {
-		n += int64(unsafe.Sizeof(*s.t)) + int64(len(s.t.name)+len(s.t.dtype)) + memoBound
+		n += int64(unsafe.Sizeof(*s.t)) + int64(len(s.t.name)+len(s.t.dtype)) + memoBound + maxEntryName
 	}
 	return n
 }

@@ -29,7 +29,10 @@ import (
 //     concurrently, at most readDepth at a time.
 //
 // An extent its source filled while locating it (ckpt.Filler: a small
-// record's data, read with its headers) is not read again.
+// record's data, read with its headers) is not read again. Locating reads
+// a file unchecked (ckpt.Location.Unchecked) before any read of the plan,
+// so the file's check after its reads covers the locating too; a file the
+// plan locates in and does not read is checked once after the reads.
 //
 // Sources that cannot say where they lie (compressed records, memory in
 // tests) are read with their own ReadAt, merged only with their own
@@ -41,8 +44,9 @@ type readPlan struct {
 	bufs    []*[]byte
 
 	// Filled by run.
-	keys   []any // distinct extent keys
-	order  []int // extents by key, then offset
+	keys   []any  // distinct extent keys
+	read   []bool // by key: a file the plan reads (ReadRanges checks it)
+	order  []int  // extents by key, then offset
 	iovs   [][]byte
 	reads  []planRead
 	ranges []ckpt.Range
@@ -57,11 +61,12 @@ type extent struct {
 	whole  bool // all of the chunk's bytes
 
 	// Set by locate.
-	key    int // index in keys: the file, or the source when not located
-	file   *ckpt.File
-	at     int64 // where off lies in file (or in the source)
-	check  ckpt.WholeChecker
-	filled bool // locating filled the parts (ckpt.Filler): no read
+	key       int // index in keys: the file, or the source when not located
+	file      *ckpt.File
+	at        int64 // where off lies in file (or in the source)
+	check     ckpt.WholeChecker
+	filled    bool // locating filled the parts (ckpt.Filler): no read
+	unchecked bool // locating read file unchecked (ckpt.Location.Unchecked)
 }
 
 // planRead is one merged read: extents order[e0:e1] of one key, into
@@ -97,6 +102,7 @@ func (p *readPlan) release() {
 	clear(p.ranges)
 	p.extents, p.parts, p.after, p.bufs = p.extents[:0], p.parts[:0], p.after[:0], p.bufs[:0]
 	p.keys, p.order, p.iovs, p.reads, p.ranges = p.keys[:0], p.order[:0], p.iovs[:0], p.reads[:0], p.ranges[:0]
+	p.read = p.read[:0]
 	plans.Put(p)
 }
 
@@ -131,7 +137,10 @@ func (p *readPlan) run() error {
 		}
 	}
 	p.merge()
-	if err := p.read(); err != nil {
+	if err := p.readAll(); err != nil {
+		return err
+	}
+	if err := p.checkUnread(); err != nil {
 		return err
 	}
 	for i := range p.extents {
@@ -169,13 +178,32 @@ func (p *readPlan) locate(e *extent) error {
 			return e.g.chunkError(e.c, err)
 		}
 		if ok {
-			key, e.file, e.at, e.check = loc.File, loc.File, loc.Offset+e.off, loc.Whole
+			key, e.file, e.at, e.check, e.unchecked = loc.File, loc.File, loc.Offset+e.off, loc.Whole, loc.Unchecked
 		}
 	}
 	e.key = slices.Index(p.keys, key)
 	if e.key < 0 {
 		e.key = len(p.keys)
 		p.keys = append(p.keys, key)
+		p.read = append(p.read, false)
+	}
+	return nil
+}
+
+// checkUnread checks, once each, the files that locating read unchecked
+// and the plan did not read after (every extent there was filled): the
+// bytes filled from them are valid only once it passes. A file the plan
+// read was checked after its reads, after the locating.
+func (p *readPlan) checkUnread() error {
+	for i := range p.extents {
+		e := &p.extents[i]
+		if !e.unchecked || p.read[e.key] {
+			continue
+		}
+		p.read[e.key] = true // checked now
+		if err := e.file.Check(); err != nil {
+			return e.g.chunkError(e.c, err)
+		}
 	}
 	return nil
 }
@@ -220,11 +248,12 @@ func (p *readPlan) merge() {
 	}
 	for _, r := range p.reads {
 		p.ranges = append(p.ranges, ckpt.Range{Off: p.extents[p.order[r.e0]].at, Parts: p.iovs[r.i0:r.i1:r.i1]})
+		p.read[r.key] = true
 	}
 }
 
-// read does the reads, a file's in order, different files at once.
-func (p *readPlan) read() error {
+// readAll does the reads, a file's in order, different files at once.
+func (p *readPlan) readAll() error {
 	// Reads of one key are consecutive: a group each.
 	type group struct{ r0, r1 int }
 	gs := make([]group, 0, readDepth)

@@ -174,6 +174,7 @@ func TestSmallRecordsAreReadOnce(t *testing.T) {
 	counts := tree.Count()
 	for path, n := range records {
 		assert.Equal(t, n, counts[path].Reads, "%s: one read per record, none for its data", path)
+		assert.Equal(t, 1, counts[path].Checks, "%s: one freshness check, not one per record", path)
 	}
 
 	tree.Reset()
@@ -185,4 +186,48 @@ func TestSmallRecordsAreReadOnce(t *testing.T) {
 	for path := range records {
 		assert.Equal(t, 1, counts[path].Reads, "%s: the located chunks' data in one merged read", path)
 	}
+}
+
+// A shard rewritten in place once open (the same bytes, its mtime put back)
+// fails a read of the view whose records in it are located by that read and
+// all filled from the locating's reads (no read of the data after): the
+// plan checks the file it located in once, after, and serves nothing.
+func TestPlanChecksFilesItOnlyLocatedIn(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ck")
+	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
+	tree := treetest.OpenCounting(t, dir)
+	c, err := layout.OpenTree(tree)
+	require.NoError(t, err)
+	defer c.Close()
+	v, err := Plan(c, Options{})
+	require.NoError(t, err)
+	f := v.Lookup("model.safetensors")
+	require.NotNil(t, f)
+
+	shard := filepath.Join(dir, "__1_0.distcp")
+	for _, tn := range c.Tensors {
+		for _, ch := range tn.Chunks.All() {
+			if b := ch.Source.(ckpt.Backed).Backing(); b.Path == shard {
+				require.NoError(t, b.Check()) // open now, nothing located
+			}
+		}
+	}
+	info, err := os.Stat(shard)
+	require.NoError(t, err)
+	b, err := os.ReadFile(shard)
+	require.NoError(t, err)
+	w, err := os.OpenFile(shard, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = w.WriteAt(b, 0)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	require.NoError(t, os.Chtimes(shard, info.ModTime(), info.ModTime()))
+
+	tree.Reset()
+	_, err = f.ReadAt(make([]byte, f.Size), 0)
+	require.ErrorIs(t, err, ckpt.ErrSourceChanged)
+	require.ErrorContains(t, err, "__1_0.distcp")
+	counts := tree.Count()["__1_0.distcp"]
+	assert.Positive(t, counts.Reads, "records located")
+	assert.Equal(t, 1, counts.Checks, "the one check after them")
 }

@@ -48,9 +48,10 @@ const DefaultMaxViews = 64
 // DefaultMetadataBudget is Limits.Meta's default. The open views' indexes
 // (chunk offsets, sizes and sources; generated headers) are a mount's
 // memory besides the block cache: a checkpoint of hundreds of ranks holds
-// tens of MB of them (a 405B model from 512 ranks, 45 MiB), so the budget
-// keeps five such views open; with the default block cache a mount's Go
-// memory limit (cache + metadata budget + headroom, less a .metadata
+// tens of MB of them (a 405B model from 512 ranks, 74 MiB, 27 MiB of it
+// where each chunk's bytes lie once read, counted from the open), so the
+// budget keeps three such views open; with the default block cache a
+// mount's Go memory limit (cache + metadata budget + headroom, less a .metadata
 // mapped while it is decoded: cmd/ckptfs, internal/memlimit) is then
 // 816 MiB, and its peak RSS within 1 GiB.
 const DefaultMetadataBudget = 256 << 20
