@@ -16,7 +16,8 @@
 // only if it was asked for more often than what it would evict). The ring
 // holds at least Options.Staging blocks and grows into whatever of Size the
 // fills in flight and ristretto leave idle; a fill that finds no room makes
-// the ring give up a block: one read in full first (not offered to
+// the ring give up a block: one read in full first (every byte of it read,
+// whatever the order and however often: block.consumed; not offered to
 // ristretto), else its least recently used one (issue 36: a loader that
 // faults tensors in state-dict order touches a block at moments far apart,
 // and a ring of fixed size beside a fixed reserve for fills that are rarely
