@@ -303,3 +303,40 @@ func BenchmarkServe(b *testing.B) {
 		}
 	})
 }
+
+// FuzzReadInFull: any block length and reads at any offsets: a block is
+// never read in full with a byte unread, the read that made it so is told
+// once, and with no more reads than a granule keeps pieces (maxSpans), it
+// is read in full as soon as every byte was read.
+func FuzzReadInFull(f *testing.F) {
+	f.Add(uint32(100), []byte{0, 0, 50, 0, 25, 0, 50, 0, 49, 0, 51, 0})
+	f.Add(uint32(16<<20-5000), []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	f.Add(uint32(3*4096+100), []byte{255, 255, 255, 255, 0, 0, 1, 0})
+	f.Fuzz(func(t *testing.T, size uint32, reads []byte) {
+		n := 1 + int64(size)%(32<<20)
+		var s servedSet // of a block of n bytes (the block itself is not needed)
+		read := make(byteSet, (n+63)/64)
+		left, told := n, 0
+		for i := 0; i+4 <= len(reads); i += 4 {
+			// Offsets from the start or back from the end, lengths up to 64 KiB.
+			off := int64(uint32(reads[i])|uint32(reads[i+1])<<8) * 97 % n
+			if reads[i]&1 != 0 {
+				off = n - 1 - off
+			}
+			end := min(n, off+1+int64(uint32(reads[i+2])|uint32(reads[i+3])<<8))
+			left -= read.add(off, end)
+			if s.add(off, end, n) {
+				told++
+			}
+			if s.full(n) && left > 0 {
+				t.Fatalf("read in full with %d bytes unread", left)
+			}
+			if left == 0 && i/4 < maxSpans && !s.full(n) {
+				t.Fatalf("every byte read in %d reads and not read in full", i/4+1)
+			}
+		}
+		if told > 1 || (told == 1) != s.full(n) {
+			t.Fatalf("%d reads told they read the block in full; consumed %v", told, s.full(n))
+		}
+	})
+}
