@@ -51,9 +51,10 @@
 //     to join a fill of the very block it needs.
 //
 // Lock order: Cache.mu (read-locked for the whole of a foreground read) before
-// Handle.mu before staging.mu before buffers.mu; Cache.pmu is a leaf. No lock is held while
-// calling a Source except Cache.mu in read mode (a foreground read may wait
-// for a fill slot holding it).
+// Handle.mu before staging.mu before buffers.mu; Cache.pmu and a block's
+// servedSet.mu are leaves. No lock is held while calling a Source except
+// Cache.mu in read mode (a foreground read may wait for a fill slot holding
+// it).
 package cache
 
 import (
