@@ -249,9 +249,10 @@ func (h *Handle) readAhead(off, end int64) {
 // markReadFull records that the handle's read took the last byte of block
 // idx that no read had taken (block.consumed). A loader that faults tensors
 // in its state dict's order through mmap reads a block's parts at moments
-// far apart and each byte once (the kernel keeps the pages): read-ahead that follows one of its runs into
-// blocks it already read fetched them again once the cache had let them go
-// (issue 36, BENCHMARKS.md run AA-load). Read-ahead skips them (wasReadFull).
+// far apart and each byte once (the kernel keeps the pages): read-ahead
+// that follows one of its runs into blocks it already read fetched them
+// again once the cache had let them go (issue 36, BENCHMARKS.md run
+// AA-load). Read-ahead skips them (wasReadFull).
 func (h *Handle) markReadFull(idx int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -14,8 +14,8 @@ import (
 // The block is cut into granules of a power of two between 64 B and 4 KiB
 // (see granuleShift): a bit per granule is set, lock-free, by a read that
 // covers the granule whole. Reads through the page cache (FUSE, mmap faults)
-// start on a page and run whole pages or to the end of the file, so they
-// take only that path. The piece of a read that covers a granule in part (a
+// start on a page and run whole pages or to the end of the file, so with
+// blocks of whole pages they take only that path. The piece of a read that covers a granule in part (a
 // ReadAt at any offset) is kept as a span under mu until the granule's spans
 // cover it; a granule read in more than maxSpans disjoint pieces keeps only
 // the first ones, and so can only be judged read in part, never the other
