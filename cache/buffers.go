@@ -27,18 +27,14 @@ type block struct {
 	// lastUse is the staging ring's clock at the block's last foreground
 	// use (or its fill).
 	lastUse atomic.Uint64
-	// served counts the bytes foreground reads took from it: once it
-	// reaches len(data), every byte was read (consumed), as a loader reads
-	// each byte once.
-	served atomic.Int64
+	// served is which of its bytes foreground reads took: once every one
+	// was, the block is consumed.
+	served servedSet
 
 	refs atomic.Int32
 	inRC atomic.Bool // ristretto holds one of refs (released once, however often it says the block left)
 	bufs *buffers    // the account its bytes are counted in and its buffer goes back to; nil in tests of a block alone
 }
-
-// consumed says that reads took as many bytes as the block has.
-func (b *block) consumed() bool { return b.served.Load() >= int64(len(b.data)) }
 
 // cost is the bytes a block holds: its buffer's capacity (a short block
 // may sit in a full block's buffer).

@@ -16,7 +16,8 @@
 // only if it was asked for more often than what it would evict). The ring
 // holds at least Options.Staging blocks and grows into whatever of Size the
 // fills in flight and ristretto leave idle; a fill that finds no room makes
-// the ring give up a block: one read in full first (not offered to
+// the ring give up a block: one read in full first (every byte of it read,
+// whatever the order and however often: block.consumed; not offered to
 // ristretto), else its least recently used one (issue 36: a loader that
 // faults tensors in state-dict order touches a block at moments far apart,
 // and a ring of fixed size beside a fixed reserve for fills that are rarely
@@ -50,9 +51,10 @@
 //     to join a fill of the very block it needs.
 //
 // Lock order: Cache.mu (read-locked for the whole of a foreground read) before
-// Handle.mu before staging.mu before buffers.mu; Cache.pmu is a leaf. No lock is held while
-// calling a Source except Cache.mu in read mode (a foreground read may wait
-// for a fill slot holding it).
+// Handle.mu before staging.mu before buffers.mu; Cache.pmu and a block's
+// servedSet.mu are leaves. No lock is held while calling a Source except
+// Cache.mu in read mode (a foreground read may wait for a fill slot holding
+// it).
 package cache
 
 import (

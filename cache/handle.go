@@ -24,8 +24,8 @@ type Handle struct {
 	mu      sync.Mutex
 	streams [maxStreams]stream // GUARDED_BY(mu)
 	tick    uint64             // GUARDED_BY(mu); orders the streams' last use
-	// readFull has a bit set for each block whose last byte was served
-	// by this handle's read that read it in full; nil until one was.
+	// readFull has a bit set for each block whose last byte not yet read
+	// was served by this handle (see block.consumed); nil until one was.
 	readFull []uint64 // GUARDED_BY(mu)
 }
 
@@ -188,7 +188,7 @@ func (h *Handle) blocks(ctx context.Context, off int64, n int, use func(*block, 
 			c.bytesServed.Add(cur - off)
 			return io.ErrUnexpectedEOF
 		}
-		if served := b.served.Add(int64(len(part))); served >= int64(len(b.data)) && served-int64(len(part)) < int64(len(b.data)) {
+		if lo := cur - idx*bs; b.serve(lo, lo+int64(len(part))) {
 			h.markReadFull(idx)
 		}
 		use(b, part)
@@ -246,12 +246,13 @@ func (h *Handle) readAhead(off, end int64) {
 	h.mu.Unlock()
 }
 
-// markReadFull records that the handle's reads took every byte of block
-// idx. A loader that faults tensors in its state dict's order through mmap
-// reads a block's parts at moments far apart and each byte once (the
-// kernel keeps the pages): read-ahead that follows one of its runs into
-// blocks it already read fetched them again once the cache had let them go
-// (issue 36, BENCHMARKS.md run AA-load). Read-ahead skips them (wasReadFull).
+// markReadFull records that the handle's read took the last byte of block
+// idx that no read had taken (block.consumed). A loader that faults tensors
+// in its state dict's order through mmap reads a block's parts at moments
+// far apart and each byte once (the kernel keeps the pages): read-ahead
+// that follows one of its runs into blocks it already read fetched them
+// again once the cache had let them go (issue 36, BENCHMARKS.md run
+// AA-load). Read-ahead skips them (wasReadFull).
 func (h *Handle) markReadFull(idx int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -270,8 +271,8 @@ func (h *Handle) wasReadFull(idx int64) bool {
 	return h.wasReadFullLocked(idx)
 }
 
-// wasReadFullLocked reports whether the handle's reads took every byte of
-// block idx. Caller holds mu.
+// wasReadFullLocked reports whether one of the handle's reads made block
+// idx read in full (markReadFull). Caller holds mu.
 func (h *Handle) wasReadFullLocked(idx int64) bool {
 	return h.readFull != nil && idx >= 0 && idx < h.f.nblocks && h.readFull[idx/64]&(1<<(idx%64)) != 0
 }
