@@ -253,8 +253,10 @@ def main():
 
         def get(s):
             def go():
-                r = subprocess.run([objget, "get", f"{s}://bench/run/llama", "8"], check=True, capture_output=True,
-                                   text=True, env={**os.environ, **envs[s]})
+                r = cpu_split(lambda: subprocess.run([objget, "get", f"{s}://bench/run/llama", "8"], check=True, capture_output=True,
+                                                     text=True, env={**os.environ, **envs[s]}),
+                              extra.setdefault(f"{s}_get_cpu", {}), procs[0].pid if s == "s3" else None,
+                              lambda: own_cpu_seconds(resource.RUSAGE_CHILDREN))
                 secs, n, _ = r.stdout.split()
                 assert int(n) == src_bytes, (n, src_bytes)
                 return float(secs)
@@ -469,7 +471,9 @@ def main():
         out["s3_cpu_medians"] = {"cat_mount": mid(extra["s3"]["cat_cpu_s"]), "cat_reader": mid(extra["s3_cat_cpu"]["client_cpu_s"]),
                                  "cat_server": mid(extra["s3_cat_cpu"]["server_cpu_s"]), "cat_idle": mid(extra["s3_cat_cpu"]["idle_core_s"]),
                                  "s5cmd": mid(extra["s3_s5cmd_cpu"]["client_cpu_s"]), "s5cmd_server": mid(extra["s3_s5cmd_cpu"]["server_cpu_s"]),
-                                 "s5cmd_idle": mid(extra["s3_s5cmd_cpu"]["idle_core_s"])}
+                                 "s5cmd_idle": mid(extra["s3_s5cmd_cpu"]["idle_core_s"]),
+                                 # The SDK's GETs with the bytes discarded: what receiving them costs alone.
+                                 "get": mid(extra["s3_get_cpu"]["client_cpu_s"]), "get_server": mid(extra["s3_get_cpu"]["server_cpu_s"])}
         if a.tmpfs:
             out["tmpfs_cat_vs_s5cmd"] = round(med["s3_s5cmd"] / med["tmpfs_cat"], 3)
         if a.base:
