@@ -146,12 +146,7 @@ func readContent(c content, dst []byte, pos int64) error {
 // with the plan's merged reads and no window. Both reads are the same
 // bytes, whole chunks checked against their CRC32.
 func TestSmallRecordsAreReadOnce(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "ck")
-	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
-	tree := treetest.OpenCounting(t, dir)
-	c, err := layout.OpenTree(tree)
-	require.NoError(t, err)
-	defer c.Close()
+	_, tree, c, f := fsdp2View(t)
 	records := map[string]int{} // non-empty chunks by shard file
 	for _, tn := range c.Tensors {
 		for i := range tn.Chunks.Len() {
@@ -162,14 +157,10 @@ func TestSmallRecordsAreReadOnce(t *testing.T) {
 		}
 	}
 	require.Len(t, records, 4)
-	v, err := Plan(c, Options{})
-	require.NoError(t, err)
-	f := v.Lookup("model.safetensors")
-	require.NotNil(t, f)
 
 	tree.Reset()
 	first := make([]byte, f.Size)
-	_, err = f.ReadAt(first, 0)
+	_, err := f.ReadAt(first, 0)
 	require.NoError(t, err)
 	counts := tree.Count()
 	for path, n := range records {
@@ -193,16 +184,7 @@ func TestSmallRecordsAreReadOnce(t *testing.T) {
 // all filled from the locating's reads (no read of the data after): the
 // plan checks the file it located in once, after, and serves nothing.
 func TestPlanChecksFilesItOnlyLocatedIn(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "ck")
-	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
-	tree := treetest.OpenCounting(t, dir)
-	c, err := layout.OpenTree(tree)
-	require.NoError(t, err)
-	defer c.Close()
-	v, err := Plan(c, Options{})
-	require.NoError(t, err)
-	f := v.Lookup("model.safetensors")
-	require.NotNil(t, f)
+	dir, tree, c, f := fsdp2View(t)
 
 	shard := filepath.Join(dir, "__1_0.distcp")
 	for _, tn := range c.Tensors {
@@ -230,4 +212,21 @@ func TestPlanChecksFilesItOnlyLocatedIn(t *testing.T) {
 	counts := tree.Count()["__1_0.distcp"]
 	assert.Positive(t, counts.Reads, "records located")
 	assert.Equal(t, 1, counts.Checks, "the one check after them")
+}
+
+// fsdp2View opens a copy of the fsdp2_4ranks fixture (in dir) through a
+// counting tree, and returns its checkpoint and its view's model.safetensors.
+func fsdp2View(t *testing.T) (dir string, tree *treetest.CountingTree, c *layout.Checkpoint, f *File) {
+	t.Helper()
+	dir = filepath.Join(t.TempDir(), "ck")
+	treetest.CopyFixture(t, "fsdp2_4ranks", dir)
+	tree = treetest.OpenCounting(t, dir)
+	c, err := layout.OpenTree(tree)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	v, err := Plan(c, Options{})
+	require.NoError(t, err)
+	f = v.Lookup("model.safetensors")
+	require.NotNil(t, f)
+	return dir, tree, c, f
 }
