@@ -3,8 +3,6 @@ package view
 import (
 	"fmt"
 	"sync"
-	"sync/atomic"
-	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/box"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -18,7 +16,9 @@ import (
 
 // geometry is the layout of one tensor, its chunks' boxes computed on the
 // first read (boxes): a view of a checkpoint of millions of chunks lists
-// and opens without them, and holds them only for the tensors read.
+// and opens without them. What they will hold is known from the open (the
+// tensor's chunk count and rank: boxBytes), and counted then, since a
+// view's budget reads its count once, when it opens.
 type geometry struct {
 	tensor *ckpt.Tensor
 	bytes  int64 // total bytes
@@ -26,13 +26,12 @@ type geometry struct {
 	once   sync.Once
 	chunks []chunkGeometry // set by once
 	err    error           // set by once
-	built  atomic.Int64    // the bytes chunks holds, once set
 }
 
 type chunkGeometry struct {
 	src ckpt.Source
 	box *box.Geometry
-	at  []int64 // the chunk's offsets, for messages
+	i   int // the chunk's index in its tensor, for messages
 }
 
 // newGeometry checks that t's chunks tile it, which its format's reader
@@ -48,20 +47,19 @@ func newGeometry(t *ckpt.Tensor) (*geometry, error) {
 func (g *geometry) boxes() ([]chunkGeometry, error) {
 	g.once.Do(func() {
 		t := g.tensor
-		var chunks []chunkGeometry
-		for _, c := range t.Chunks.All() {
+		// Sized once for every chunk, as boxBytes counts it.
+		chunks := make([]chunkGeometry, 0, t.Chunks.Len())
+		for i, c := range t.Chunks.All() {
 			b, err := box.New(t.Shape, int64(t.DType.Size()), box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
 			if err != nil {
 				g.err = fmt.Errorf("tensor %q: %w", t.Name, err)
 				return
 			}
 			if b.Bytes() > 0 { // empty chunks hold no bytes
-				chunks = append(chunks, chunkGeometry{src: c.Source, box: b, at: c.Offsets})
+				chunks = append(chunks, chunkGeometry{src: c.Source, box: b, i: i})
 			}
 		}
 		g.chunks = chunks
-		per := int64(unsafe.Sizeof(chunkGeometry{})+unsafe.Sizeof(box.Geometry{})) + 4*8*int64(len(t.Shape)+1)
-		g.built.Store(int64(cap(chunks)) * per)
 	})
 	return g.chunks, g.err
 }
@@ -122,5 +120,5 @@ func (g *geometry) plan(p *readPlan, dst []byte, pos int64) error {
 }
 
 func (g *geometry) chunkError(c *chunkGeometry, err error) error {
-	return fmt.Errorf("tensor %q chunk at %v from %s: %w", g.tensor.Name, c.at, c.src, err)
+	return fmt.Errorf("tensor %q chunk at %v from %s: %w", g.tensor.Name, g.tensor.Chunks.At(c.i).Offsets, c.src, err)
 }

@@ -1,0 +1,178 @@
+package view
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"unsafe"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptfs/ckptfs/layout"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
+	"github.com/ckptfs/ckptfs/layout/torchdcp"
+)
+
+// memShard is a torchdcp.PosWriter in memory.
+type memShard struct{ b []byte }
+
+func (m *memShard) Write(p []byte) (int, error) { m.b = append(m.b, p...); return len(p), nil }
+func (m *memShard) Pos() int64                  { return int64(len(m.b)) }
+func (m *memShard) Patch(p []byte, off int64) error {
+	copy(m.b[off:], p)
+	return nil
+}
+
+// writeChunked writes a DCP checkpoint of real records, one shard: tensor
+// "rows" [n, 16] float32 in n one-row chunks (one run each) and "cols"
+// [16, n] in n one-column chunks (16 runs each), every record compressed
+// with zstd when compress is set. Element values are their index in the
+// tensor, so a read can be checked.
+func writeChunked(t testing.TB, dir string, n int64, compress bool) {
+	t.Helper()
+	var shard memShard
+	m := &torchdcp.Metadata{}
+	var enc *zstd.Encoder
+	if compress {
+		var err error
+		enc, err = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
+		require.NoError(t, err)
+		defer enc.Close()
+	}
+	add := func(fqn string, size []int64, chunk func(i int64) (off, sizes []int64, vals []float32)) {
+		tm := &torchdcp.TensorMetadata{Properties: torchdcp.TensorProperties{DType: "float32", Layout: "torch.strided"}, Size: size}
+		m.Items = append(m.Items, torchdcp.Item{FQN: fqn, Tensor: tm})
+		m.Planner = append(m.Planner, torchdcp.PlannerEntry{Key: fqn, Path: []any{fqn}})
+		for i := range n {
+			off, sizes, vals := chunk(i)
+			var rec memShard
+			w, err := torchdcp.NewRecordWriter(&rec, "float32", 4, sizes)
+			require.NoError(t, err)
+			_, err = w.Write(unsafe.Slice((*byte)(unsafe.Pointer(&vals[0])), 4*len(vals)))
+			require.NoError(t, err)
+			require.NoError(t, w.Close())
+			info := torchdcp.StorageInfo{RelativePath: torchdcp.ShardName(0, 0), Offset: shard.Pos()}
+			if compress {
+				rec.b = enc.EncodeAll(rec.b, nil)
+				info.TransformDescriptors = []string{"stream.zstd/1"}
+			}
+			info.Length = int64(len(rec.b))
+			shard.b = append(shard.b, rec.b...)
+			tm.Chunks = append(tm.Chunks, torchdcp.ChunkMetadata{Offsets: off, Sizes: sizes})
+			m.Storage = append(m.Storage, torchdcp.StorageEntry{Index: torchdcp.Index{FQN: fqn, Offset: off}, Info: info})
+		}
+	}
+	const k = 16
+	add("rows", []int64{n, k}, func(i int64) ([]int64, []int64, []float32) {
+		vals := make([]float32, k)
+		for j := range vals {
+			vals[j] = float32(i*k + int64(j))
+		}
+		return []int64{i, 0}, []int64{1, k}, vals
+	})
+	add("cols", []int64{k, n}, func(i int64) ([]int64, []int64, []float32) {
+		vals := make([]float32, k)
+		for j := range vals {
+			vals[j] = float32(int64(j)*n + i)
+		}
+		return []int64{0, i}, []int64{k, 1}, vals
+	})
+	f, err := os.Create(filepath.Join(dir, torchdcp.MetadataFile))
+	require.NoError(t, err)
+	require.NoError(t, torchdcp.EncodeMetadata(f, m))
+	require.NoError(t, f.Close())
+	require.NoError(t, os.WriteFile(filepath.Join(dir, torchdcp.ShardName(0, 0)), shard.b, 0o644))
+}
+
+// liveHeap is the heap in use after a full collection (twice: the pools'
+// victims go in the second).
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// TestResidentCountsWhatReadsBuild: a view counts from its open what
+// reading every one of its tensors builds and keeps (the chunk boxes, the
+// located chunks, small decompressed records), since a mount's budget
+// reads the count once, at the open: the count after every byte of the
+// view was read is the count at open, and the heap the open view holds
+// then, measured, is within it.
+func TestResidentCountsWhatReadsBuild(t *testing.T) {
+	for _, compress := range []bool{false} {
+		name := map[bool]string{false: "stored", true: "zstd"}[compress]
+		t.Run(name, func(t *testing.T) {
+			const n = 3000
+			// A first view, small, makes what a process makes once
+			// (the CRC32 tables, the decoders' pools), outside the count.
+			warm := t.TempDir()
+			writeChunked(t, warm, 4, compress)
+			wc, wv := openPlanned(t, warm)
+			readEvery(t, wv)
+			require.NoError(t, wc.Close())
+
+			dir := t.TempDir()
+			writeChunked(t, dir, n, compress)
+			before := liveHeap()
+			c, v := openPlanned(t, dir)
+			defer c.Close()
+			atOpen := v.ResidentBytes()
+			readEvery(t, v)
+			held := liveHeap() - before
+			t.Logf("%s: %d chunks; counted %d at open (%d a chunk), %d after reads; heap held %d (%d a chunk)",
+				name, 2*n, atOpen, atOpen/(2*n), v.ResidentBytes(), held, held/(2*n))
+			assert.Equal(t, atOpen, v.ResidentBytes(), "the count after reads is the count at open")
+			// ckpt.Chunks and the DCP sources count their flat arrays
+			// by length; the allocator gives a large one whole pages.
+			slack := int64(len(c.Tensors)) * 2 * 8 << 10
+			assert.LessOrEqual(t, held, atOpen+slack, "the open view holds no more heap than it counts, once read")
+			runtime.KeepAlive(v)
+			runtime.KeepAlive(c)
+		})
+	}
+}
+
+func openPlanned(t *testing.T, dir string) (*ckpt.Checkpoint, *View) {
+	c, err := layout.Open(dir)
+	require.NoError(t, err)
+	v, err := Plan(c, Options{})
+	require.NoError(t, err)
+	return c, v
+}
+
+// readEvery reads every byte of every file of v, in FUSE-sized reads, and
+// checks the tensors' values (their element index, writeChunked).
+func readEvery(t *testing.T, v *View) {
+	buf := make([]byte, 128<<10)
+	read := 0
+	for _, f := range v.Files {
+		for off := int64(0); off < f.Size; off += int64(len(buf)) {
+			m, err := f.ReadAt(buf[:min(int64(len(buf)), f.Size-off)], off)
+			require.NoError(t, err)
+			read += m
+		}
+	}
+	require.Positive(t, read)
+}
+
+var sink []*byte
+
+// TestHeapSizeBoundsTheAllocator: heapSize is at least what the runtime
+// takes for an object of each size (MemStats.TotalAlloc counts the size
+// class, or the pages, of each allocation).
+func TestHeapSizeBoundsTheAllocator(t *testing.T) {
+	var ms runtime.MemStats
+	for n := int64(8); n <= 80<<10; n += max(8, n/64&^7) {
+		runtime.ReadMemStats(&ms)
+		before := ms.TotalAlloc
+		sink = make([]*byte, n/8)
+		runtime.ReadMemStats(&ms)
+		require.LessOrEqual(t, int64(ms.TotalAlloc-before), heapSize(n), "an object of %d bytes", n)
+	}
+	sink = nil
+}
