@@ -86,6 +86,7 @@ type View struct {
 	Warnings []string
 
 	hfTarget ckpt.HFTarget // what the mapping makes, for a generated config.json
+	boxes    *boxCache     // the chunk boxes of the tensors read last
 	extra    []io.Closer   // file sets of sidecars from outside the checkpoint
 }
 
@@ -175,6 +176,9 @@ func Plan(c *ckpt.Checkpoint, opts Options) (*View, error) {
 	}
 	if err == nil {
 		err = v.layoutTensors(tensors, opts)
+	}
+	if err == nil {
+		v.shareBoxes(tensors)
 	}
 	if err != nil {
 		v.closeExtra()

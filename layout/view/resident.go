@@ -14,7 +14,7 @@ import (
 // (vfs.Options.MetadataBudget). The budget reads it once, when the view
 // opens, so it is the same before and after any read.
 func (v *View) ResidentBytes() int64 {
-	n := int64(unsafe.Sizeof(*v)) + v.Checkpoint.ResidentBytes()
+	n := int64(unsafe.Sizeof(*v)) + v.Checkpoint.ResidentBytes() + v.boxes.resident()
 	seen := map[*geometry]bool{}
 	for _, f := range v.Files {
 		n += int64(unsafe.Sizeof(*f)) + int64(len(f.Name)+len(f.Path)+cap(f.header)+cap(f.data))
@@ -29,21 +29,27 @@ func (v *View) ResidentBytes() int64 {
 	return n
 }
 
-// resident is the geometry and the chunk boxes its first read builds,
-// counted once per view (seen): mapped tensors share their sources'.
+// resident is the geometry, counted once per view (seen): mapped tensors
+// share their sources'. The boxes its reads build are counted too: in its
+// view's cache bound (boxCache.resident), or here when it has no cache.
 func (g *geometry) resident(seen map[*geometry]bool) int64 {
 	if seen[g] {
 		return 0
 	}
 	seen[g] = true
-	return heapSize(int64(unsafe.Sizeof(*g))) + g.boxBytes()
+	n := heapSize(int64(unsafe.Sizeof(*g)))
+	if g.cache == nil {
+		n += g.boxBytes()
+	}
+	return n
 }
 
-// boxBytes is what boxes builds for the tensor, known before it does: a
-// chunkGeometry slice sized for every chunk, and a box per chunk.
+// boxBytes is what building the tensor's boxes keeps, known before it
+// does: a chunkGeometry slice sized for every chunk (and its header, which
+// geometry.built points to), and a box per chunk.
 func (g *geometry) boxBytes() int64 {
 	n := int64(g.tensor.Chunks.Len())
-	return heapSize(n*int64(unsafe.Sizeof(chunkGeometry{}))) + n*boxHeap(len(g.tensor.Shape))
+	return heapSize(int64(unsafe.Sizeof([]chunkGeometry{}))) + heapSize(n*int64(unsafe.Sizeof(chunkGeometry{}))) + n*boxHeap(len(g.tensor.Shape))
 }
 
 // boxHeap is what box.New keeps for a box of a tensor of the given rank:

@@ -87,3 +87,26 @@ func writeRows(b *testing.B, dir string, n int64) {
 	}
 	g.Close()
 }
+
+// BenchmarkBoxesBuild is what building a tensor's chunk boxes again
+// costs, once its view's cache dropped them (boxCache): per chunk, for
+// the [100k, 16] tensor of one-row chunks.
+func BenchmarkBoxesBuild(b *testing.B) {
+	dir := b.TempDir()
+	writeRows(b, dir, 100_000)
+	c, err := layout.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	g, err := newGeometry(c.Tensors[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := g.build(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(c.Tensors[0].Chunks.Len()), "ns/chunk")
+}

@@ -176,3 +176,61 @@ func TestHeapSizeBoundsTheAllocator(t *testing.T) {
 	}
 	sink = nil
 }
+
+// TestBoxesKeptWithinTheirBound: a view keeps the chunk boxes of the
+// tensors it read last only, within the bound it counts (here its largest
+// tensor's: one of two alike), and reads that drop and build them again
+// under each other, concurrently, read the same bytes.
+func TestBoxesKeptWithinTheirBound(t *testing.T) {
+	defer func(b int64) { boxBudget = b }(boxBudget)
+	const n = 3000
+	dir := t.TempDir()
+	writeChunked(t, dir, n, false)
+	c0, v0 := openPlanned(t, dir)
+	want := readAll(t, v0)
+	require.NoError(t, c0.Close())
+
+	boxBudget = 1
+	warm := t.TempDir()
+	writeChunked(t, warm, 4, false)
+	wc, wv := openPlanned(t, warm)
+	readEvery(t, wv)
+	require.NoError(t, wc.Close())
+
+	before := liveHeap()
+	c, v := openPlanned(t, dir)
+	defer c.Close()
+	atOpen := v.ResidentBytes()
+	require.Equal(t, want, readAll(t, v))
+	held := liveHeap() - before
+	bc := v.boxes
+	t.Logf("counted %d at open; heap held %d; boxes %d within %d", atOpen, held, bc.used, bc.bound)
+	assert.Equal(t, 1, bc.lru.Len(), "one tensor's boxes kept")
+	assert.LessOrEqual(t, bc.used, bc.bound)
+	slack := int64(len(c.Tensors)) * 2 * 8 << 10
+	assert.LessOrEqual(t, held, atOpen+slack, "the open view holds no more heap than it counts, once read")
+
+	done := make(chan []byte)
+	for range 4 {
+		go func() { done <- readAll(t, v) }()
+	}
+	for range 4 {
+		assert.Equal(t, want, <-done)
+	}
+	assert.Equal(t, atOpen, v.ResidentBytes())
+}
+
+// readAll is every view file's bytes, one after the other.
+func readAll(t *testing.T, v *View) []byte {
+	var out []byte
+	for _, f := range v.Files {
+		b := make([]byte, f.Size)
+		_, err := f.ReadAt(b, 0)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		out = append(out, b...)
+	}
+	return out
+}
