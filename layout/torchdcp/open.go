@@ -11,8 +11,10 @@
 //     (no tree of pickle values, no map of storage keys), with the same
 //     field decoders, and the general decoder's answer for anything else.
 //   - record*.go: a chunk's record (a torch.save archive), located
-//     (record.go) and read in place (recordsource.go), and written
-//     (recordwrite.go: RecordWriter).
+//     (record.go) and read in place (recordsource.go; a small zstd record
+//     decompressed is kept in the checkpoint's bounded recordcache.go),
+//     and written (recordwrite.go: RecordWriter); dcptest writes
+//     checkpoints of such records for tests.
 //   - open.go: Open and the registry's Reader: a checkpoint as the ckpt
 //     model.
 //
@@ -21,7 +23,9 @@
 // reading shard contents. Optimizer state (by planner_data) that the
 // caller will not show (ckpt.OpenOptions) is checked the same way, then
 // kept only as ckpt.Left. Each chunk's bytes live inside a torch.save zip
-// record; where exactly is found on the chunk's first read and remembered.
+// record; where exactly is found on the chunk's first read and remembered,
+// in a fixed size that the checkpoint counts from its open (ResidentBytes),
+// as it counts the bounds of what reads keep besides.
 // The commit protocol of a writer (placement, numbering, .metadata written
 // last) is dcpwrite's.
 package torchdcp
