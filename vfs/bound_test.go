@@ -32,9 +32,10 @@ func vmHWM(t *testing.T) int64 {
 }
 
 // Three views of large checkpoints (128 ranks) open at once stay within the bound the
-// README states: each counts under 176 bytes per chunk it shows (the
-// compact index, ckpt.Chunks, and a DCP chunk's source with where its bytes
-// lie once read, counted at open), the heap they hold is within it, and
+// README states: each counts under 448 bytes per chunk it shows (the
+// compact index, ckpt.Chunks, a DCP chunk's source with where its bytes
+// lie once read, and the chunk's box that a read of its tensor builds,
+// all counted at open), the heap they hold is within it, and
 // under the mount's collector policy (the Go limit alone, lowered while a
 // .metadata is mapped: internal/memlimit) the process's peak RSS grows by
 // no more than that limit.
@@ -72,7 +73,7 @@ func TestThreeLargeViewsWithinMemoryBound(t *testing.T) {
 	// 65 tensors shown (16 layers of 4, the embedding), one chunk a rank.
 	perChunk := st.MetadataBytes / (n * 65 * ranks)
 	t.Logf("%d views count %d bytes, %d a chunk shown; peak RSS +%d MiB (Go limit %d MiB)", n, st.MetadataBytes, perChunk, peak>>20, bound>>20)
-	require.LessOrEqual(t, perChunk, int64(176), "bytes counted per chunk shown")
+	require.LessOrEqual(t, perChunk, int64(448), "bytes counted per chunk shown")
 
 	held := heapAlloc() - base
 	require.LessOrEqual(t, held, st.MetadataBytes*5/4+(4<<20), "the views hold %d bytes of heap; they count %d", held, st.MetadataBytes)

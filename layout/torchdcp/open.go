@@ -11,8 +11,10 @@
 //     (no tree of pickle values, no map of storage keys), with the same
 //     field decoders, and the general decoder's answer for anything else.
 //   - record*.go: a chunk's record (a torch.save archive), located
-//     (record.go) and read in place (recordsource.go), and written
-//     (recordwrite.go: RecordWriter).
+//     (record.go) and read in place (recordsource.go; a small zstd record
+//     decompressed is kept in the checkpoint's bounded recordcache.go),
+//     and written (recordwrite.go: RecordWriter); dcptest writes
+//     checkpoints of such records for tests.
 //   - open.go: Open and the registry's Reader: a checkpoint as the ckpt
 //     model.
 //
@@ -21,7 +23,9 @@
 // reading shard contents. Optimizer state (by planner_data) that the
 // caller will not show (ckpt.OpenOptions) is checked the same way, then
 // kept only as ckpt.Left. Each chunk's bytes live inside a torch.save zip
-// record; where exactly is found on the chunk's first read and remembered.
+// record; where exactly is found on the chunk's first read and remembered,
+// in a fixed size that the checkpoint counts from its open (ResidentBytes),
+// as it counts the bounds of what reads keep besides.
 // The commit protocol of a writer (placement, numbering, .metadata written
 // last) is dcpwrite's.
 package torchdcp
@@ -117,7 +121,7 @@ func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.
 	where := dir.Path(MetadataFile)
 	c := &ckpt.Checkpoint{Dir: dir.Path("."), Format: opts.Format, Files: ckpt.NewFileSet(dir)}
 	items := make([]built, len(m.Items))
-	buildItems(builder{m: m, st: st, c: c, opts: opts}, items)
+	buildItems(builder{m: m, st: st, c: c, opts: opts, records: newRecordCache()}, items)
 	var unknown []string // "name (torch.X)" of tensors whose dtype torch does not have
 	for i, it := range items {
 		if it.err != nil { // the first item's error, as in one pass
@@ -138,6 +142,7 @@ func openDecoded(dir source.Tree, m *Metadata, st *stream, opts Options) (*ckpt.
 			c.Tensors = append(c.Tensors, it.tensor)
 		}
 	}
+	countRecords(c)
 	if len(unknown) > 0 {
 		c.Close()
 		return nil, fmt.Errorf("torchdcp: %s: %w", where, invalidf("%d tensors have a dtype torch does not have: %s",
@@ -238,6 +243,22 @@ type builder struct {
 	files map[string]*ckpt.File
 	// stFiles are the same by the stream's file index (nil: not yet).
 	stFiles []*ckpt.File
+	// records keeps the checkpoint's small decompressed zstd records.
+	records *recordCache
+}
+
+// countRecords makes the first tensor kept that has zstd chunks count the
+// checkpoint's decompressed records (recordSource.ResidentBytes).
+func countRecords(c *ckpt.Checkpoint) {
+	for _, t := range c.Tensors {
+		if t.Chunks.Len() == 0 {
+			continue
+		}
+		if src, ok := t.Chunks.Source(0).(*recordSource); ok && src.t.records != nil {
+			src.t.countsRecords = true
+			return
+		}
+	}
 }
 
 // lookup is m.Lookup of chunk i of tensor fqn, at offset (i < 0, offset
@@ -429,6 +450,9 @@ func (b *builder) tensor(fqn string, tm *TensorMetadata, out *built) error {
 		}
 		if leave {
 			continue
+		}
+		if zstd {
+			rt.records = b.records
 		}
 		srcs[i] = recordSource{t: rt, file: f, off: info.Offset, length: info.Length, zstd: zstd, i: int32(i)}
 	}

@@ -21,8 +21,9 @@ const (
 	maxZstdWindow = 128 << 20
 )
 
-// memRecordLimit: decompressed records up to this size stay in memory,
-// larger ones go to an unlinked temporary file. A variable for tests.
+// memRecordLimit: decompressed records up to this size stay in memory
+// (within the checkpoint's recordCache), larger ones go to an unlinked
+// temporary file. A variable for tests.
 var memRecordLimit int64 = 1 << 20
 
 // recordWant is what the metadata says a chunk's record must hold.

@@ -6,6 +6,7 @@ package torchdcp
 
 import (
 	"bytes"
+	"container/list"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -89,6 +90,10 @@ type recordTensor struct {
 	// bytes in, one string for all (torch names it archive/data/0 in every
 	// record DCP writes): a located chunk keeps no name of its own.
 	entry atomic.Pointer[string]
+	// records keeps the checkpoint's small decompressed zstd records (nil
+	// when the tensor has none); one tensor counts it (countsRecords).
+	records       *recordCache
+	countsRecords bool
 }
 
 // maxEntryName bounds the entry name a tensor keeps for its chunks (torch
@@ -143,13 +148,18 @@ type chunkBytes struct {
 	crc                 uint32
 	whole               bool // the chunk is the whole entry
 	named               bool // the entry's name is its tensor's (recordTensor.entry)
-	rest                *chunkRest
+	// mem: the offsets are in the record decompressed in memory, which
+	// the tensor's records keeps while it is among those read last
+	// (elem, under records.mu), and decompresses again when not.
+	mem  bool
+	elem *list.Element
+	rest *chunkRest
 }
 
-// chunkRest is what a located chunk holds besides offsets: the reader of
-// its decompressed record, or a lasting failure to locate it.
+// chunkRest is what a located chunk holds besides offsets: the spooled
+// file of its decompressed record, or a lasting failure to locate it.
 type chunkRest struct {
-	r io.ReaderAt // nil: the shard file
+	r io.ReaderAt // nil: the shard file (or the record in memory: mem)
 	// err, when set, is a lasting failure to locate the chunk (a bad
 	// record, a changed source), and nothing else is.
 	err error
@@ -169,17 +179,48 @@ func (c *chunkBytes) result() (*chunkBytes, error) {
 }
 
 // reader is what the located chunk's offsets are in: the shard file, or
-// its decompressed record.
-func (s *recordSource) reader(c *chunkBytes) io.ReaderAt {
-	if c.rest != nil && c.rest.r != nil {
-		return c.rest.r
+// its decompressed record (in memory, decompressed again if dropped).
+func (s *recordSource) reader(c *chunkBytes) (io.ReaderAt, error) {
+	switch {
+	case c.mem:
+		data, err := s.record(c)
+		return bytes.NewReader(data), err
+	case c.rest != nil && c.rest.r != nil:
+		return c.rest.r, nil
 	}
-	return s.file
+	return s.file, nil
+}
+
+// record is the decompressed record of the chunk located at c (mem): kept,
+// or decompressed again, its data entry checked against its CRC32 again,
+// and kept.
+func (s *recordSource) record(c *chunkBytes) ([]byte, error) {
+	if data := s.t.records.get(c); data != nil {
+		return data, nil
+	}
+	_, _, data, err := s.decompress()
+	if err == nil && (data == nil || c.entryOff+c.entrySize > int64(len(data))) {
+		err = fmt.Errorf("zstd: the record decompresses to %d bytes now, not as located (a rewritten shard)", len(data))
+	}
+	if err == nil {
+		if sum := crc32.ChecksumIEEE(data[c.entryOff : c.entryOff+c.entrySize]); sum != c.crc {
+			err = crcMismatch(s.entryName(c), c.crc, sum, "after decompression")
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("torchdcp: %s: tensor %q chunk %s: %w", s, s.t.name, formatOffsets(s.offsets()), err)
+	}
+	s.t.records.put(c, data)
+	return data, nil
 }
 
 // entry reads the data entry.
-func (s *recordSource) entry(c *chunkBytes) *io.SectionReader {
-	return io.NewSectionReader(s.reader(c), c.entryOff, c.entrySize)
+func (s *recordSource) entry(c *chunkBytes) (*io.SectionReader, error) {
+	r, err := s.reader(c)
+	if err != nil {
+		return nil, err
+	}
+	return io.NewSectionReader(r, c.entryOff, c.entrySize), nil
 }
 
 // entryName names the data entry in messages.
@@ -240,7 +281,11 @@ func (s *recordSource) ReadAt(p []byte, off int64) (int, error) {
 	}
 	n := len(want)
 	if fill == nil || !fill.filled {
-		n, err = s.reader(loc).ReadAt(want, loc.off+off)
+		var r io.ReaderAt
+		if r, err = s.reader(loc); err != nil {
+			return 0, err
+		}
+		n, err = r.ReadAt(want, loc.off+off)
 		if err == io.EOF && n == len(want) {
 			err = nil
 		}
@@ -301,7 +346,11 @@ func (s *recordSource) Verify() error {
 	if err != nil {
 		return err
 	}
-	sum, err := crcOf(s.entry(loc))
+	e, err := s.entry(loc)
+	if err != nil {
+		return err
+	}
+	sum, err := crcOf(e)
 	if err != nil {
 		return fmt.Errorf("torchdcp: %s: tensor %q chunk %s: verifying %s: %w", s, s.t.name, formatOffsets(s.offsets()), s.entryName(loc), err)
 	}
@@ -373,7 +422,7 @@ func (s *recordSource) locate(fill *chunkFill, leaveCheck bool) (_ *chunkBytes, 
 			return err
 		})
 		if err == nil {
-			loc = s.chunkAt(s.file, s.off, at)
+			loc = s.chunkAt(s.off, at)
 		}
 	}
 	if err == nil {
@@ -395,19 +444,10 @@ func (s *recordSource) locate(fill *chunkFill, leaveCheck bool) (_ *chunkBytes, 
 	return nil, false, loc.rest.err
 }
 
-// resolve locates the chunk in the record read through r.
-func (s *recordSource) resolve(r io.ReaderAt, size int64) (*chunkBytes, error) {
-	at, err := locateRecordMemo(r, size, s.want(), &s.t.pkl, nil)
-	if err != nil {
-		return nil, err
-	}
-	return s.chunkAt(r, 0, at), nil
-}
-
-// chunkAt is the chunk located at in the record at base in r.
-func (s *recordSource) chunkAt(r io.ReaderAt, base int64, at recordLoc) *chunkBytes {
+// chunkAt is the chunk located at in the record at base in its reader.
+func (s *recordSource) chunkAt(base int64, at recordLoc) *chunkBytes {
 	nbytes := s.nbytes()
-	c := &chunkBytes{
+	return &chunkBytes{
 		off:       base + at.off,
 		entryOff:  base + at.entryOff,
 		entrySize: at.entrySize,
@@ -415,77 +455,88 @@ func (s *recordSource) chunkAt(r io.ReaderAt, base int64, at recordLoc) *chunkBy
 		crc:       at.crc,
 		whole:     at.off == at.entryOff && nbytes == at.entrySize,
 	}
-	if r != io.ReaderAt(s.file) {
-		c.rest = &chunkRest{r: r}
-	}
-	return c
 }
 
 // resolveZstd decompresses the whole record, bounded by what the chunk can
-// need, into memory (small records) or an unlinked temporary file, locates
-// the chunk inside it and checks its data entry against its CRC32, since the
-// whole record was just read.
+// need, into memory (small records, kept in the checkpoint's records) or
+// an unlinked temporary file, locates the chunk inside it and checks its
+// data entry against its CRC32, since the whole record was just read.
 func (s *recordSource) resolveZstd() (*chunkBytes, error) {
-	limit := s.nbytes() + recordOverhead
-	dec, err := zstd.NewReader(io.NewSectionReader(s.file, s.off, s.length),
-		zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow),
-		zstd.WithDecoderMaxMemory(uint64(limit)))
-	if err != nil {
-		return nil, fmt.Errorf("zstd: %w", err)
-	}
-	defer dec.Close()
-
-	var buf bytes.Buffer
-	n, err := io.CopyN(&buf, dec, memRecordLimit+1)
-	if err != nil && err != io.EOF {
-		return nil, fmt.Errorf("zstd: %w", err)
-	}
-	var r io.ReaderAt
-	size := n
-	if n <= memRecordLimit {
-		r = bytes.NewReader(buf.Bytes())
-	} else {
-		tmp, err := os.CreateTemp(s.t.tmpDir, "ckptfs-zstd-*")
-		if err != nil {
-			return nil, err
-		}
-		// Unlinked at once: the data lives as long as the open handle.
-		_ = os.Remove(tmp.Name())
-		ok := false
-		defer func() {
-			if !ok {
-				tmp.Close()
-			}
-		}()
-		if _, err := tmp.Write(buf.Bytes()); err != nil {
-			return nil, fmt.Errorf("spooling decompressed record: %w", err)
-		}
-		m, err := io.Copy(tmp, io.LimitReader(dec, limit+1-n))
-		if err != nil {
-			return nil, fmt.Errorf("zstd: %w", err)
-		}
-		size += m
-		if size > limit {
-			return nil, fmt.Errorf("zstd: record decompresses to more than %d bytes", limit)
-		}
-		ok = true
-		if s.t.files != nil {
-			s.t.files.Adopt(tmp)
-		}
-		r = tmp
-	}
-	loc, err := s.resolve(r, size)
+	r, size, data, err := s.decompress()
 	if err != nil {
 		return nil, err
 	}
-	sum, err := crcOf(s.entry(loc))
+	at, err := locateRecordMemo(r, size, s.want(), &s.t.pkl, nil)
+	if err != nil {
+		return nil, err
+	}
+	loc := s.chunkAt(0, at)
+	if data != nil {
+		loc.mem = true
+	} else {
+		loc.rest = &chunkRest{r: r}
+	}
+	sum, err := crcOf(io.NewSectionReader(r, loc.entryOff, loc.entrySize))
 	if err != nil {
 		return nil, fmt.Errorf("reading back the decompressed record: %w", err)
 	}
 	if sum != loc.crc {
 		return nil, crcMismatch(s.entryName(loc), loc.crc, sum, "after decompression")
 	}
+	if data != nil {
+		s.t.records.put(loc, data)
+	}
 	return loc, nil
+}
+
+// decompress decompresses the whole record, bounded by what the chunk can
+// need: into memory (data, when at most memRecordLimit bytes) or an
+// unlinked temporary file that the tensor's file set then owns.
+func (s *recordSource) decompress() (_ io.ReaderAt, size int64, data []byte, _ error) {
+	limit := s.nbytes() + recordOverhead
+	dec, err := zstd.NewReader(io.NewSectionReader(s.file, s.off, s.length),
+		zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow),
+		zstd.WithDecoderMaxMemory(uint64(limit)))
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("zstd: %w", err)
+	}
+	defer dec.Close()
+
+	var buf bytes.Buffer
+	n, err := io.CopyN(&buf, dec, memRecordLimit+1)
+	if err != nil && err != io.EOF {
+		return nil, 0, nil, fmt.Errorf("zstd: %w", err)
+	}
+	if n <= memRecordLimit {
+		return bytes.NewReader(buf.Bytes()), n, buf.Bytes(), nil
+	}
+	tmp, err := os.CreateTemp(s.t.tmpDir, "ckptfs-zstd-*")
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	// Unlinked at once: the data lives as long as the open handle.
+	_ = os.Remove(tmp.Name())
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+		}
+	}()
+	if _, err := tmp.Write(buf.Bytes()); err != nil {
+		return nil, 0, nil, fmt.Errorf("spooling decompressed record: %w", err)
+	}
+	m, err := io.Copy(tmp, io.LimitReader(dec, limit+1-n))
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("zstd: %w", err)
+	}
+	if n+m > limit {
+		return nil, 0, nil, fmt.Errorf("zstd: record decompresses to more than %d bytes", limit)
+	}
+	ok = true
+	if s.t.files != nil {
+		s.t.files.Adopt(tmp)
+	}
+	return tmp, n + m, nil, nil
 }
 
 // torchOnlyDTypes are the dtypes torch has and safetensors does not
@@ -498,16 +549,28 @@ var torchOnlyDTypes = torchzip.TorchOnlyDTypes
 // dtypeOf maps a torch dtype name to safetensors and its element size.
 func dtypeOf(torch string) (safetensors.DType, int64, bool) { return torchzip.DType(torch) }
 
+// spooledBytes bounds what a zstd chunk whose record is spooled to a file
+// keeps besides its chunkBytes: its chunkRest and the open *os.File
+// (TestResidentCountsSpooledRecords measures it).
+const spooledBytes = 512
+
 // ResidentBytes implements ckpt.Resident: the source, and what locating it
-// keeps (its chunkBytes); a tensor's first source counts what its sources
-// share, its data.pkl memo and entry name at their bounds. All of it is
-// counted whether located yet or not: a budget reads this when the view
-// opens, before any chunk is read, and a view keeps what it locates for as
-// long as it is open.
+// keeps (its chunkBytes; a zstd chunk's spooled file); a tensor's first
+// source counts what its sources share, its data.pkl memo and entry name at
+// their bounds, and one tensor's the checkpoint's decompressed records at
+// their bound (recordCache). All of it is counted whether located yet or
+// not: a budget reads this when the view opens, before any chunk is read,
+// and a view keeps what it locates for as long as it is open.
 func (s *recordSource) ResidentBytes() int64 {
 	n := int64(unsafe.Sizeof(*s)) + locatedBytes
+	if s.zstd {
+		n += spooledBytes
+	}
 	if s.i == 0 {
 		n += int64(unsafe.Sizeof(*s.t)) + int64(len(s.t.name)+len(s.t.dtype)) + memoBound + maxEntryName
+		if s.t.countsRecords {
+			n += s.t.records.resident()
+		}
 	}
 	return n
 }

@@ -16,6 +16,9 @@ type content interface {
 	// backing adds to s what the bytes come from.
 	backing(s *sourceSet)
 	origin() Origin
+	// resident bounds what it holds, reads included (resident.go), each
+	// geometry counted once in seen.
+	resident(seen map[*geometry]bool) int64
 }
 
 // Origin says where a view tensor comes from, for inspect.

@@ -1,10 +1,10 @@
 package view
 
 import (
+	"container/list"
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/box"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
@@ -16,23 +16,25 @@ import (
 // one extent per chunk, scattered run by run when the chunk is not one run
 // (readplan.go reads them).
 
-// geometry is the layout of one tensor, its chunks' boxes computed on the
-// first read (boxes): a view of a checkpoint of millions of chunks lists
-// and opens without them, and holds them only for the tensors read.
+// geometry is the layout of one tensor, its chunks' boxes computed on a
+// read (boxes): a view of a checkpoint of millions of chunks lists and
+// opens without them, and keeps them for the tensors read last only
+// (boxCache), within a bound it counts from the open.
 type geometry struct {
 	tensor *ckpt.Tensor
-	bytes  int64 // total bytes
+	bytes  int64     // total bytes
+	cache  *boxCache // nil: boxes are kept once built
 
-	once   sync.Once
-	chunks []chunkGeometry // set by once
-	err    error           // set by once
-	built  atomic.Int64    // the bytes chunks holds, once set
+	mu    sync.Mutex                      // held while building
+	built atomic.Pointer[[]chunkGeometry] // nil until built, and once dropped
+	err   error                           // under mu: a lasting failure to build
+	elem  *list.Element                   // in cache.lru, under cache.mu
 }
 
 type chunkGeometry struct {
 	src ckpt.Source
 	box *box.Geometry
-	at  []int64 // the chunk's offsets, for messages
+	i   int // the chunk's index in its tensor, for messages
 }
 
 // newGeometry checks that t's chunks tile it, which its format's reader
@@ -44,26 +46,47 @@ func newGeometry(t *ckpt.Tensor) (*geometry, error) {
 	return &geometry{tensor: t, bytes: t.ByteSize()}, nil
 }
 
-// boxes returns the geometry of each chunk that holds bytes, computed once.
+// boxes returns the geometry of each chunk that holds bytes, kept while
+// the tensor is among those its view read last (boxCache).
 func (g *geometry) boxes() ([]chunkGeometry, error) {
-	g.once.Do(func() {
-		t := g.tensor
-		var chunks []chunkGeometry
-		for _, c := range t.Chunks.All() {
-			b, err := box.New(t.Shape, int64(t.DType.Size()), box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
-			if err != nil {
-				g.err = fmt.Errorf("tensor %q: %w", t.Name, err)
-				return
-			}
-			if b.Bytes() > 0 { // empty chunks hold no bytes
-				chunks = append(chunks, chunkGeometry{src: c.Source, box: b, at: c.Offsets})
-			}
+	if b := g.built.Load(); b != nil {
+		g.cache.use(g)
+		return *b, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		return nil, g.err
+	}
+	if b := g.built.Load(); b != nil {
+		g.cache.use(g)
+		return *b, nil
+	}
+	chunks, err := g.build()
+	if err != nil {
+		g.err = err
+		return nil, err
+	}
+	g.built.Store(&chunks)
+	g.cache.add(g)
+	return chunks, nil
+}
+
+// build computes the boxes: a slice sized for every chunk (as boxBytes
+// counts it) and a box.Geometry each.
+func (g *geometry) build() ([]chunkGeometry, error) {
+	t := g.tensor
+	chunks := make([]chunkGeometry, 0, t.Chunks.Len())
+	for i, c := range t.Chunks.All() {
+		b, err := box.New(t.Shape, int64(t.DType.Size()), box.Box{Offsets: c.Offsets, Sizes: c.Sizes})
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
-		g.chunks = chunks
-		per := int64(unsafe.Sizeof(chunkGeometry{})+unsafe.Sizeof(box.Geometry{})) + 4*8*int64(len(t.Shape)+1)
-		g.built.Store(int64(cap(chunks)) * per)
-	})
-	return g.chunks, g.err
+		if b.Bytes() > 0 { // empty chunks hold no bytes
+			chunks = append(chunks, chunkGeometry{src: c.Source, box: b, i: i})
+		}
+	}
+	return chunks, nil
 }
 
 // bufPool recycles scratch buffers so a read allocates nothing in the
@@ -122,5 +145,5 @@ func (g *geometry) plan(p *readPlan, dst []byte, pos int64) error {
 }
 
 func (g *geometry) chunkError(c *chunkGeometry, err error) error {
-	return fmt.Errorf("tensor %q chunk at %v from %s: %w", g.tensor.Name, c.at, c.src, err)
+	return fmt.Errorf("tensor %q chunk at %v from %s: %w", g.tensor.Name, g.tensor.Chunks.At(c.i).Offsets, c.src, err)
 }

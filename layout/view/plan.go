@@ -2,7 +2,9 @@
 // lays the checkpoint's tensors out in virtual safetensors files under HF
 // names (mapped, selected, dtype-converted as asked) with their index and
 // sidecars, and each File is an io.ReaderAt that gathers its bytes from the
-// shard files on demand. Planning reads no tensor data.
+// shard files on demand. Planning reads no tensor data. What an open view
+// holds, what its reads keep included (the chunk boxes of the tensors read
+// last: boxcache.go), is bounded and counted from the plan (resident.go).
 package view
 
 import (
@@ -86,6 +88,7 @@ type View struct {
 	Warnings []string
 
 	hfTarget ckpt.HFTarget // what the mapping makes, for a generated config.json
+	boxes    *boxCache     // the chunk boxes of the tensors read last
 	extra    []io.Closer   // file sets of sidecars from outside the checkpoint
 }
 
@@ -175,6 +178,9 @@ func Plan(c *ckpt.Checkpoint, opts Options) (*View, error) {
 	}
 	if err == nil {
 		err = v.layoutTensors(tensors, opts)
+	}
+	if err == nil {
+		v.shareBoxes(tensors)
 	}
 	if err != nil {
 		v.closeExtra()

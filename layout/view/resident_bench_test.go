@@ -16,6 +16,9 @@ import (
 // tensor in 100k one-row chunks, and reports what one open view holds:
 // counted (ResidentBytes, what a mount's metadata budget sees) and
 // measured (the heap after a collection), per view and per chunk shown.
+// With CKPTFS_BENCH_READ=1 (a checkpoint with its bytes) it reads every
+// byte of the view, in 128 KiB reads, and reports the heap the view holds
+// then, and its count again.
 func BenchmarkViewResident(b *testing.B) {
 	dir := os.Getenv("CKPTFS_BENCH_SCALE")
 	if dir == "" {
@@ -28,11 +31,13 @@ func BenchmarkViewResident(b *testing.B) {
 	}
 	heap := func() int64 {
 		runtime.GC()
+		runtime.GC() // the pools' victims
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		return int64(ms.HeapAlloc)
 	}
-	var counted, held, chunks int64
+	read := os.Getenv("CKPTFS_BENCH_READ") == "1"
+	var counted, held, heldRead, countedRead, chunks int64
 	for b.Loop() {
 		before := heap()
 		c, err := layout.OpenAsWith(nil, tree, OpenOptions(Options{}))
@@ -45,6 +50,17 @@ func BenchmarkViewResident(b *testing.B) {
 		}
 		held = heap() - before
 		counted = v.ResidentBytes()
+		if read {
+			buf := make([]byte, 128<<10)
+			for _, f := range v.Files {
+				for off := int64(0); off < f.Size; off += int64(len(buf)) {
+					if _, err := f.ReadAt(buf[:min(int64(len(buf)), f.Size-off)], off); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			heldRead, countedRead = heap()-before, v.ResidentBytes()
+		}
 		chunks = 0
 		for _, t := range c.Tensors {
 			chunks += int64(t.Chunks.Len())
@@ -54,6 +70,10 @@ func BenchmarkViewResident(b *testing.B) {
 	b.ReportMetric(float64(counted), "counted-B/view")
 	b.ReportMetric(float64(held), "heap-B/view")
 	b.ReportMetric(float64(counted)/float64(chunks), "counted-B/chunk")
+	if read {
+		b.ReportMetric(float64(heldRead), "heap-read-B/view")
+		b.ReportMetric(float64(countedRead), "counted-read-B/view")
+	}
 }
 
 // writeRows writes a DCP checkpoint of one [n, 16] float32 tensor saved as
@@ -86,4 +106,27 @@ func writeRows(b *testing.B, dir string, n int64) {
 		b.Fatal(err)
 	}
 	g.Close()
+}
+
+// BenchmarkBoxesBuild is what building a tensor's chunk boxes again
+// costs, once its view's cache dropped them (boxCache): per chunk, for
+// the [100k, 16] tensor of one-row chunks.
+func BenchmarkBoxesBuild(b *testing.B) {
+	dir := b.TempDir()
+	writeRows(b, dir, 100_000)
+	c, err := layout.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	g, err := newGeometry(c.Tensors[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := g.build(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(c.Tensors[0].Chunks.Len()), "ns/chunk")
 }
