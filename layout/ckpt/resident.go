@@ -57,3 +57,26 @@ func pathBytes(p []string) int64 {
 	}
 	return n
 }
+
+// HeapSize bounds what the Go allocator takes for an object of n bytes, so that
+// what is counted from lengths is an upper bound of what is held:
+// its size classes are the multiples of 16 up to 256 (and 8, 24), of 32 up
+// to 512, and at most a quarter apart up to 32 KiB; larger objects take
+// whole 8 KiB pages.
+func HeapSize(n int64) int64 {
+	switch {
+	case n <= 0:
+		return 0
+	case n <= 8:
+		return 8
+	case n <= 24 && n > 16:
+		return 24
+	case n <= 256:
+		return (n + 15) &^ 15
+	case n <= 512:
+		return (n + 31) &^ 31
+	case n <= 32<<10:
+		return n + n/4 + 16
+	}
+	return (n + 8<<10 - 1) &^ (8<<10 - 1)
+}

@@ -4,6 +4,8 @@ import (
 	"container/list"
 	"sync"
 	"unsafe"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 )
 
 // recordCache keeps the small zstd records (up to memRecordLimit,
@@ -41,15 +43,10 @@ func (rc *recordCache) resident() int64 {
 }
 
 // recordHeap bounds what the allocator takes for a record's buffer of
-// capacity n, and for its entry in the cache: large objects take whole
-// 8 KiB pages, small ones a size class within a quarter above (view's
-// heapSize has the classes).
+// capacity n, and for its entry in the cache.
 func recordHeap(n int64) int64 {
 	const entry = 128 // its list element and cachedRecord
-	if n > 32<<10 {
-		return (n+8<<10-1)&^(8<<10-1) + entry
-	}
-	return n + n/4 + 16 + entry
+	return ckpt.HeapSize(n) + entry
 }
 
 // get is the record of the chunk located at loc, if kept.

@@ -4,6 +4,8 @@ import (
 	"container/list"
 	"sync"
 	"unsafe"
+
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 )
 
 // boxCache keeps the chunk boxes of the tensors a view read last, within a
@@ -53,7 +55,7 @@ func (bc *boxCache) resident() int64 {
 	if bc == nil {
 		return 0
 	}
-	return heapSize(int64(unsafe.Sizeof(*bc))) + bc.bound
+	return ckpt.HeapSize(int64(unsafe.Sizeof(*bc))) + bc.bound
 }
 
 // use marks g's boxes as read.

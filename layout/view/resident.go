@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/ckptfs/ckptfs/layout/box"
+	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/mapping"
 )
 
@@ -37,7 +38,7 @@ func (g *geometry) resident(seen map[*geometry]bool) int64 {
 		return 0
 	}
 	seen[g] = true
-	n := heapSize(int64(unsafe.Sizeof(*g)))
+	n := ckpt.HeapSize(int64(unsafe.Sizeof(*g)))
 	if g.cache == nil {
 		n += g.boxBytes()
 	}
@@ -49,19 +50,19 @@ func (g *geometry) resident(seen map[*geometry]bool) int64 {
 // geometry.built points to), and a box per chunk.
 func (g *geometry) boxBytes() int64 {
 	n := int64(g.tensor.Chunks.Len())
-	return heapSize(int64(unsafe.Sizeof([]chunkGeometry{}))) + heapSize(n*int64(unsafe.Sizeof(chunkGeometry{}))) + n*boxHeap(len(g.tensor.Shape))
+	return ckpt.HeapSize(int64(unsafe.Sizeof([]chunkGeometry{}))) + ckpt.HeapSize(n*int64(unsafe.Sizeof(chunkGeometry{}))) + n*boxHeap(len(g.tensor.Shape))
 }
 
 // boxHeap is what box.New keeps for a box of a tensor of the given rank:
 // the Geometry and its four slices of rank+1 numbers.
 func boxHeap(rank int) int64 {
-	return heapSize(int64(unsafe.Sizeof(box.Geometry{}))) + 4*heapSize(8*int64(rank+1))
+	return ckpt.HeapSize(int64(unsafe.Sizeof(box.Geometry{}))) + 4*ckpt.HeapSize(8*int64(rank+1))
 }
 
 // resident is the mapped tensor, its mapping, its pieces' boxes and the
 // geometries of the tensors they are cut from.
 func (m *mapped) resident(seen map[*geometry]bool) int64 {
-	n := heapSize(int64(unsafe.Sizeof(*m))) + heapSize(int64(cap(m.pieces))*int64(unsafe.Sizeof(mappedPiece{})))
+	n := ckpt.HeapSize(int64(unsafe.Sizeof(*m))) + ckpt.HeapSize(int64(cap(m.pieces))*int64(unsafe.Sizeof(mappedPiece{})))
 	n += mappingBytes(m.t)
 	for _, p := range m.pieces {
 		n += boxHeap(len(p.src.tensor.Shape)) + p.src.resident(seen)
@@ -72,32 +73,10 @@ func (m *mapped) resident(seen map[*geometry]bool) int64 {
 // mappingBytes is what a mapping's tensor holds (slices it shares with
 // others counted as its own: an upper bound).
 func mappingBytes(t *mapping.Tensor) int64 {
-	n := heapSize(int64(unsafe.Sizeof(*t))) + int64(len(t.Name)+len(t.Transform)) + heapSize(8*int64(cap(t.Shape)))
-	n += heapSize(int64(cap(t.Pieces)) * int64(unsafe.Sizeof(mapping.Piece{})))
+	n := ckpt.HeapSize(int64(unsafe.Sizeof(*t))) + int64(len(t.Name)+len(t.Transform)) + ckpt.HeapSize(8*int64(cap(t.Shape)))
+	n += ckpt.HeapSize(int64(cap(t.Pieces)) * int64(unsafe.Sizeof(mapping.Piece{})))
 	for _, p := range t.Pieces {
-		n += heapSize(8*int64(cap(p.Offsets))) + heapSize(8*int64(cap(p.Sizes))) + heapSize(8*int64(cap(p.Rows)))
+		n += ckpt.HeapSize(8*int64(cap(p.Offsets))) + ckpt.HeapSize(8*int64(cap(p.Sizes))) + ckpt.HeapSize(8*int64(cap(p.Rows)))
 	}
 	return n
-}
-
-// heapSize bounds what the Go allocator takes for an object of n bytes:
-// its size classes are the multiples of 16 up to 256 (and 8, 24), of 32 up
-// to 512, and at most a quarter apart up to 32 KiB; larger objects take
-// whole 8 KiB pages.
-func heapSize(n int64) int64 {
-	switch {
-	case n <= 0:
-		return 0
-	case n <= 8:
-		return 8
-	case n <= 24 && n > 16:
-		return 24
-	case n <= 256:
-		return (n + 15) &^ 15
-	case n <= 512:
-		return (n + 31) &^ 31
-	case n <= 32<<10:
-		return n + n/4 + 16
-	}
-	return (n + 8<<10 - 1) &^ (8<<10 - 1)
 }

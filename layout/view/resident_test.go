@@ -100,23 +100,6 @@ func readEvery(t *testing.T, v *View) []byte {
 	return out
 }
 
-var sink []*byte
-
-// TestHeapSizeBoundsTheAllocator: heapSize is at least what the runtime
-// takes for an object of each size (MemStats.TotalAlloc counts the size
-// class, or the pages, of each allocation).
-func TestHeapSizeBoundsTheAllocator(t *testing.T) {
-	var ms runtime.MemStats
-	for n := int64(8); n <= 80<<10; n += max(8, n/64&^7) {
-		runtime.ReadMemStats(&ms)
-		before := ms.TotalAlloc
-		sink = make([]*byte, n/8)
-		runtime.ReadMemStats(&ms)
-		require.LessOrEqual(t, int64(ms.TotalAlloc-before), heapSize(n), "an object of %d bytes", n)
-	}
-	sink = nil
-}
-
 // TestBoxesKeptWithinTheirBound: a view keeps the chunk boxes of the
 // tensors it read last only, within the bound it counts (here its largest
 // tensor's: one of two alike), and reads that drop and build them again
