@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptfs/ckptfs/internal/memlimit"
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
 
@@ -57,7 +58,7 @@ func TestThreeLargeViewsWithinMemoryBound(t *testing.T) {
 	memlimit.Set(bound)
 	defer memlimit.Set(0)
 
-	base := heapAlloc()
+	base := testenv.LiveHeap()
 	debug.FreeOSMemory()
 	require.NoError(t, os.WriteFile("/proc/self/clear_refs", []byte("5"), 0))
 	hwm0 := vmHWM(t)
@@ -75,7 +76,7 @@ func TestThreeLargeViewsWithinMemoryBound(t *testing.T) {
 	t.Logf("%d views count %d bytes, %d a chunk shown; peak RSS +%d MiB (Go limit %d MiB)", n, st.MetadataBytes, perChunk, peak>>20, bound>>20)
 	require.LessOrEqual(t, perChunk, int64(448), "bytes counted per chunk shown")
 
-	held := heapAlloc() - base
+	held := testenv.LiveHeap() - base
 	require.LessOrEqual(t, held, st.MetadataBytes*5/4+(4<<20), "the views hold %d bytes of heap; they count %d", held, st.MetadataBytes)
 	if !raceEnabled { // the race detector's shadow memory is RSS too
 		require.LessOrEqual(t, peak, int64(bound), "peak RSS grew by %d bytes", peak)
@@ -101,7 +102,7 @@ func TestOpeningCollectsItsGarbage(t *testing.T) {
 	defer memlimit.Set(0)
 
 	var ms0, ms1 runtime.MemStats
-	base := heapAlloc()
+	base := testenv.LiveHeap()
 	debug.FreeOSMemory()
 	runtime.ReadMemStats(&ms0)
 	for i := range n {
@@ -112,7 +113,7 @@ func TestOpeningCollectsItsGarbage(t *testing.T) {
 	runtime.ReadMemStats(&ms1)
 	allocated := int64(ms1.TotalAlloc - ms0.TotalAlloc)
 	grown := int64(ms1.HeapSys-ms1.HeapReleased) - int64(ms0.HeapSys-ms0.HeapReleased)
-	held := heapAlloc() - base
+	held := testenv.LiveHeap() - base
 	t.Logf("%d opens allocated %d MiB, hold %d MiB; the heap grew by %d MiB", n, allocated>>20, held>>20, grown>>20)
 	require.Greater(t, ms1.NumGC, ms0.NumGC, "no collection while opening")
 	require.Less(t, grown, allocated/2, "the opens' garbage was collected")

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/vfs/viewcache"
 )
@@ -77,13 +77,6 @@ func writeScaled(t *testing.T, dir string, ranks int) {
 	}
 }
 
-func heapAlloc() int64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
-}
-
 // Views of large checkpoints are closed least recently used first when
 // their resident metadata passes the budget: with a budget of two and a
 // half views, opening six keeps at most three open (the newest always
@@ -105,7 +98,7 @@ func TestViewsEvictedWithinMetadataBudget(t *testing.T) {
 	metaMax := one * 5 / 2
 	setViewLimits(fsys, viewcache.Limits{Meta: metaMax})
 
-	base := heapAlloc()
+	base := testenv.LiveHeap()
 	for pass := range 2 {
 		for i := range n {
 			e := fsys.view(step(i), nil)
@@ -123,7 +116,7 @@ func TestViewsEvictedWithinMetadataBudget(t *testing.T) {
 	}
 	// What the views hold is what they count (ResidentBytes), within a
 	// quarter, plus what a Go heap keeps beside.
-	held := heapAlloc() - base
+	held := testenv.LiveHeap() - base
 	meta := fsys.views.Stats().MetadataBytes
 	require.LessOrEqual(t, held, meta*5/4+(4<<20), "the views hold %d bytes of heap; they count %d", held, meta)
 	require.LessOrEqual(t, held, metaMax+one+(4<<20))

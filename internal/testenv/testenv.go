@@ -49,3 +49,14 @@ func RequireSystem(t testing.TB, ok bool, what string) {
 		t.Skipf("%s is needed (CKPTFS_REQUIRE_SYSTEM=1 turns this skip into a failure)", what)
 	}
 }
+
+// LiveHeap is the heap in use after a full collection, run twice so that
+// the sync.Pools' victims are gone too: what a test that bounds memory
+// compares before and after.
+func LiveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}

@@ -3,25 +3,17 @@ package torchdcp_test
 import (
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/internal/treetest"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
 	"github.com/ckptfs/ckptfs/layout/torchdcp/dcptest"
 )
-
-func liveHeap() int64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
-}
 
 // readAll reads every chunk of every tensor, its bytes one after the other.
 func readAll(t *testing.T, c *ckpt.Checkpoint) ([]byte, error) {
@@ -56,14 +48,14 @@ func TestResidentCountsSpooledRecords(t *testing.T) {
 	const n = 300
 	dir := t.TempDir()
 	dcptest.WriteChunked(t, dir, n, true)
-	before := liveHeap()
+	before := testenv.LiveHeap()
 	c, err := torchdcp.OpenWith(dir, torchdcp.Options{TempDir: t.TempDir()})
 	require.NoError(t, err)
 	defer c.Close()
 	atOpen := c.ResidentBytes()
 	_, err = readAll(t, c)
 	require.NoError(t, err)
-	held := liveHeap() - before
+	held := testenv.LiveHeap() - before
 	t.Logf("%d chunks spooled: counted %d at open, heap held %d (%d a chunk)", 2*n, atOpen, held, held/(2*n))
 	assert.Equal(t, atOpen, c.ResidentBytes())
 	assert.LessOrEqual(t, held, atOpen)

@@ -3,9 +3,9 @@ package view
 import (
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/source"
 	"github.com/ckptfs/ckptfs/layout/torchdcp"
@@ -29,17 +29,10 @@ func BenchmarkViewResident(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	heap := func() int64 {
-		runtime.GC()
-		runtime.GC() // the pools' victims
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return int64(ms.HeapAlloc)
-	}
 	read := os.Getenv("CKPTFS_BENCH_READ") == "1"
 	var counted, held, heldRead, countedRead, chunks int64
 	for b.Loop() {
-		before := heap()
+		before := testenv.LiveHeap()
 		c, err := layout.OpenAsWith(nil, tree, OpenOptions(Options{}))
 		if err != nil {
 			b.Fatal(err)
@@ -48,7 +41,7 @@ func BenchmarkViewResident(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		held = heap() - before
+		held = testenv.LiveHeap() - before
 		counted = v.ResidentBytes()
 		if read {
 			buf := make([]byte, 128<<10)
@@ -59,7 +52,7 @@ func BenchmarkViewResident(b *testing.B) {
 					}
 				}
 			}
-			heldRead, countedRead = heap()-before, v.ResidentBytes()
+			heldRead, countedRead = testenv.LiveHeap()-before, v.ResidentBytes()
 		}
 		chunks = 0
 		for _, t := range c.Tensors {

@@ -7,20 +7,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptfs/ckptfs/internal/testenv"
 	"github.com/ckptfs/ckptfs/layout"
 	"github.com/ckptfs/ckptfs/layout/ckpt"
 	"github.com/ckptfs/ckptfs/layout/torchdcp/dcptest"
 )
-
-// liveHeap is the heap in use after a full collection (twice: the pools'
-// victims go in the second).
-func liveHeap() int64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
-}
 
 // TestResidentCountsWhatReadsBuild: a view counts from its open what
 // reading every one of its tensors builds and keeps (the chunk boxes, the
@@ -53,14 +44,14 @@ func TestResidentCountsWhatReadsBuild(t *testing.T) {
 
 			dir := t.TempDir()
 			dcptest.WriteChunked(t, dir, n, compress)
-			before := liveHeap()
+			before := testenv.LiveHeap()
 			c, v := openPlanned(t, dir)
 			defer c.Close()
 			atOpen := v.ResidentBytes()
 			got := readEvery(t, v)
 			require.Equal(t, stored, got)
 			got = nil
-			held := liveHeap() - before
+			held := testenv.LiveHeap() - before
 			t.Logf("%s: %d chunks; counted %d at open (%d a chunk), %d after reads; heap held %d (%d a chunk)",
 				name, 2*n, atOpen, atOpen/(2*n), v.ResidentBytes(), held, held/(2*n))
 			assert.Equal(t, atOpen, v.ResidentBytes(), "the count after reads is the count at open")
@@ -120,12 +111,12 @@ func TestBoxesKeptWithinTheirBound(t *testing.T) {
 	readEvery(t, wv)
 	require.NoError(t, wc.Close())
 
-	before := liveHeap()
+	before := testenv.LiveHeap()
 	c, v := openPlanned(t, dir)
 	defer c.Close()
 	atOpen := v.ResidentBytes()
 	require.Equal(t, want, readAll(t, v))
-	held := liveHeap() - before
+	held := testenv.LiveHeap() - before
 	bc := v.boxes
 	t.Logf("counted %d at open; heap held %d; boxes %d within %d", atOpen, held, bc.used, bc.bound)
 	assert.Equal(t, 1, bc.lru.Len(), "one tensor's boxes kept")
